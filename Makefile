@@ -1,0 +1,46 @@
+# warmroute build, test and demo targets. Only Go is needed; targets that need
+# more (HAProxy, Docker) say so and install or skip it themselves.
+
+GO       ?= go
+BIN      := bin/warmroute
+PKGS     := ./...
+VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS  := -s -w -X main.version=$(VERSION)
+FUZZTIME ?= 60s
+SHORTFUZZ ?= 5s
+
+export CGO_ENABLED ?= 0
+
+.PHONY: all build test test-unit fuzz-short fuzz bench lint demo clean
+
+all: build
+
+build:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/warmroute
+
+# The race detector needs cgo.
+test-unit:
+	CGO_ENABLED=1 $(GO) test -race -shuffle=on -count=1 -timeout 15m $(PKGS)
+
+# Short runs of every fuzz target (the long ones are 'make fuzz').
+fuzz-short:
+	@FUZZTIME=$(SHORTFUZZ) ./scripts/fuzz.sh
+
+fuzz:
+	@FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
+
+test: lint test-unit fuzz-short
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+demo: build
+	./$(BIN) demo
+
+clean:
+	rm -rf bin out
