@@ -1,0 +1,15 @@
+// Package workload generates the request streams of a load test: the
+// prompt-reuse patterns that prefix-aware routing is meant for (retrieval-
+// augmented generation, multi-turn chat, templated bots, code completion),
+// a no-reuse control and a weighted mix of them.
+//
+// A Generator is a deterministic sequence: the same Config (seed included)
+// always yields the same requests in the same order, byte for byte, so two
+// runs under different routing strategies see exactly the same traffic.
+// Bodies are rendered as compact OpenAI JSON into a caller-owned buffer, so
+// a load generator can reuse its buffers and send them as they are.
+//
+// Sizes are given in tokens. Text is built from short pseudo-words of about
+// four characters each (space included), so a word is close to one token
+// under both the whitespace and the four-characters-per-token estimates.
+package workload

@@ -1,0 +1,261 @@
+package workload
+
+import (
+	"math/rand/v2"
+	"strconv"
+)
+
+// rag: a fixed system prompt, then a user message holding one document and
+// one of its questions. Documents are drawn by Zipf popularity.
+type rag struct {
+	cfg       *Config
+	rng       *rand.Rand
+	pop       *zipf
+	system    string
+	docs      []string   // lazily generated, with their header line
+	questions [][]string // per document, lazily generated
+	groups    []string
+	msgs      []message
+	parts     []string
+}
+
+func newRAG(c *Config, r *rand.Rand) *rag {
+	n := c.RAG.Documents
+	return &rag{
+		cfg:       c,
+		rng:       r,
+		pop:       newZipf(n, c.Zipf),
+		system:    "You answer questions about the document the user provides. " + words(subRand(c.Seed, "rag-system", 0), 24),
+		docs:      make([]string, n),
+		questions: make([][]string, n),
+		groups:    make([]string, n),
+		msgs:      make([]message, 2),
+		parts:     make([]string, 0, 5),
+	}
+}
+
+func (s *rag) document(d int) string {
+	if s.docs[d] == "" {
+		r := subRand(s.cfg.Seed, "rag-doc", d)
+		s.docs[d] = "Document " + strconv.Itoa(d) + ":\n" + words(r, s.cfg.RAG.DocumentTokens)
+		s.groups[d] = "rag/doc-" + strconv.Itoa(d)
+	}
+	return s.docs[d]
+}
+
+func (s *rag) question(d, q int) string {
+	if s.questions[d] == nil {
+		s.questions[d] = make([]string, s.cfg.RAG.QuestionsPerDoc)
+	}
+	if s.questions[d][q] == "" {
+		r := subRand(s.cfg.Seed, "rag-question", d*s.cfg.RAG.QuestionsPerDoc+q)
+		s.questions[d][q] = words(r, s.cfg.RAG.QuestionTokens)
+	}
+	return s.questions[d][q]
+}
+
+func (s *rag) next(r *Request) {
+	d := s.pop.draw(s.rng)
+	q := s.rng.IntN(s.cfg.RAG.QuestionsPerDoc)
+	s.parts = append(s.parts[:0], s.document(d), "\n\nQuestion: ", s.question(d, q))
+	s.msgs[0] = message{"system", []string{s.system}}
+	s.msgs[1] = message{"user", s.parts}
+	r.Path = PathChat
+	r.Group = s.groups[d]
+	r.Body = appendChatBody(r.Body[:0], s.cfg, s.msgs, r.Tenant)
+}
+
+// chat: Active open conversations; each request advances one of them,
+// chosen uniformly, by a turn and resends the whole history. Assistant
+// replies in the history are written by the generator (a simulated model's
+// own words cannot be known in advance, and fixed replies keep runs
+// repeatable), so a turn reuses the cache of the previous turn's prompt.
+type chat struct {
+	cfg    *Config
+	rng    *rand.Rand
+	system string
+	slots  []*conversation
+	nextID int
+	msgs   []message
+}
+
+type conversation struct {
+	id    int
+	group string
+	rng   *rand.Rand
+	turn  int
+	msgs  []message // history without the system prompt
+}
+
+func newChat(c *Config, r *rand.Rand) *chat {
+	s := &chat{cfg: c, rng: r, slots: make([]*conversation, c.Chat.Active)}
+	if c.Chat.SystemTokens > 0 {
+		s.system = words(subRand(c.Seed, "chat-system", 0), c.Chat.SystemTokens)
+	}
+	return s
+}
+
+func (s *chat) start() *conversation {
+	id := s.nextID
+	s.nextID++
+	r := subRand(s.cfg.Seed, "chat-conversation", id)
+	first := "Conversation " + strconv.Itoa(id) + ". " + words(r, s.cfg.Chat.FirstUserTokens)
+	return &conversation{
+		id:    id,
+		group: "chat/conv-" + strconv.Itoa(id),
+		rng:   r,
+		msgs:  []message{{"user", []string{first}}},
+	}
+}
+
+func (s *chat) next(r *Request) {
+	i := s.rng.IntN(len(s.slots))
+	c := s.slots[i]
+	if c == nil || c.turn >= s.cfg.Chat.Turns {
+		c = s.start()
+		s.slots[i] = c
+	} else {
+		c.msgs = append(c.msgs,
+			message{"assistant", []string{words(c.rng, s.cfg.Chat.AssistantTokens)}},
+			message{"user", []string{words(c.rng, s.cfg.Chat.UserTokens)}})
+	}
+	c.turn++
+	s.msgs = s.msgs[:0]
+	if s.system != "" {
+		s.msgs = append(s.msgs, message{"system", []string{s.system}})
+	}
+	s.msgs = append(s.msgs, c.msgs...)
+	r.Path = PathChat
+	r.Group = c.group
+	r.Body = appendChatBody(r.Body[:0], s.cfg, s.msgs, r.Tenant)
+}
+
+// bot: the system prompt is one of Templates long policy blocks, drawn by
+// Zipf popularity; the user message is the user's own.
+type bot struct {
+	cfg      *Config
+	rng      *rand.Rand
+	pop      *zipf
+	policies []string
+	groups   []string
+	msgs     []message
+	user     []byte
+}
+
+func newBot(c *Config, r *rand.Rand) *bot {
+	n := c.Bot.Templates
+	return &bot{cfg: c, rng: r, pop: newZipf(n, c.Zipf),
+		policies: make([]string, n), groups: make([]string, n), msgs: make([]message, 2)}
+}
+
+func (s *bot) policy(t int) string {
+	if s.policies[t] == "" {
+		r := subRand(s.cfg.Seed, "bot-policy", t)
+		s.policies[t] = "Assistant " + strconv.Itoa(t) + " policy and formatting rules:\n" + words(r, s.cfg.Bot.PolicyTokens)
+		s.groups[t] = "bot/template-" + strconv.Itoa(t)
+	}
+	return s.policies[t]
+}
+
+func (s *bot) next(r *Request) {
+	t := s.pop.draw(s.rng)
+	s.user = appendWords(s.user[:0], s.rng, s.cfg.Bot.UserTokens)
+	s.msgs[0] = message{"system", []string{s.policy(t)}}
+	s.msgs[1] = message{"user", []string{string(s.user)}}
+	r.Path = PathChat
+	r.Group = s.groups[t]
+	r.Body = appendChatBody(r.Body[:0], s.cfg, s.msgs, r.Tenant)
+}
+
+// code: the prompt of /v1/completions is a file up to a cursor (a line
+// start at or after MinCursor of the file) plus a short edit typed there.
+type code struct {
+	cfg    *Config
+	rng    *rand.Rand
+	pop    *zipf
+	files  []string
+	lines  [][]int // per file, offsets of line starts
+	groups []string
+	edit   []byte
+	parts  []string
+}
+
+func newCode(c *Config, r *rand.Rand) *code {
+	n := c.Code.Files
+	return &code{cfg: c, rng: r, pop: newZipf(n, c.Zipf),
+		files: make([]string, n), lines: make([][]int, n), groups: make([]string, n),
+		parts: make([]string, 0, 2)}
+}
+
+func (s *code) file(f int) (string, []int) {
+	if s.files[f] == "" {
+		r := subRand(s.cfg.Seed, "code-file", f)
+		name := vocabulary[r.IntN(len(vocabulary))] + "/" + vocabulary[r.IntN(len(vocabulary))]
+		text := "// file " + strconv.Itoa(f) + ": " + name + ".go\npackage " +
+			vocabulary[r.IntN(len(vocabulary))] + "\n\n" + codeText(r, s.cfg.Code.FileTokens)
+		var starts []int
+		for i := 0; i < len(text); i++ {
+			if text[i] == '\n' && i+1 < len(text) {
+				starts = append(starts, i+1)
+			}
+		}
+		s.files[f], s.lines[f], s.groups[f] = text, starts, "code/file-"+strconv.Itoa(f)
+	}
+	return s.files[f], s.lines[f]
+}
+
+func (s *code) next(r *Request) {
+	f := s.pop.draw(s.rng)
+	text, starts := s.file(f)
+	// the first line start at or after MinCursor of the file
+	lo := len(starts)
+	min := int(s.cfg.Code.MinCursor * float64(len(text)))
+	for i, off := range starts {
+		if off >= min {
+			lo = i
+			break
+		}
+	}
+	cursor := len(text)
+	if lo < len(starts) {
+		if k := lo + s.rng.IntN(len(starts)-lo+1); k < len(starts) {
+			cursor = starts[k]
+		}
+	}
+	s.edit = appendWords(s.edit[:0], s.rng, s.cfg.Code.EditTokens)
+	s.parts = append(s.parts[:0], text[:cursor], string(s.edit))
+	r.Path = PathCompletions
+	r.Group = s.groups[f]
+	r.Body = appendCompletionBody(r.Body[:0], s.cfg, s.parts, r.Tenant)
+}
+
+// noReuse: a user message that differs from the first character on.
+type noReuse struct {
+	cfg   *Config
+	rng   *rand.Rand
+	n     int
+	text  []byte
+	msgs  []message
+	parts []string
+}
+
+func newNoReuse(c *Config, r *rand.Rand) *noReuse {
+	return &noReuse{cfg: c, rng: r, msgs: make([]message, 1), parts: make([]string, 1)}
+}
+
+func (s *noReuse) next(r *Request) {
+	// a random word first, then a number: no two prompts share even a
+	// short prefix beyond chance.
+	s.text = s.text[:0]
+	s.text = strconv.AppendUint(s.text, s.rng.Uint64(), 36)
+	s.text = append(s.text, ' ')
+	s.text = strconv.AppendInt(s.text, int64(s.n), 10)
+	s.text = append(s.text, ". "...)
+	s.n++
+	s.text = appendWords(s.text, s.rng, s.cfg.NoReuse.PromptTokens)
+	s.parts[0] = string(s.text)
+	s.msgs[0] = message{"user", s.parts}
+	r.Path = PathChat
+	r.Group = ""
+	r.Body = appendChatBody(r.Body[:0], s.cfg, s.msgs, r.Tenant)
+}

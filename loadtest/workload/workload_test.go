@@ -1,0 +1,500 @@
+package workload
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+)
+
+type chatBody struct {
+	Model    string `json:"model"`
+	Messages []struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	} `json:"messages"`
+	Prompt        string `json:"prompt"`
+	MaxTokens     int    `json:"max_tokens"`
+	Stream        bool   `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	PromptCacheKey string `json:"prompt_cache_key"`
+}
+
+// prompt is the text a router hashes: the messages' roles and contents in
+// order, or the completion prompt.
+func (b chatBody) prompt() string {
+	if b.Prompt != "" {
+		return b.Prompt
+	}
+	var s strings.Builder
+	for _, m := range b.Messages {
+		s.WriteString(m.Role)
+		s.WriteByte(0)
+		s.WriteString(m.Content)
+		s.WriteByte(0)
+	}
+	return s.String()
+}
+
+type sample struct {
+	req  Request
+	body chatBody
+}
+
+func generate(t *testing.T, c Config, n int) []sample {
+	t.Helper()
+	g, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]sample, n)
+	var r Request
+	for i := range out {
+		g.Next(&r)
+		out[i].req = r
+		out[i].req.Body = bytes.Clone(r.Body)
+		if err := json.Unmarshal(r.Body, &out[i].body); err != nil {
+			t.Fatalf("request %d (%s): body is not JSON: %v\n%.200s", i, r.Kind, err, r.Body)
+		}
+		if r.Seq != i {
+			t.Fatalf("request %d has Seq %d", i, r.Seq)
+		}
+	}
+	return out
+}
+
+func kindConfig(k Kind) Config {
+	c := DefaultConfig()
+	c.Kind = k
+	// small sizes keep the tests fast
+	c.RAG.DocumentTokens = 300
+	c.Chat.FirstUserTokens = 100
+	c.Bot.PolicyTokens = 500
+	c.Code.FileTokens = 400
+	c.NoReuse.PromptTokens = 200
+	return c
+}
+
+func TestSameSeedSameRequests(t *testing.T) {
+	for _, k := range Kinds() {
+		t.Run(string(k), func(t *testing.T) {
+			c := kindConfig(k)
+			c.Tenants = 3
+			a := generate(t, c, 300)
+			b := generate(t, c, 300)
+			for i := range a {
+				if !bytes.Equal(a[i].req.Body, b[i].req.Body) || a[i].req.Group != b[i].req.Group ||
+					a[i].req.Path != b[i].req.Path || a[i].req.Kind != b[i].req.Kind {
+					t.Fatalf("request %d differs between two generators with the same config", i)
+				}
+			}
+			c.Seed++
+			d := generate(t, c, 300)
+			same := 0
+			for i := range a {
+				if bytes.Equal(a[i].req.Body, d[i].req.Body) {
+					same++
+				}
+			}
+			if same > 30 {
+				t.Fatalf("%d of 300 requests identical under a different seed", same)
+			}
+		})
+	}
+}
+
+func TestBodiesCarryConfig(t *testing.T) {
+	for _, k := range Kinds() {
+		c := kindConfig(k)
+		c.MaxTokens = 17
+		c.Model = `m"odel`
+		for _, s := range generate(t, c, 50) {
+			b := s.body
+			if b.Model != c.Model || b.MaxTokens != 17 || !b.Stream || b.StreamOptions == nil || !b.StreamOptions.IncludeUsage {
+				t.Fatalf("%s: body does not carry the config: %+v", k, b)
+			}
+			if b.PromptCacheKey != "" {
+				t.Fatalf("%s: prompt_cache_key %q without tenants", k, b.PromptCacheKey)
+			}
+			wantPath := PathChat
+			if s.req.Kind == KindCode {
+				wantPath = PathCompletions
+				if b.Prompt == "" || len(b.Messages) != 0 {
+					t.Fatalf("code request is not a completion: %+v", b)
+				}
+			} else if len(b.Messages) == 0 {
+				t.Fatalf("%s request has no messages", s.req.Kind)
+			}
+			if s.req.Path != wantPath {
+				t.Fatalf("%s request path %s", s.req.Kind, s.req.Path)
+			}
+		}
+	}
+	c := kindConfig(KindRAG)
+	c.Stream = false
+	for _, s := range generate(t, c, 5) {
+		if s.body.Stream || s.body.StreamOptions != nil {
+			t.Fatal("stream set though Stream is false")
+		}
+	}
+}
+
+func countWords(s string) int { return len(strings.Fields(s)) }
+
+func near(got, want int, tol float64) bool {
+	return math.Abs(float64(got-want)) <= tol*float64(want)+2
+}
+
+func TestRAGSharing(t *testing.T) {
+	c := kindConfig(KindRAG)
+	c.RAG.Documents = 5
+	c.RAG.QuestionsPerDoc = 3
+	ss := generate(t, c, 400)
+	docOf := map[string]string{} // group -> document part of the user message
+	questions := map[string]map[string]bool{}
+	system := ss[0].body.Messages[0].Content
+	for _, s := range ss {
+		m := s.body.Messages
+		if len(m) != 2 || m[0].Role != "system" || m[1].Role != "user" || m[0].Content != system {
+			t.Fatalf("RAG request is not [shared system, user]: %+v", m)
+		}
+		doc, q, ok := strings.Cut(m[1].Content, "\n\nQuestion: ")
+		if !ok {
+			t.Fatalf("no question in %.80q", m[1].Content)
+		}
+		g := s.req.Group
+		if prev, seen := docOf[g]; seen && prev != doc {
+			t.Fatalf("group %s has two different documents", g)
+		}
+		docOf[g] = doc
+		if questions[g] == nil {
+			questions[g] = map[string]bool{}
+		}
+		questions[g][q] = true
+		if !near(countWords(doc), c.RAG.DocumentTokens, 0.02) || !near(countWords(q), c.RAG.QuestionTokens, 0.02) {
+			t.Fatalf("sizes: document %d words (want ~%d), question %d (want ~%d)",
+				countWords(doc), c.RAG.DocumentTokens, countWords(q), c.RAG.QuestionTokens)
+		}
+	}
+	if len(docOf) != 5 {
+		t.Fatalf("%d documents used, want 5", len(docOf))
+	}
+	seen := map[string]string{}
+	for g, d := range docOf {
+		// documents differ within their first line, so a short routing
+		// prefix already tells them apart
+		head := d[:20]
+		if other, dup := seen[head]; dup {
+			t.Fatalf("groups %s and %s share their first 20 characters", g, other)
+		}
+		seen[head] = g
+		if len(questions[g]) != 3 {
+			t.Fatalf("group %s: %d distinct questions, want 3", g, len(questions[g]))
+		}
+	}
+}
+
+func TestChatHistoryGrows(t *testing.T) {
+	c := kindConfig(KindChat)
+	c.Chat.Active = 4
+	c.Chat.Turns = 5
+	ss := generate(t, c, 200)
+	last := map[string]chatBody{}
+	turns := map[string]int{}
+	for _, s := range ss {
+		g := s.req.Group
+		m := s.body.Messages
+		if m[0].Role != "system" || m[0].Content != ss[0].body.Messages[0].Content {
+			t.Fatal("chat requests do not share the system prompt")
+		}
+		turns[g]++
+		if want := 2 * turns[g]; len(m) != want {
+			t.Fatalf("group %s turn %d has %d messages, want %d", g, turns[g], len(m), want)
+		}
+		if prev, ok := last[g]; ok {
+			// the previous request's messages are a prefix of this one's
+			for i, pm := range prev.Messages {
+				if m[i] != pm {
+					t.Fatalf("group %s turn %d does not resend message %d of turn %d", g, turns[g], i, turns[g]-1)
+				}
+			}
+			if m[len(m)-2].Role != "assistant" || m[len(m)-1].Role != "user" {
+				t.Fatalf("turn adds %s, %s; want assistant, user", m[len(m)-2].Role, m[len(m)-1].Role)
+			}
+		} else if !strings.HasPrefix(m[1].Content, "Conversation ") {
+			t.Fatalf("first turn of %s does not open with the conversation's own text", g)
+		}
+		last[g] = s.body
+	}
+	for g, n := range turns {
+		if n > c.Chat.Turns {
+			t.Fatalf("conversation %s ran %d turns, limit %d", g, n, c.Chat.Turns)
+		}
+	}
+	if len(turns) < 200/c.Chat.Turns {
+		t.Fatalf("only %d conversations in 200 requests of %d turns", len(turns), c.Chat.Turns)
+	}
+}
+
+func TestBotSharesPolicy(t *testing.T) {
+	c := kindConfig(KindBot)
+	c.Bot.Templates = 3
+	ss := generate(t, c, 150)
+	policy := map[string]string{}
+	users := map[string]bool{}
+	for _, s := range ss {
+		m := s.body.Messages
+		if p, ok := policy[s.req.Group]; ok && p != m[0].Content {
+			t.Fatalf("template %s sent two policies", s.req.Group)
+		}
+		policy[s.req.Group] = m[0].Content
+		if !near(countWords(m[0].Content), c.Bot.PolicyTokens, 0.02) {
+			t.Fatalf("policy of %d words, want ~%d", countWords(m[0].Content), c.Bot.PolicyTokens)
+		}
+		users[m[1].Content] = true
+	}
+	if len(policy) != 3 {
+		t.Fatalf("%d templates used, want 3", len(policy))
+	}
+	if len(users) < 148 {
+		t.Fatalf("only %d distinct user messages in 150 requests", len(users))
+	}
+}
+
+func TestCodeSharesFilePrefix(t *testing.T) {
+	c := kindConfig(KindCode)
+	c.Code.Files = 4
+	c.Code.MinCursor = 0.6
+	ss := generate(t, c, 200)
+	byGroup := map[string][]string{}
+	for _, s := range ss {
+		byGroup[s.req.Group] = append(byGroup[s.req.Group], s.body.Prompt)
+	}
+	if len(byGroup) != 4 {
+		t.Fatalf("%d files used, want 4", len(byGroup))
+	}
+	cursors := map[int]bool{}
+	for g, ps := range byGroup {
+		for _, p := range ps[1:] {
+			n := commonPrefix(ps[0], p)
+			if n < int(0.6*float64(len(ps[0])-50))-10 {
+				t.Fatalf("file %s: two prompts share only %d of %d characters", g, n, len(ps[0]))
+			}
+			cursors[n] = true
+		}
+	}
+	if len(cursors) < 10 {
+		t.Fatalf("cursor positions barely vary: %d distinct shared lengths", len(cursors))
+	}
+}
+
+func commonPrefix(a, b string) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
+}
+
+func TestNoReuseSharesNothing(t *testing.T) {
+	c := kindConfig(KindNoReuse)
+	ss := generate(t, c, 300)
+	for i := 1; i < len(ss); i++ {
+		if ss[i].req.Group != "" {
+			t.Fatal("no-reuse request has a group")
+		}
+		for j := 0; j < i; j++ {
+			a, b := ss[i].body.Messages[0].Content, ss[j].body.Messages[0].Content
+			if n := commonPrefix(a, b); n > 12 {
+				t.Fatalf("requests %d and %d share %d leading characters", i, j, n)
+			}
+		}
+	}
+	if !near(countWords(ss[0].body.Messages[0].Content), c.NoReuse.PromptTokens, 0.02) {
+		t.Fatalf("prompt of %d words, want ~%d", countWords(ss[0].body.Messages[0].Content), c.NoReuse.PromptTokens)
+	}
+}
+
+func TestTenantsSendIdenticalPrompts(t *testing.T) {
+	c := kindConfig(KindRAG)
+	c.RAG.Documents = 2
+	c.RAG.QuestionsPerDoc = 1
+	c.Tenants = 3
+	ss := generate(t, c, 60)
+	tenantsPerPrompt := map[string]map[string]bool{}
+	for _, s := range ss {
+		if s.body.PromptCacheKey != s.req.Tenant || s.req.Tenant == "" {
+			t.Fatalf("prompt_cache_key %q, Request.Tenant %q", s.body.PromptCacheKey, s.req.Tenant)
+		}
+		p := s.body.prompt()
+		if tenantsPerPrompt[p] == nil {
+			tenantsPerPrompt[p] = map[string]bool{}
+		}
+		tenantsPerPrompt[p][s.req.Tenant] = true
+	}
+	if len(tenantsPerPrompt) != 2 {
+		t.Fatalf("%d distinct prompts, want 2", len(tenantsPerPrompt))
+	}
+	for _, ts := range tenantsPerPrompt {
+		if len(ts) != 3 {
+			t.Fatalf("a prompt was sent by %d tenants, want all 3", len(ts))
+		}
+	}
+}
+
+func TestZipfPopularity(t *testing.T) {
+	c := kindConfig(KindRAG)
+	c.RAG.Documents = 10
+	c.RAG.DocumentTokens = 10
+	c.Zipf = 1.2
+	const n = 20000
+	ss := generate(t, c, n)
+	counts := map[string]int{}
+	for _, s := range ss {
+		counts[s.req.Group]++
+	}
+	z := newZipf(10, 1.2)
+	for i := 0; i < 10; i++ {
+		got := float64(counts["rag/doc-"+itoa(i)]) / n
+		want := z.prob(i)
+		if math.Abs(got-want) > 0.015 {
+			t.Errorf("document %d drawn %.3f of the time, want %.3f", i, got, want)
+		}
+	}
+	if counts["rag/doc-0"] < 4*counts["rag/doc-9"] {
+		t.Errorf("no skew: first %d, last %d", counts["rag/doc-0"], counts["rag/doc-9"])
+	}
+	// s = 0 is uniform
+	u := newZipf(4, 0)
+	for i := 0; i < 4; i++ {
+		if math.Abs(u.prob(i)-0.25) > 1e-12 {
+			t.Fatalf("uniform prob %d = %g", i, u.prob(i))
+		}
+	}
+}
+
+func itoa(i int) string { return string(rune('0' + i)) }
+
+func TestMixWeights(t *testing.T) {
+	c := kindConfig(KindMix)
+	c.Mix = []Weight{{KindRAG, 3}, {KindNoReuse, 1}, {KindBot, 0}}
+	ss := generate(t, c, 4000)
+	counts := map[Kind]int{}
+	for _, s := range ss {
+		counts[s.req.Kind]++
+	}
+	if counts[KindBot] != 0 || len(counts) != 2 {
+		t.Fatalf("kinds drawn: %v", counts)
+	}
+	if f := float64(counts[KindRAG]) / 4000; math.Abs(f-0.75) > 0.03 {
+		t.Fatalf("rag fraction %.3f, want 0.75", f)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	bad := []func(*Config){
+		func(c *Config) { c.Kind = "nope" },
+		func(c *Config) { c.Model = "" },
+		func(c *Config) { c.MaxTokens = 0 },
+		func(c *Config) { c.Tenants = -1 },
+		func(c *Config) { c.Zipf = -0.5 },
+		func(c *Config) { c.RAG.Documents = 0 },
+		func(c *Config) { c.Kind = KindChat; c.Chat.Turns = 0 },
+		func(c *Config) { c.Kind = KindCode; c.Code.MinCursor = 1.5 },
+		func(c *Config) { c.Kind = KindMix; c.Mix = nil },
+		func(c *Config) { c.Kind = KindMix; c.Mix = []Weight{{KindRAG, 0}} },
+		func(c *Config) { c.Kind = KindMix; c.Mix = []Weight{{KindMix, 1}} },
+		func(c *Config) { c.Kind = KindMix; c.Bot.PolicyTokens = 0 },
+	}
+	for i, mut := range bad {
+		c := DefaultConfig()
+		mut(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("case %d: invalid config accepted", i)
+		} else if !errors.Is(err, ErrBadConfig) && !errors.Is(err, ErrUnknownKind) {
+			t.Errorf("case %d: error %v is not a sentinel", i, err)
+		}
+		if _, err := New(c); err == nil {
+			t.Errorf("case %d: New accepted an invalid config", i)
+		}
+	}
+	for _, k := range Kinds() {
+		c := DefaultConfig()
+		c.Kind = k
+		if err := c.Validate(); err != nil {
+			t.Errorf("default %s: %v", k, err)
+		}
+	}
+}
+
+func TestParseMix(t *testing.T) {
+	ws, err := ParseMix(" rag=2, chat=1.5 ,noreuse=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := FormatMix(ws); got != "chat=1.5,noreuse=0,rag=2" {
+		t.Fatalf("round trip: %s", got)
+	}
+	for _, s := range []string{"", "rag", "rag=x", "mix=1", "foo=1", "rag=-1"} {
+		if _, err := ParseMix(s); err == nil {
+			t.Errorf("ParseMix(%q) accepted", s)
+		}
+	}
+}
+
+func TestSharedTokens(t *testing.T) {
+	c := DefaultConfig()
+	c.RAG.Documents, c.RAG.DocumentTokens = 10, 1000
+	if got := c.SharedTokens(); got != 10000 {
+		t.Fatalf("rag working set %d, want 10000", got)
+	}
+	c.Kind = KindChat
+	c.Chat = ChatConfig{Active: 2, Turns: 3, SystemTokens: 10, FirstUserTokens: 100, UserTokens: 20, AssistantTokens: 30}
+	if got := c.SharedTokens(); got != 2*(10+100+50) {
+		t.Fatalf("chat working set %d, want %d", got, 2*(10+100+50))
+	}
+	c.Kind = KindNoReuse
+	if got := c.SharedTokens(); got != 0 {
+		t.Fatalf("no-reuse working set %d", got)
+	}
+}
+
+func FuzzAppendJSONString(f *testing.F) {
+	for _, s := range []string{"", "plain", "a\"b\\c\n\r\t", "\x00\x1f", "é\u2028\u2029", "\xff\xfe", "<>&"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		b := appendJSONString(nil, s)
+		var got string
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatalf("%q renders invalid JSON %s: %v", s, b, err)
+		}
+		want := string([]rune(s)) // one U+FFFD per invalid byte
+		if got != want {
+			t.Fatalf("round trip of %q gives %q", s, got)
+		}
+	})
+}
+
+func BenchmarkNext(b *testing.B) {
+	for _, k := range []Kind{KindRAG, KindChat, KindBot} {
+		b.Run(string(k), func(b *testing.B) {
+			g, err := New(DefaultConfig().withKind(k))
+			if err != nil {
+				b.Fatal(err)
+			}
+			var r Request
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				g.Next(&r)
+			}
+			b.SetBytes(int64(len(r.Body)))
+		})
+	}
+}
+
+func (c Config) withKind(k Kind) Config { c.Kind = k; return c }
