@@ -9,7 +9,8 @@
 // Bodies are rendered as compact OpenAI JSON into a caller-owned buffer, so
 // a load generator can reuse its buffers and send them as they are.
 //
-// Sizes are given in tokens. Text is built from short pseudo-words of about
-// four characters each (space included), so a word is close to one token
-// under both the whitespace and the four-characters-per-token estimates.
+// Sizes are given in tokens. Text is built from short pseudo-words of four
+// bytes on average (separator included), so a word is close to one token
+// under both the whitespace and the four-bytes-per-token estimates (the
+// latter is gpusim's tokenizer).
 package workload

@@ -7,9 +7,10 @@ import (
 	"unicode/utf8"
 )
 
-// vocabulary is a fixed list of pseudo-words of 2-5 lowercase letters
-// (3.5 on average, so about 4.5 characters with the separator). It is the
-// same for every seed so that text statistics do not depend on the seed.
+// vocabulary is a fixed list of pseudo-words of 2-4 lowercase letters (3 on
+// average, so 4 bytes with the separator: one token at 4 bytes per token).
+// It is the same for every seed so that text statistics do not depend on
+// the seed.
 var vocabulary = buildVocabulary(1024)
 
 func buildVocabulary(n int) []string {
@@ -21,7 +22,7 @@ func buildVocabulary(n int) []string {
 	var b strings.Builder
 	for len(out) < n {
 		b.Reset()
-		l := 2 + r.IntN(4)
+		l := 2 + r.IntN(3)
 		for i := 0; i < l; i++ {
 			if i%2 == 0 {
 				b.WriteByte(consonants[r.IntN(len(consonants))])

@@ -1,0 +1,8 @@
+// Package stats holds the arithmetic of a load test: latency histograms
+// (HDR, so percentiles keep three significant digits from microseconds to
+// minutes), throughput, errors by kind, traffic share per backend, router
+// decisions, and the KV-cache hit rate computed from counter deltas.
+//
+// A Recorder is fed one Outcome per request from many goroutines and turns
+// into a Summary, the JSON-ready result of one run.
+package stats

@@ -1,0 +1,286 @@
+package stats
+
+import (
+	"math"
+	"sort"
+	"sync"
+	"time"
+
+	hdrhistogram "github.com/HdrHistogram/hdrhistogram-go"
+)
+
+// Histogram range: 1 microsecond to one hour, three significant digits.
+const (
+	histLowest  = 1
+	histHighest = int64(time.Hour / time.Microsecond)
+	histDigits  = 3
+)
+
+// Outcome is what one request produced.
+type Outcome struct {
+	// Err is the error kind; "" means the request succeeded.
+	Err string
+	// TTFT is the time to the first streamed chunk with content (or the
+	// whole response when not streaming), E2E the time to the last byte;
+	// both measured from the request's intended send time.
+	TTFT, E2E time.Duration
+	// ITL holds the gaps between consecutive content chunks.
+	ITL []time.Duration
+	// Backend and Decision come from the response headers ("" if absent).
+	Backend, Decision string
+	// Token counts from the response's usage ("cached" is
+	// usage.prompt_tokens_details.cached_tokens).
+	PromptTokens, CompletionTokens, CachedTokens int
+}
+
+// Recorder accumulates Outcomes. It is safe for concurrent use.
+type Recorder struct {
+	mu                        sync.Mutex
+	ttft, itl, e2e            *hdrhistogram.Histogram
+	ok, failed                int64
+	errs, backends, decisions map[string]int64
+	prompt, completion        int64
+	cached, usageReports      int64
+}
+
+// NewRecorder returns an empty Recorder.
+func NewRecorder() *Recorder {
+	return &Recorder{
+		ttft:      hdrhistogram.New(histLowest, histHighest, histDigits),
+		itl:       hdrhistogram.New(histLowest, histHighest, histDigits),
+		e2e:       hdrhistogram.New(histLowest, histHighest, histDigits),
+		errs:      map[string]int64{},
+		backends:  map[string]int64{},
+		decisions: map[string]int64{},
+	}
+}
+
+func micros(d time.Duration) int64 {
+	v := d.Microseconds()
+	if v < histLowest {
+		return histLowest
+	}
+	if v > histHighest {
+		return histHighest
+	}
+	return v
+}
+
+// Record adds one outcome. Latencies of failed requests are not recorded;
+// their error kind is counted. Backend shares and decisions count every
+// response that named them, failed or not.
+func (r *Recorder) Record(o *Outcome) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if o.Backend != "" {
+		r.backends[o.Backend]++
+	}
+	if o.Decision != "" {
+		r.decisions[o.Decision]++
+	}
+	if o.Err != "" {
+		r.failed++
+		r.errs[o.Err]++
+		return
+	}
+	r.ok++
+	_ = r.ttft.RecordValue(micros(o.TTFT))
+	_ = r.e2e.RecordValue(micros(o.E2E))
+	for _, d := range o.ITL {
+		_ = r.itl.RecordValue(micros(d))
+	}
+	r.prompt += int64(o.PromptTokens)
+	r.completion += int64(o.CompletionTokens)
+	r.cached += int64(o.CachedTokens)
+	if o.PromptTokens > 0 {
+		r.usageReports++
+	}
+}
+
+// Counts returns the succeeded and failed requests so far.
+func (r *Recorder) Counts() (ok, failed int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ok, r.failed
+}
+
+// Latency summarises one histogram, in milliseconds.
+type Latency struct {
+	Count  int64   `json:"count"`
+	MeanMs float64 `json:"mean_ms"`
+	P50Ms  float64 `json:"p50_ms"`
+	P90Ms  float64 `json:"p90_ms"`
+	P99Ms  float64 `json:"p99_ms"`
+	MaxMs  float64 `json:"max_ms"`
+}
+
+// Point is one point of a cumulative distribution: the value (ms) at a
+// quantile (0-1).
+type Point struct {
+	Ms       float64 `json:"ms"`
+	Quantile float64 `json:"q"`
+}
+
+func ms(us int64) float64 { return float64(us) / 1000 }
+
+func latency(h *hdrhistogram.Histogram) Latency {
+	if h.TotalCount() == 0 {
+		return Latency{}
+	}
+	return Latency{
+		Count:  h.TotalCount(),
+		MeanMs: h.Mean() / 1000,
+		P50Ms:  ms(h.ValueAtPercentile(50)),
+		P90Ms:  ms(h.ValueAtPercentile(90)),
+		P99Ms:  ms(h.ValueAtPercentile(99)),
+		MaxMs:  ms(h.Max()),
+	}
+}
+
+// cdf samples the distribution at every percent, plus the far tail.
+func cdf(h *hdrhistogram.Histogram) []Point {
+	if h.TotalCount() == 0 {
+		return nil
+	}
+	qs := make([]float64, 0, 104)
+	for p := 0; p <= 100; p++ {
+		qs = append(qs, float64(p))
+	}
+	qs = append(qs, 99.5, 99.9)
+	sort.Float64s(qs)
+	pts := make([]Point, len(qs))
+	for i, q := range qs {
+		pts[i] = Point{Ms: ms(h.ValueAtPercentile(q)), Quantile: q / 100}
+	}
+	return pts
+}
+
+// Summary is the result of one run. KV-cache fields are filled by the
+// caller from the backends' counters (see HitRate).
+type Summary struct {
+	// Label names the run in a comparison, e.g. the routing strategy.
+	Label    string `json:"label"`
+	Workload string `json:"workload"`
+	Target   string `json:"target,omitempty"`
+	// Partial is set when the run was interrupted.
+	Partial   bool      `json:"partial,omitempty"`
+	StartedAt time.Time `json:"started_at"`
+	// Seconds is the measured window (first intended send to last answer).
+	Seconds float64 `json:"seconds"`
+
+	Requests       int64            `json:"requests"`
+	OK             int64            `json:"ok"`
+	Failed         int64            `json:"failed"`
+	Errors         map[string]int64 `json:"errors,omitempty"`
+	RequestsPerSec float64          `json:"requests_per_sec"`
+	// Output (completion) and prompt tokens per second, from usage.
+	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
+	PromptTokensPerSec float64 `json:"prompt_tokens_per_sec"`
+	PromptTokens       int64   `json:"prompt_tokens"`
+	CompletionTokens   int64   `json:"completion_tokens"`
+	CachedTokens       int64   `json:"cached_tokens"`
+	// UsageCachedRate is cached / prompt tokens as the responses' usage
+	// reported them (0 when the target reports no usage).
+	UsageCachedRate float64 `json:"usage_cached_rate"`
+
+	TTFT    Latency `json:"ttft"`
+	ITL     Latency `json:"itl"`
+	E2E     Latency `json:"e2e"`
+	TTFTCDF []Point `json:"ttft_cdf,omitempty"`
+
+	// Backends counts responses per backend header value; Shares is each
+	// backend's fraction of them. ShareMaxMin is max/min share over the
+	// expected backends (0 when a backend got nothing or none is known).
+	Backends    map[string]int64   `json:"backends,omitempty"`
+	Shares      map[string]float64 `json:"shares,omitempty"`
+	ShareMaxMin float64            `json:"share_max_min"`
+	Decisions   map[string]int64   `json:"decisions,omitempty"`
+
+	// KV is the hit rate from the backends' counters; nil when no metrics
+	// were scraped.
+	KV *KVResult `json:"kv,omitempty"`
+	// KVSeries is the fleet hit rate per scrape interval.
+	KVSeries []KVSample `json:"kv_series,omitempty"`
+}
+
+// Summarize returns the Summary of everything recorded. window is the
+// measured duration; expected lists the backends traffic should reach (nil:
+// those that were seen).
+func (r *Recorder) Summarize(window time.Duration, expected []string) Summary {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := Summary{
+		Seconds:          window.Seconds(),
+		Requests:         r.ok + r.failed,
+		OK:               r.ok,
+		Failed:           r.failed,
+		Errors:           copyMap(r.errs),
+		PromptTokens:     r.prompt,
+		CompletionTokens: r.completion,
+		CachedTokens:     r.cached,
+		TTFT:             latency(r.ttft),
+		ITL:              latency(r.itl),
+		E2E:              latency(r.e2e),
+		TTFTCDF:          cdf(r.ttft),
+		Backends:         copyMap(r.backends),
+		Decisions:        copyMap(r.decisions),
+	}
+	if sec := window.Seconds(); sec > 0 {
+		s.RequestsPerSec = float64(r.ok) / sec
+		s.OutputTokensPerSec = float64(r.completion) / sec
+		s.PromptTokensPerSec = float64(r.prompt) / sec
+	}
+	if r.prompt > 0 {
+		s.UsageCachedRate = float64(r.cached) / float64(r.prompt)
+	}
+	s.Shares, s.ShareMaxMin = Shares(r.backends, expected)
+	return s
+}
+
+func copyMap[V any](m map[string]V) map[string]V {
+	if len(m) == 0 {
+		return nil
+	}
+	c := make(map[string]V, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}
+
+// Shares returns each backend's fraction of counts and the ratio of the
+// largest to the smallest share over expected (or, when expected is empty,
+// over the backends in counts). The ratio is 0 when some expected backend
+// got no traffic or there is none at all.
+func Shares(counts map[string]int64, expected []string) (map[string]float64, float64) {
+	var total int64
+	for _, n := range counts {
+		total += n
+	}
+	if total == 0 {
+		return nil, 0
+	}
+	shares := make(map[string]float64, len(counts)+len(expected))
+	for k, n := range counts {
+		shares[k] = float64(n) / float64(total)
+	}
+	names := expected
+	if len(names) == 0 {
+		for k := range counts {
+			names = append(names, k)
+		}
+	}
+	lo, hi := math.Inf(1), 0.0
+	for _, k := range names {
+		v := shares[k]
+		if _, ok := shares[k]; !ok {
+			shares[k] = 0
+		}
+		lo = math.Min(lo, v)
+		hi = math.Max(hi, v)
+	}
+	if lo == 0 {
+		return shares, 0
+	}
+	return shares, hi / lo
+}
