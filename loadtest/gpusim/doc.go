@@ -1,0 +1,56 @@
+// Package gpusim simulates vLLM GPU instances (OpenAI-compatible server, V1
+// engine) closely enough that prefix caching has its real effects: a cached
+// prefix cuts time-to-first-token, load raises it, and a bounded KV cache
+// evicts. It is warmroute's embedded default backend and the test double of
+// the router, the load tests and the demo.
+//
+// # The model
+//
+// A prompt is rendered to text (chat messages as a chat template would
+// render them) and cut into tokens of Config.BytesPerToken bytes. Every full
+// block of Config.BlockSize tokens gets a hash chained on its parent's, as
+// vLLM's hash_block_tokens does. The KV pool holds Config.KVCacheBlocks
+// blocks, ref-counted by the running requests; blocks of finished requests
+// stay cached in an LRU free queue until evicted. A request's cached prefix
+// is the longest run of leading full blocks in the cache, leaving at least
+// its last prompt token to compute (as vLLM does).
+//
+// Time-to-first-token is Overhead + queueing + uncached tokens /
+// PrefillTokensPerSec, the prefill throughput being shared equally among
+// concurrent prefills. Decode runs in steps of ITLBase + ITLPerSeq x
+// running requests, each giving every running request one token. At most
+// MaxNumSeqs requests run; later ones wait in a FIFO queue, as do requests
+// whose KV blocks do not fit (KVAdmissionCheck). TimeScale multiplies every
+// modelled duration. docs/gpusim.md gives the defaults and their sources.
+//
+// # HTTP API
+//
+// POST /v1/chat/completions, /v1/completions (streaming or not, with
+// stream_options.include_usage), GET /v1/models, POST /invocations and
+// GET /ping (SageMaker), GET /health, GET /metrics (vLLM V1 metric names),
+// GET /admin/stats, GET|POST /admin/faults, POST /reset_prefix_cache.
+// Every response carries X-Gpusim-Instance: <name>. Errors are vLLM's
+// {"error":{"message","type","param","code"}}.
+//
+// # Library use
+//
+// Tests of other packages start instances in process:
+//
+//	cfg := gpusim.DefaultConfig()
+//	cfg.TimeScale = 0.01
+//	fleet, err := gpusim.StartFleet(ctx, gpusim.FleetConfig{N: 3, Instance: cfg})
+//	if err != nil { ... }
+//	defer fleet.Close()
+//	urls := fleet.URLs() // "http://127.0.0.1:PORT", one per instance
+//	stats := fleet.Instances()[0].Stats()
+//
+// or serve one instance's handler themselves:
+//
+//	in, err := gpusim.New(cfg)
+//	srv := httptest.NewServer(in.Handler())
+//	defer in.Close() // after srv.Close
+//
+// Instance.SetFaults makes a fraction of requests fail (500) or stall;
+// Instance.Stats reports running, waiting, completed, aborted (client went
+// away mid-request) and cached-token totals.
+package gpusim

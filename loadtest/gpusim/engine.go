@@ -1,0 +1,353 @@
+package gpusim
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+type seqState uint8
+
+const (
+	stateNew seqState = iota
+	stateWaiting
+	statePrefill
+	stateDecode
+	stateDone
+)
+
+// seq is one request inside the engine.
+type seq struct {
+	// Set before submission, then read-only.
+	shape     promptShape
+	maxTokens int
+	limited   bool      // finish_reason "length" rather than "stop"
+	arrival   time.Time // when the server accepted the request
+	// tokens receives one value per generated token; its capacity is
+	// maxTokens, so the engine never blocks on a slow client.
+	tokens chan struct{}
+
+	// Written by the engine before the first token is sent; read by the
+	// handler after it has received that token.
+	cachedTokens int
+
+	// Engine-private.
+	state     seqState
+	hitBlocks int
+	remaining float64 // prefill tokens still to compute
+	blocks    []*kvBlock
+	anon      int
+	generated int
+	lastToken time.Time
+}
+
+func newSeq(shape promptShape, maxTokens int, limited bool, arrival time.Time) *seq {
+	return &seq{shape: shape, maxTokens: maxTokens, limited: limited, arrival: arrival,
+		tokens: make(chan struct{}, maxTokens)}
+}
+
+// engine is the scheduler of one instance: a single goroutine that owns the
+// waiting queue, the running requests and the KV pool, and advances
+// simulated time from event to event (arrival, abort, prefill completion,
+// decode step). Prefill is processor-shared: the prefill throughput is
+// split equally among the requests prefilling at the same moment. Decode
+// runs in steps: every step gives each decoding request one token and lasts
+// ITLBase + ITLPerSeq x running.
+type engine struct {
+	cfg *Config
+	c   *counters
+	m   *metrics
+
+	submitCh chan *seq
+	abortCh  chan *seq
+	ctrlCh   chan func()
+	stop     chan struct{}
+	done     chan struct{}
+
+	kv          *kvPool
+	waiting     []*seq
+	prefilling  []*seq
+	decoding    []*seq
+	lastAdvance time.Time
+	nextStep    time.Time // zero when no decode step is scheduled
+	prefillRate float64   // tokens per wall-clock second
+}
+
+func newEngine(cfg *Config, c *counters, m *metrics) *engine {
+	return &engine{
+		cfg: cfg, c: c, m: m,
+		submitCh:    make(chan *seq, 256),
+		abortCh:     make(chan *seq, 256),
+		ctrlCh:      make(chan func()),
+		stop:        make(chan struct{}),
+		done:        make(chan struct{}),
+		kv:          newKVPool(cfg.KVCacheBlocks),
+		prefillRate: cfg.PrefillTokensPerSec / cfg.TimeScale,
+	}
+}
+
+// submit hands s to the engine; false if the engine has stopped.
+func (e *engine) submit(s *seq) bool {
+	select {
+	case e.submitCh <- s:
+		return true
+	case <-e.done:
+		return false
+	}
+}
+
+// abort withdraws s (a client went away); a no-op if s already finished.
+func (e *engine) abort(s *seq) {
+	select {
+	case e.abortCh <- s:
+	case <-e.done:
+	}
+}
+
+// do runs f on the engine goroutine and waits for it.
+func (e *engine) do(f func()) bool {
+	ran := make(chan struct{})
+	select {
+	case e.ctrlCh <- func() { f(); close(ran) }:
+		<-ran
+		return true
+	case <-e.done:
+		return false
+	}
+}
+
+// close stops the engine and waits for it; safe to call once.
+func (e *engine) close() {
+	close(e.stop)
+	<-e.done
+}
+
+func (e *engine) run() {
+	defer close(e.done)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		var now time.Time
+		select {
+		case <-e.stop:
+			timer.Stop()
+			return
+		case s := <-e.submitCh:
+			now = time.Now()
+			e.advance(now)
+			s.state = stateWaiting
+			e.waiting = append(e.waiting, s)
+		case s := <-e.abortCh:
+			now = time.Now()
+			e.advance(now)
+			e.remove(s)
+		case f := <-e.ctrlCh:
+			now = time.Now()
+			e.advance(now)
+			f()
+		case <-timer.C:
+			now = time.Now()
+			e.advance(now)
+		}
+		e.finishPrefills(now)
+		if !e.nextStep.IsZero() && !now.Before(e.nextStep) {
+			e.step(now)
+		}
+		e.admit(now)
+		e.publish()
+		if at, ok := e.nextEvent(now); ok {
+			timer.Reset(at.Sub(now))
+		} else {
+			timer.Stop()
+		}
+	}
+}
+
+// advance credits every prefilling request with its share of the prefill
+// work done since the last event.
+func (e *engine) advance(now time.Time) {
+	if n := len(e.prefilling); n > 0 {
+		if dt := now.Sub(e.lastAdvance).Seconds(); dt > 0 {
+			work := dt * e.prefillRate / float64(n)
+			for _, s := range e.prefilling {
+				s.remaining -= work
+			}
+		}
+	}
+	e.lastAdvance = now
+}
+
+// prefillEpsilon absorbs float rounding in the processor-sharing clock.
+const prefillEpsilon = 1e-3
+
+func (e *engine) running() int { return len(e.prefilling) + len(e.decoding) }
+
+// itl is the wall-clock length of a decode step at the current load.
+func (e *engine) itl() time.Duration {
+	return e.cfg.scaled(e.cfg.ITLBase + time.Duration(e.running())*e.cfg.ITLPerSeq)
+}
+
+// admit moves waiting requests (FIFO) into prefill while a sequence slot
+// is free and, with the admission check, their KV blocks fit.
+func (e *engine) admit(now time.Time) {
+	b := e.cfg.BlockSize
+	n := 0
+	for _, s := range e.waiting {
+		if e.running() >= e.cfg.MaxNumSeqs {
+			break
+		}
+		p := s.shape.tokens
+		// At least the last prompt token is always computed.
+		hits := e.kv.longestPrefix(s.shape.hashes, (p-1)/b)
+		need := (p+s.maxTokens+b-1)/b - hits
+		if e.cfg.KVAdmissionCheck && !e.kv.canAllocate(need, s.shape.hashes[:hits]) {
+			break
+		}
+		n++
+		s.blocks = e.kv.acquire(s.blocks, s.shape.hashes[:hits])
+		s.anon = e.kv.allocate(need)
+		s.hitBlocks = hits
+		s.cachedTokens = hits * b
+		s.remaining = float64(p - hits*b)
+		s.state = statePrefill
+		e.prefilling = append(e.prefilling, s)
+		e.c.cacheQueries.Add(uint64(p))
+		e.c.cacheHits.Add(uint64(hits * b))
+		e.m.queue.Observe(now.Sub(s.arrival).Seconds())
+	}
+	if n > 0 {
+		clear(e.waiting[:n])
+		e.waiting = e.waiting[n:]
+	}
+}
+
+// finishPrefills emits the first token of every request whose prefill is
+// done and registers its computed prompt blocks in the cache.
+func (e *engine) finishPrefills(now time.Time) {
+	keep := e.prefilling[:0]
+	for _, s := range e.prefilling {
+		if s.remaining > prefillEpsilon {
+			keep = append(keep, s)
+			continue
+		}
+		for k := s.hitBlocks; k < len(s.shape.hashes) && s.anon > 0; k++ {
+			if blk := e.kv.promote(s.shape.hashes[k]); blk != nil {
+				s.blocks = append(s.blocks, blk)
+				s.anon--
+			}
+		}
+		e.c.promptTokens.Add(uint64(s.shape.tokens))
+		e.m.ttft.Observe(now.Sub(s.arrival).Seconds())
+		s.state = stateDecode
+		e.emit(s, now)
+		if s.generated >= s.maxTokens {
+			e.finish(s, now)
+			continue
+		}
+		e.decoding = append(e.decoding, s)
+		if e.nextStep.IsZero() {
+			e.nextStep = now.Add(e.itl())
+		}
+	}
+	clear(e.prefilling[len(keep):])
+	e.prefilling = keep
+}
+
+// step is one decode iteration: every decoding request gets a token.
+func (e *engine) step(now time.Time) {
+	planned := e.nextStep
+	e.nextStep = time.Time{}
+	keep := e.decoding[:0]
+	for _, s := range e.decoding {
+		e.emit(s, now)
+		if s.generated >= s.maxTokens {
+			e.finish(s, now)
+			continue
+		}
+		keep = append(keep, s)
+	}
+	clear(e.decoding[len(keep):])
+	e.decoding = keep
+	if len(e.decoding) > 0 {
+		// Keep to the planned cadence when the timer fires late, but never
+		// schedule a step in the past (no bursts).
+		next := planned.Add(e.itl())
+		if next.Before(now) {
+			next = now
+		}
+		e.nextStep = next
+	}
+}
+
+func (e *engine) emit(s *seq, now time.Time) {
+	if s.generated > 0 {
+		e.m.itl.Observe(now.Sub(s.lastToken).Seconds())
+	}
+	s.generated++
+	s.lastToken = now
+	e.c.generationTokens.Add(1)
+	s.tokens <- struct{}{} // never blocks: capacity is maxTokens
+}
+
+func (e *engine) finish(s *seq, now time.Time) {
+	s.state = stateDone
+	e.kv.release(s.blocks, s.anon)
+	s.blocks, s.anon = nil, 0
+	if s.limited {
+		e.c.successLength.Add(1)
+	} else {
+		e.c.successStop.Add(1)
+	}
+	e.m.e2e.Observe(now.Sub(s.arrival).Seconds())
+}
+
+// remove aborts s if it is still in the engine.
+func (e *engine) remove(s *seq) {
+	var list *[]*seq
+	switch s.state {
+	case stateWaiting:
+		list = &e.waiting
+	case statePrefill:
+		list = &e.prefilling
+	case stateDecode:
+		list = &e.decoding
+	default:
+		return // finished, or never submitted
+	}
+	if i := slices.Index(*list, s); i >= 0 {
+		*list = slices.Delete(*list, i, i+1)
+	}
+	e.kv.release(s.blocks, s.anon)
+	s.blocks, s.anon = nil, 0
+	s.state = stateDone
+	e.c.aborted.Add(1)
+}
+
+// nextEvent is the time of the next prefill completion or decode step.
+func (e *engine) nextEvent(now time.Time) (time.Time, bool) {
+	var at time.Time
+	ok := false
+	if n := len(e.prefilling); n > 0 {
+		least := math.Inf(1)
+		for _, s := range e.prefilling {
+			least = min(least, s.remaining)
+		}
+		secs := max(0, least) * float64(n) / e.prefillRate
+		at = now.Add(time.Duration(math.Ceil(secs * 1e9)))
+		ok = true
+	}
+	if !e.nextStep.IsZero() && (!ok || e.nextStep.Before(at)) {
+		at, ok = e.nextStep, true
+	}
+	return at, ok
+}
+
+// publish exports the scheduler state for /metrics and /admin/stats.
+func (e *engine) publish() {
+	e.c.running.Store(int64(e.running()))
+	e.c.waiting.Store(int64(len(e.waiting)))
+	e.c.kvUsage.Store(math.Float64bits(e.kv.usage()))
+	e.c.kvUsedBlocks.Store(int64(e.kv.used()))
+	e.c.kvCachedBlocks.Store(int64(len(e.kv.cached)))
+	e.c.kvEvictions.Store(e.kv.evictions)
+}

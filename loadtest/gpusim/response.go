@@ -1,0 +1,180 @@
+package gpusim
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+)
+
+// response writes one request's answer, streamed or whole, as tokens come
+// out of the engine. The JSON is appended by hand: it has a fixed shape and
+// this is the per-token hot path.
+type response struct {
+	in      *Instance
+	p       *parsedRequest
+	s       *seq
+	id      string
+	created int64
+}
+
+func (rs *response) finishReason() string {
+	if rs.s.limited {
+		return "length"
+	}
+	return "stop"
+}
+
+// appendBase appends `{"id":..,"object":..,"created":..,"model":..,`.
+func (rs *response) appendBase(dst []byte, object string) []byte {
+	dst = append(dst, `{"id":"`...)
+	dst = append(dst, rs.id...)
+	dst = append(dst, `","object":"`...)
+	dst = append(dst, object...)
+	dst = append(dst, `","created":`...)
+	dst = strconv.AppendInt(dst, rs.created, 10)
+	dst = append(dst, `,"model":`...)
+	dst = append(dst, rs.in.modelJSON...)
+	return append(dst, ',')
+}
+
+func (rs *response) appendUsage(dst []byte) []byte {
+	p, c := rs.s.shape.tokens, rs.s.maxTokens
+	dst = append(dst, `"usage":{"prompt_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(p), 10)
+	dst = append(dst, `,"total_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(p+c), 10)
+	dst = append(dst, `,"completion_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(c), 10)
+	dst = append(dst, `,"prompt_tokens_details":{"cached_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(rs.s.cachedTokens), 10)
+	return append(dst, `}}`...)
+}
+
+// waitToken blocks until the engine emits a token (true) or the client or
+// the instance goes away (false, after aborting the request).
+func (rs *response) waitToken(ctx context.Context) bool {
+	select {
+	case <-rs.s.tokens:
+		return true
+	case <-ctx.Done():
+	case <-rs.in.closing:
+	}
+	rs.in.eng.abort(rs.s)
+	return false
+}
+
+// stream writes Server-Sent Events as vLLM does: for chat a first chunk
+// with the assistant role, then one chunk per token (the last carrying the
+// finish_reason), an optional usage chunk, and "data: [DONE]". Every batch
+// of tokens available at once is written and flushed together.
+func (rs *response) stream(ctx context.Context, w http.ResponseWriter) {
+	rc := http.NewResponseController(w)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	if rc.Flush() != nil {
+		rs.in.eng.abort(rs.s)
+		return
+	}
+	object := "text_completion"
+	if rs.p.chat {
+		object = "chat.completion.chunk"
+	}
+	head := append([]byte("data: "), rs.appendBase(nil, object)...)
+	head = append(head, `"choices":[{"index":0,`...)
+	last := rs.s.maxTokens - 1
+	buf := make([]byte, 0, 1024)
+	got, sent := 0, 0
+	for got <= last {
+		if !rs.waitToken(ctx) {
+			return
+		}
+		got++
+	drain:
+		for got <= last {
+			select {
+			case <-rs.s.tokens:
+				got++
+			default:
+				break drain
+			}
+		}
+		buf = buf[:0]
+		if sent == 0 && rs.p.chat {
+			buf = append(buf, head...)
+			buf = append(buf, `"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+		}
+		for ; sent < got; sent++ {
+			buf = append(buf, head...)
+			if rs.p.chat {
+				buf = append(buf, `"delta":{"content":"`...)
+				buf = append(buf, rs.in.fill.token(rs.s.shape.seed, sent)...)
+				buf = append(buf, `"},"logprobs":null,"finish_reason":`...)
+			} else {
+				buf = append(buf, `"text":"`...)
+				buf = append(buf, rs.in.fill.token(rs.s.shape.seed, sent)...)
+				buf = append(buf, `","logprobs":null,"finish_reason":`...)
+			}
+			if sent == last {
+				buf = append(buf, '"')
+				buf = append(buf, rs.finishReason()...)
+				buf = append(buf, `","stop_reason":null}]}`+"\n\n"...)
+			} else if rs.p.chat {
+				buf = append(buf, `null}]}`+"\n\n"...)
+			} else {
+				buf = append(buf, `null,"stop_reason":null}]}`+"\n\n"...)
+			}
+		}
+		if got > last {
+			if rs.p.includeUsage {
+				buf = append(buf, "data: "...)
+				buf = rs.appendBase(buf, object)
+				buf = append(buf, `"choices":[],`...)
+				buf = rs.appendUsage(buf)
+				buf = append(buf, "}\n\n"...)
+			}
+			buf = append(buf, "data: [DONE]\n\n"...)
+		}
+		if _, err := w.Write(buf); err != nil || rc.Flush() != nil {
+			if got <= last {
+				rs.in.eng.abort(rs.s)
+			}
+			return
+		}
+	}
+}
+
+// full waits for the whole generation and writes one JSON response.
+func (rs *response) full(ctx context.Context, w http.ResponseWriter) {
+	for i := 0; i < rs.s.maxTokens; i++ {
+		if !rs.waitToken(ctx) {
+			return
+		}
+	}
+	buf := make([]byte, 0, 512+rs.s.maxTokens*8)
+	if rs.p.chat {
+		buf = rs.appendBase(buf, "chat.completion")
+		buf = append(buf, `"choices":[{"index":0,"message":{"role":"assistant","content":"`...)
+	} else {
+		buf = rs.appendBase(buf, "text_completion")
+		buf = append(buf, `"choices":[{"index":0,"text":"`...)
+	}
+	for i := 0; i < rs.s.maxTokens; i++ {
+		buf = append(buf, rs.in.fill.token(rs.s.shape.seed, i)...)
+	}
+	if rs.p.chat {
+		buf = append(buf, `","tool_calls":[]},"logprobs":null,"finish_reason":"`...)
+	} else {
+		buf = append(buf, `","logprobs":null,"finish_reason":"`...)
+	}
+	buf = append(buf, rs.finishReason()...)
+	buf = append(buf, `","stop_reason":null}],`...)
+	buf = rs.appendUsage(buf)
+	buf = append(buf, `}`...)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(buf)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(buf)
+}
