@@ -1,0 +1,76 @@
+package ring
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func chatBody(promptBytes int) []byte {
+	text := strings.Repeat("Retrieved document text, with some punctuation; and words. ", promptBytes/50+1)[:promptBytes]
+	return []byte(fmt.Sprintf(`{"model":"meta-llama/Llama-3.1-70B-Instruct","stream":true,"temperature":0.2,"messages":[{"role":"system","content":"You answer questions about the document."},{"role":"user","content":%q}]}`, text))
+}
+
+// BenchmarkRoute is the routing decision on the request path: key
+// extraction plus Pick, for prompts from 1 KiB to 64 KiB.
+func BenchmarkRoute(b *testing.B) {
+	r := mustRing(b, DefaultConfig(), gpus(7))
+	loads := newLoads(7)
+	for _, size := range []int{1 << 10, 4 << 10, 16 << 10, 64 << 10} {
+		body := chatBody(size)
+		for _, plen := range []int{4096, 65536} {
+			cfg := r.Config().KeyConfig
+			cfg.PrefixLength = plen
+			b.Run(fmt.Sprintf("prompt=%dKiB/prefix=%d", size>>10, plen), func(b *testing.B) {
+				b.SetBytes(int64(len(body)))
+				b.ReportAllocs()
+				var info KeyInfo
+				for b.Loop() {
+					if err := Extract(cfg, Chat, body, nil, &info); err != nil {
+						b.Fatal(err)
+					}
+					if _, err := r.Pick(info.Key, loads); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+func BenchmarkPick(b *testing.B) {
+	for _, n := range []int{7, 100, 1000} {
+		for _, lf := range []float64{0, 1.25} {
+			cfg := DefaultConfig()
+			cfg.LoadFactor = lf
+			r := mustRing(b, cfg, gpus(n))
+			loads := newLoads(n)
+			b.Run(fmt.Sprintf("backends=%d/loadfactor=%g", n, lf), func(b *testing.B) {
+				b.ReportAllocs()
+				k := uint64(0)
+				for b.Loop() {
+					k += 0x9e3779b97f4a7c15
+					if _, err := r.Pick(k, loads); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkNew is a ring rebuild: what every membership or config change
+// costs.
+func BenchmarkNew(b *testing.B) {
+	for _, n := range []int{10, 100, 1000} {
+		bs := gpus(n)
+		b.Run(fmt.Sprintf("backends=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := New(DefaultConfig(), bs); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,218 @@
+package ring
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// refKey computes the routing key of a chat or completions body with
+// encoding/json, as the documentation of Extract describes it. ok is false
+// when the body is not of a shape the reference understands.
+func refKey(cfg KeyConfig, api API, body, tenant []byte) (uint64, bool) {
+	// encoding/json matches struct fields case-insensitively; engines do
+	// not, so decode into maps with exact keys.
+	var top map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil {
+		return 0, false
+	}
+	var req struct {
+		Model, PCK       *string
+		Messages, Prompt json.RawMessage
+	}
+	for k, v := range top {
+		switch k {
+		case "model":
+			if json.Unmarshal(v, &req.Model) != nil {
+				return 0, false
+			}
+		case "prompt_cache_key":
+			if json.Unmarshal(v, &req.PCK) != nil {
+				return 0, false
+			}
+		case "messages":
+			req.Messages = v
+		case "prompt":
+			req.Prompt = v
+		}
+	}
+	var text strings.Builder
+	switch api {
+	case Chat:
+		var raw []map[string]json.RawMessage
+		if json.Unmarshal(req.Messages, &raw) != nil || len(raw) == 0 {
+			return 0, false
+		}
+		type msg struct {
+			Role    *string
+			Content json.RawMessage
+		}
+		msgs := make([]msg, len(raw))
+		for i, m := range raw {
+			if r, ok := m["role"]; ok && json.Unmarshal(r, &msgs[i].Role) != nil {
+				return 0, false
+			}
+			msgs[i].Content = m["content"]
+		}
+		for _, m := range msgs {
+			if m.Role == nil {
+				return 0, false
+			}
+			text.WriteString(*m.Role + "\n")
+			var s string
+			var parts []map[string]any
+			switch {
+			case len(m.Content) == 0 || string(m.Content) == "null":
+			case json.Unmarshal(m.Content, &s) == nil:
+				text.WriteString(s)
+			case json.Unmarshal(m.Content, &parts) == nil:
+				n := 0
+				for _, p := range parts {
+					if p["type"] != "text" {
+						continue
+					}
+					t, ok := p["text"].(string)
+					if !ok {
+						return 0, false
+					}
+					if n > 0 {
+						text.WriteString("\n")
+					}
+					n++
+					text.WriteString(t)
+				}
+			default:
+				return 0, false
+			}
+			text.WriteString("\n")
+		}
+	case Completions:
+		var s string
+		var ss []string
+		var ids []uint32
+		var nested [][]uint32
+		switch {
+		case json.Unmarshal(req.Prompt, &s) == nil:
+			text.WriteString(s)
+		case json.Unmarshal(req.Prompt, &ss) == nil && len(ss) > 0:
+			text.WriteString(ss[0])
+		case json.Unmarshal(req.Prompt, &ids) == nil:
+			for _, id := range ids {
+				text.WriteString(strconv.FormatUint(uint64(id), 10) + " ")
+			}
+		case json.Unmarshal(req.Prompt, &nested) == nil && len(nested) > 0:
+			for _, id := range nested[0] {
+				text.WriteString(strconv.FormatUint(uint64(id), 10) + " ")
+			}
+		default:
+			return 0, false
+		}
+	default:
+		return 0, false
+	}
+	t := text.String()
+	if len(t) > cfg.PrefixLength {
+		cut := cfg.PrefixLength
+		for cut > 0 && !utf8.RuneStart(t[cut]) {
+			cut--
+		}
+		t = t[:cut]
+	}
+	model, ten := "", ""
+	if req.Model != nil {
+		model = *req.Model
+	}
+	if req.PCK != nil {
+		ten = *req.PCK
+	}
+	if tenant != nil {
+		ten = string(tenant)
+	}
+	var sum [24]byte
+	binary.LittleEndian.PutUint64(sum[0:], xxhash.Sum64String(model))
+	binary.LittleEndian.PutUint64(sum[8:], xxhash.Sum64String(ten))
+	binary.LittleEndian.PutUint64(sum[16:], xxhash.Sum64String(t))
+	return xxhash.Sum64(sum[:]), true
+}
+
+
+func FuzzExtract(f *testing.F) {
+	seeds := []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","messages":[{"role":"system","content":[{"type":"text","text":"a\u00e9b"},{"type":"image_url","image_url":{"url":"u"}}]},{"role":"assistant","content":null}],"stream":true}`,
+		`{"prompt":"hello","prompt_cache_key":"t1","temperature":0.5}`,
+		`{"prompt":[1,2,3]}`,
+		`{"prompt":[[4,5],[6]]}`,
+		`{"prompt":["a","b"]}`,
+		`{"inputs":"x","parameters":{}}`,
+		`{"messages":"bad"}`,
+		`[`, `{"a":"\ud83d\ude00"}`, `{"n":-0.5e+10}`, "",
+	}
+	for _, s := range seeds {
+		for _, api := range []API{Chat, Completions, Invocations} {
+			f.Add(uint8(api), false, 1024, []byte(s), "")
+			f.Add(uint8(api), true, 4096, []byte(s), "tenant")
+		}
+	}
+	f.Fuzz(func(t *testing.T, api uint8, invJSON bool, plen int, body []byte, tenant string) {
+		cfg := KeyConfig{PrefixLength: MinPrefixLength + int(uint(plen)%uint(MaxPrefixLength-MinPrefixLength+1)), InvocationsJSON: invJSON}
+		a := API(api % 3)
+		var th []byte
+		if tenant != "" {
+			th = []byte(tenant)
+		}
+		var i1, i2 KeyInfo
+		err1 := Extract(cfg, a, body, th, &i1)
+		err2 := Extract(cfg, a, body, th, &i2)
+		if (err1 == nil) != (err2 == nil) || i1.Key != i2.Key || i1.PrefixBytes != i2.PrefixBytes || !bytes.Equal(i1.Model, i2.Model) || !bytes.Equal(i1.Tenant, i2.Tenant) {
+			t.Fatalf("not deterministic: %v/%v %+v/%+v", err1, err2, i1, i2)
+		}
+		if err1 != nil {
+			if !errors.Is(err1, ErrMalformedJSON) && !errors.Is(err1, ErrInvalidRequest) && !errors.Is(err1, ErrTooDeep) && !errors.Is(err1, ErrBadTenant) {
+				t.Fatalf("unclassified error %v", err1)
+			}
+			if errors.Is(err1, ErrMalformedJSON) && json.Valid(body) {
+				t.Fatalf("valid JSON rejected as malformed: %v: %q", err1, body)
+			}
+			return
+		}
+		if i1.PrefixBytes > cfg.PrefixLength {
+			t.Fatalf("hashed %d bytes, limit %d", i1.PrefixBytes, cfg.PrefixLength)
+		}
+		if a == Invocations || !json.Valid(body) || !utf8.Valid(body) || !utf8.ValidString(tenant) {
+			return
+		}
+		want, ok := refKey(cfg, a, body, th)
+		if ok && want != i1.Key {
+			t.Fatalf("key %x, reference %x for %q", i1.Key, want, body)
+		}
+	})
+}
+
+func FuzzCheckTenant(f *testing.F) {
+	for _, s := range []string{"a", "tenant-1", "", strings.Repeat("x", 65), "tab\t", "é"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, v []byte) {
+		err := CheckTenant(v)
+		ok := len(v) >= 1 && len(v) <= 64
+		for _, c := range v {
+			if c < 0x20 || c > 0x7e {
+				ok = false
+			}
+		}
+		if ok != (err == nil) {
+			t.Fatalf("CheckTenant(%q) = %v, want ok=%v", v, err, ok)
+		}
+		if err != nil && !errors.Is(err, ErrBadTenant) {
+			t.Fatalf("error %v does not wrap ErrBadTenant", err)
+		}
+	})
+}

@@ -1,0 +1,485 @@
+package ring
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// API is the kind of request body a key is read from.
+type API uint8
+
+const (
+	// Chat is POST /v1/chat/completions: the prompt is the messages.
+	Chat API = iota
+	// Completions is POST /v1/completions: the prompt is `prompt`.
+	Completions
+	// Invocations is SageMaker's POST /invocations: the raw body, or with
+	// KeyConfig.InvocationsJSON the first of messages, prompt and inputs.
+	Invocations
+)
+
+func (a API) String() string {
+	switch a {
+	case Chat:
+		return "chat"
+	case Completions:
+		return "completions"
+	case Invocations:
+		return "invocations"
+	}
+	return "unknown"
+}
+
+// MaxTenantLength is the longest prefix-aware id accepted (SageMaker's).
+const MaxTenantLength = 64
+
+// KeyInfo is what Extract learned from a request.
+type KeyInfo struct {
+	// Key is the routing key.
+	Key uint64
+	// PrefixBytes is how many bytes of prompt text went into the key.
+	PrefixBytes int
+	// Model is the raw `model` string as sent (escapes undecoded); it
+	// aliases the body. Empty when absent.
+	Model []byte
+	// Tenant is the tenant as sent: the header value, or the raw
+	// `prompt_cache_key` string. It aliases its source.
+	Tenant []byte
+	// TenantFromHeader says where Tenant came from.
+	TenantFromHeader bool
+	// Stream is the body's `stream` flag.
+	Stream bool
+}
+
+// CheckTenant validates an X-Amzn-SageMaker-Prefix-Aware-Id value: 1-64
+// printable ASCII characters.
+func CheckTenant(v []byte) error {
+	if len(v) == 0 || len(v) > MaxTenantLength {
+		return fmt.Errorf("%w: want 1-%d printable characters, got %d bytes", ErrBadTenant, MaxTenantLength, len(v))
+	}
+	for _, c := range v {
+		if c < 0x20 || c > 0x7e {
+			return fmt.Errorf("%w: non-printable character 0x%02x", ErrBadTenant, c)
+		}
+	}
+	return nil
+}
+
+// Extract reads the routing key of a request body. tenantHeader is the
+// X-Amzn-SageMaker-Prefix-Aware-Id header: nil when absent (a present but
+// empty header is an error). It never allocates on success and never panics;
+// errors wrap ErrMalformedJSON, ErrInvalidRequest, ErrTooDeep or
+// ErrBadTenant.
+//
+// The key is xxhash64 over three 64-bit digests: of the model, of the
+// tenant and of the first PrefixLength bytes of prompt text (cut back to a
+// UTF-8 boundary). Prompt text is:
+//   - chat: for each message in order, its role, '\n', its content's text
+//     (text parts of a content array joined by '\n'; other parts skipped)
+//     and '\n';
+//   - completions: the prompt string; the first string of a prompt array;
+//     token ids as decimal text each followed by ' ';
+//   - invocations: the raw body, or as above with InvocationsJSON (TGI's
+//     `inputs` string too).
+//
+// JSON strings are unescaped before hashing, so "\u00e9" and "é" agree.
+func Extract(cfg KeyConfig, api API, body, tenantHeader []byte, info *KeyInfo) error {
+	*info = KeyInfo{}
+	if tenantHeader != nil {
+		if err := CheckTenant(tenantHeader); err != nil {
+			return err
+		}
+		info.Tenant, info.TenantFromHeader = tenantHeader, true
+	}
+	limit := cfg.PrefixLength
+	if limit <= 0 {
+		limit = MaxPrefixLength
+	}
+	pw := prefixWriter{left: limit}
+	pw.d.Reset()
+	if api == Invocations && !cfg.InvocationsJSON {
+		pw.raw(body)
+	} else if err := extractJSON(api, body, info, &pw); err != nil {
+		return err
+	}
+	info.PrefixBytes = pw.written
+	var md, td xxhash.Digest
+	md.Reset()
+	td.Reset()
+	if err := writeString(&md, info.Model); err != nil {
+		return err
+	}
+	if info.TenantFromHeader {
+		td.Write(info.Tenant)
+	} else if err := writeString(&td, info.Tenant); err != nil {
+		return err
+	}
+	var sum [24]byte
+	binary.LittleEndian.PutUint64(sum[0:], md.Sum64())
+	binary.LittleEndian.PutUint64(sum[8:], td.Sum64())
+	binary.LittleEndian.PutUint64(sum[16:], pw.d.Sum64())
+	info.Key = xxhash.Sum64(sum[:])
+	return nil
+}
+
+// bodyFields are the raw spans of the top-level fields Extract cares about.
+type bodyFields struct {
+	messages, prompt, inputs []byte
+}
+
+func extractJSON(api API, body []byte, info *KeyInfo, pw *prefixWriter) error {
+	s := scanner{b: body}
+	if c := s.peek(); c != '{' {
+		if c == 0 {
+			return fmt.Errorf("%w: empty body", ErrMalformedJSON)
+		}
+		if _, err := s.value(); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: body must be a JSON object", ErrInvalidRequest)
+	}
+	// Chat and completions hash their prompt field during the one pass over
+	// the body; a repeated field starts over, so the last one counts, as in
+	// every JSON decoder engines use. Invocations pick among several fields
+	// afterwards.
+	var f bodyFields
+	inline := api == Chat || api == Completions
+	err := s.object(func(key []byte) error {
+		switch string(key) {
+		case "messages":
+			if api == Chat {
+				pw.reset()
+				f.messages = key
+				return chatPrefix(&s, pw)
+			}
+		case "prompt":
+			if api == Completions {
+				pw.reset()
+				f.prompt = key
+				return promptPrefix(&s, pw)
+			}
+		}
+		kind, raw, err := s.span()
+		if err != nil {
+			return err
+		}
+		switch string(key) {
+		case "model":
+			if kind != '"' {
+				return fmt.Errorf("%w: model must be a string", ErrInvalidRequest)
+			}
+			info.Model = raw[1 : len(raw)-1]
+		case "prompt_cache_key":
+			switch kind {
+			case '"':
+				if !info.TenantFromHeader {
+					info.Tenant = raw[1 : len(raw)-1]
+				}
+			case 'z':
+			default:
+				return fmt.Errorf("%w: prompt_cache_key must be a string", ErrInvalidRequest)
+			}
+		case "stream":
+			info.Stream = kind == 't'
+		case "messages":
+			f.messages = raw
+		case "prompt":
+			f.prompt = raw
+		case "inputs":
+			f.inputs = raw
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := s.end(); err != nil {
+		return err
+	}
+	switch {
+	case inline && api == Chat && f.messages == nil:
+		return fmt.Errorf("%w: messages is required", ErrInvalidRequest)
+	case inline && api == Completions && f.prompt == nil:
+		return fmt.Errorf("%w: prompt is required", ErrInvalidRequest)
+	case inline:
+		return nil
+	case f.messages != nil:
+		sub := scanner{b: f.messages}
+		return chatPrefix(&sub, pw)
+	case f.prompt != nil:
+		sub := scanner{b: f.prompt}
+		return promptPrefix(&sub, pw)
+	case f.inputs != nil:
+		if f.inputs[0] != '"' {
+			return fmt.Errorf("%w: inputs must be a string", ErrInvalidRequest)
+		}
+		return pw.json(f.inputs[1 : len(f.inputs)-1])
+	}
+	return fmt.Errorf("%w: body has none of messages, prompt or inputs", ErrInvalidRequest)
+}
+
+var (
+	keyRole    = []byte("role")
+	keyContent = []byte("content")
+	keyType    = []byte("type")
+	keyText    = []byte("text")
+	newline    = []byte("\n")
+	space      = []byte(" ")
+)
+
+// chatPrefix consumes the messages array at the cursor, checking its shape
+// and writing its text.
+func chatPrefix(s *scanner, pw *prefixWriter) error {
+	if c := s.peek(); c != '[' {
+		if _, err := s.value(); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: messages must be an array", ErrInvalidRequest)
+	}
+	count := 0
+	err := s.array(func(int) error {
+		count++
+		if s.peek() != '{' {
+			return fmt.Errorf("%w: messages[%d] must be an object", ErrInvalidRequest, count-1)
+		}
+		var role, content []byte
+		var contentKind byte
+		err := s.object(func(key []byte) error {
+			kind, v, err := s.span()
+			if err != nil {
+				return err
+			}
+			switch {
+			case bytes.Equal(key, keyRole):
+				if kind != '"' {
+					return fmt.Errorf("%w: messages[%d].role must be a string", ErrInvalidRequest, count-1)
+				}
+				role = v[1 : len(v)-1]
+			case bytes.Equal(key, keyContent):
+				if kind != '"' && kind != '[' && kind != 'z' {
+					return fmt.Errorf("%w: messages[%d].content must be a string, an array of parts or null", ErrInvalidRequest, count-1)
+				}
+				content, contentKind = v, kind
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if role == nil {
+			return fmt.Errorf("%w: messages[%d].role is required", ErrInvalidRequest, count-1)
+		}
+		if err := pw.json(role); err != nil {
+			return err
+		}
+		pw.raw(newline)
+		switch contentKind {
+		case '"':
+			if err := pw.json(content[1 : len(content)-1]); err != nil {
+				return err
+			}
+		case '[':
+			if err := contentParts(content, count-1, pw); err != nil {
+				return err
+			}
+		}
+		pw.raw(newline)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if count == 0 {
+		return fmt.Errorf("%w: messages must not be empty", ErrInvalidRequest)
+	}
+	return nil
+}
+
+// contentParts writes the text parts of a content array joined by '\n'.
+func contentParts(raw []byte, msg int, pw *prefixWriter) error {
+	s := scanner{b: raw}
+	texts := 0
+	return s.array(func(i int) error {
+		if s.peek() != '{' {
+			return fmt.Errorf("%w: messages[%d].content[%d] must be an object", ErrInvalidRequest, msg, i)
+		}
+		var typ, text []byte
+		textKind := byte(0)
+		err := s.object(func(key []byte) error {
+			kind, v, err := s.span()
+			if err != nil {
+				return err
+			}
+			switch {
+			case bytes.Equal(key, keyType):
+				if kind != '"' {
+					return fmt.Errorf("%w: messages[%d].content[%d].type must be a string", ErrInvalidRequest, msg, i)
+				}
+				typ = v[1 : len(v)-1]
+			case bytes.Equal(key, keyText):
+				text, textKind = v, kind
+			}
+			return nil
+		})
+		if err != nil || !bytes.Equal(typ, keyText) {
+			return err
+		}
+		if textKind != '"' {
+			return fmt.Errorf("%w: messages[%d].content[%d].text must be a string", ErrInvalidRequest, msg, i)
+		}
+		if texts > 0 {
+			pw.raw(newline)
+		}
+		texts++
+		return pw.json(text[1 : len(text)-1])
+	})
+}
+
+// promptPrefix consumes a completions prompt at the cursor and writes it: a
+// string, the first of an array of strings, or token ids (an array, or the
+// first of an array of arrays).
+func promptPrefix(s *scanner, pw *prefixWriter) error {
+	kind, raw, err := s.spanOrArray()
+	switch {
+	case err != nil:
+		return err
+	case kind == '"':
+		return pw.json(raw[1 : len(raw)-1])
+	case kind != '[':
+		return fmt.Errorf("%w: prompt must be a string, an array of strings or an array of token ids", ErrInvalidRequest)
+	}
+	var first byte
+	return s.array(func(i int) error {
+		kind, v, err := s.span()
+		if err != nil {
+			return err
+		}
+		if i == 0 {
+			first = kind
+		} else if kind != first {
+			return fmt.Errorf("%w: prompt array mixes types", ErrInvalidRequest)
+		}
+		switch kind {
+		case '"':
+			if i == 0 {
+				return pw.json(v[1 : len(v)-1])
+			}
+		case 'n':
+			return tokenID(v, pw)
+		case '[':
+			if i == 0 {
+				return tokenIDs(v, pw)
+			}
+		default:
+			return fmt.Errorf("%w: prompt[%d] must be a string, a token id or an array of token ids", ErrInvalidRequest, i)
+		}
+		return nil
+	})
+}
+
+func tokenIDs(raw []byte, pw *prefixWriter) error {
+	s := scanner{b: raw}
+	return s.array(func(i int) error {
+		kind, v, err := s.span()
+		if err != nil {
+			return err
+		}
+		if kind != 'n' {
+			return fmt.Errorf("%w: token ids must be integers", ErrInvalidRequest)
+		}
+		return tokenID(v, pw)
+	})
+}
+
+func tokenID(v []byte, pw *prefixWriter) error {
+	if _, err := strconv.ParseUint(string(v), 10, 32); err != nil {
+		return fmt.Errorf("%w: token id %.20q is not a non-negative integer", ErrInvalidRequest, v)
+	}
+	pw.raw(v)
+	pw.raw(space)
+	return nil
+}
+
+// prefixWriter hashes prompt text up to a byte budget, cutting at a UTF-8
+// boundary.
+type prefixWriter struct {
+	d       xxhash.Digest
+	left    int // budget left; 0 once a cut was made
+	written int
+}
+
+// raw writes p, or as much of it as the budget allows, cut back to the start
+// of a rune.
+func (w *prefixWriter) reset() {
+	w.d.Reset()
+	w.left += w.written
+	w.written = 0
+}
+
+func (w *prefixWriter) raw(p []byte) {
+	if w.left <= 0 || len(p) == 0 {
+		return
+	}
+	if len(p) <= w.left {
+		w.d.Write(p)
+		w.left -= len(p)
+		w.written += len(p)
+		return
+	}
+	cut := w.left
+	for cut > 0 && !utf8.RuneStart(p[cut]) {
+		cut--
+	}
+	w.d.Write(p[:cut])
+	w.written += cut
+	w.left = 0
+}
+
+// json writes the unescaped content of a raw JSON string.
+func (w *prefixWriter) json(raw []byte) error {
+	var buf [utf8.UTFMax]byte
+	for len(raw) > 0 && w.left > 0 {
+		i := bytes.IndexByte(raw, '\\')
+		if i < 0 {
+			w.raw(raw)
+			return nil
+		}
+		w.raw(raw[:i])
+		r, n, err := decodeEscape(raw[i:], &buf)
+		if err != nil {
+			return err
+		}
+		if len(r) > w.left {
+			w.left = 0
+			return nil
+		}
+		w.raw(r)
+		raw = raw[i+n:]
+	}
+	return nil
+}
+
+// writeString hashes the unescaped content of a raw JSON string.
+func writeString(d *xxhash.Digest, raw []byte) error {
+	var buf [utf8.UTFMax]byte
+	for len(raw) > 0 {
+		i := bytes.IndexByte(raw, '\\')
+		if i < 0 {
+			d.Write(raw)
+			return nil
+		}
+		d.Write(raw[:i])
+		r, n, err := decodeEscape(raw[i:], &buf)
+		if err != nil {
+			return err
+		}
+		d.Write(r)
+		raw = raw[i+n:]
+	}
+	return nil
+}

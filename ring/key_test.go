@@ -1,0 +1,249 @@
+package ring
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func mustKey(t *testing.T, api API, body string, tenant []byte) KeyInfo {
+	t.Helper()
+	var info KeyInfo
+	if err := Extract(KeyConfig{PrefixLength: 4096}, api, []byte(body), tenant, &info); err != nil {
+		t.Fatalf("Extract(%s): %v", body, err)
+	}
+	return info
+}
+
+func TestChatKeyIgnoresFormattingAndSampling(t *testing.T) {
+	base := `{"model":"m","messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":"Hi there"}]}`
+	variants := []string{
+		// whitespace and key order
+		"{\n  \"messages\": [ {\"content\": \"You are helpful.\", \"role\": \"system\"},\n {\"role\":\"user\",\"content\":\"Hi there\"} ],\n  \"model\" : \"m\"\n}",
+		// sampling fields
+		`{"model":"m","temperature":0.7,"top_p":0.9,"stream":true,"max_tokens":12,"stream_options":{"include_usage":true},"messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":"Hi there"}]}`,
+		// escapes that decode to the same text
+		`{"model":"m","messages":[{"role":"system","content":"You are helpful\u002e"},{"role":"user","content":"Hi\u0020there"}]}`,
+		// content as an array of text parts, one part
+		`{"model":"m","messages":[{"role":"system","content":[{"type":"text","text":"You are helpful."}]},{"role":"user","content":[{"text":"Hi there","type":"text"},{"type":"image_url","image_url":{"url":"http://x"}}]}]}`,
+		// extra message fields
+		`{"model":"m","messages":[{"role":"system","name":"x","content":"You are helpful."},{"role":"user","content":"Hi there"}],"user":"u1"}`,
+	}
+	want := mustKey(t, Chat, base, nil)
+	for i, v := range variants {
+		if got := mustKey(t, Chat, v, nil); got.Key != want.Key {
+			t.Errorf("variant %d: key %x, want %x", i, got.Key, want.Key)
+		}
+	}
+	if got := mustKey(t, Chat, variants[1], nil); !got.Stream {
+		t.Error("stream flag not read")
+	}
+	if string(want.Model) != "m" {
+		t.Errorf("model = %q", want.Model)
+	}
+}
+
+func TestChatKeyDistinguishes(t *testing.T) {
+	base := mustKey(t, Chat, `{"model":"m","messages":[{"role":"user","content":"Hi there"}]}`, nil)
+	others := []string{
+		`{"model":"m2","messages":[{"role":"user","content":"Hi there"}]}`,
+		`{"model":"m","messages":[{"role":"system","content":"Hi there"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"Hi therE"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"Hi"},{"role":"user","content":"there"}]}`,
+	}
+	for i, o := range others {
+		if got := mustKey(t, Chat, o, nil); got.Key == base.Key {
+			t.Errorf("other %d shares the key", i)
+		}
+	}
+}
+
+func TestSharedPrefixDifferentSuffixSameKey(t *testing.T) {
+	doc := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 200) // 9000 bytes
+	a := mustKey(t, Chat, fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, doc+"Question one?"), nil)
+	b := mustKey(t, Chat, fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q},{"role":"user","content":"more"}]}`, doc+"Another question entirely"), nil)
+	if a.Key != b.Key {
+		t.Fatal("same 4 KiB prefix, different suffix: keys differ")
+	}
+	if a.PrefixBytes != 4096 {
+		t.Errorf("PrefixBytes = %d, want 4096", a.PrefixBytes)
+	}
+	// Below the prefix length the suffix matters.
+	c := mustKey(t, Chat, `{"model":"m","messages":[{"role":"user","content":"short doc. Q1"}]}`, nil)
+	d := mustKey(t, Chat, `{"model":"m","messages":[{"role":"user","content":"short doc. Q2"}]}`, nil)
+	if c.Key == d.Key {
+		t.Fatal("short prompts that differ share a key")
+	}
+}
+
+func TestTenantsNeverShareKeys(t *testing.T) {
+	body := `{"model":"m","messages":[{"role":"user","content":"identical prompt"}]}`
+	none := mustKey(t, Chat, body, nil)
+	a := mustKey(t, Chat, body, []byte("tenant-a"))
+	b := mustKey(t, Chat, body, []byte("tenant-b"))
+	if a.Key == b.Key || a.Key == none.Key || b.Key == none.Key {
+		t.Fatalf("tenant keys collide: none=%x a=%x b=%x", none.Key, a.Key, b.Key)
+	}
+	// prompt_cache_key is the same tenant as the header of the same value.
+	pck := mustKey(t, Chat, `{"model":"m","prompt_cache_key":"tenant-a","messages":[{"role":"user","content":"identical prompt"}]}`, nil)
+	if pck.Key != a.Key || pck.TenantFromHeader || string(pck.Tenant) != "tenant-a" {
+		t.Fatalf("prompt_cache_key tenant: %+v vs header %x", pck, a.Key)
+	}
+	// The header wins over the body.
+	both := mustKey(t, Chat, `{"model":"m","prompt_cache_key":"tenant-b","messages":[{"role":"user","content":"identical prompt"}]}`, []byte("tenant-a"))
+	if both.Key != a.Key {
+		t.Fatal("header did not take precedence over prompt_cache_key")
+	}
+}
+
+func TestTenantHeaderValidation(t *testing.T) {
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"x"}]}`)
+	for _, bad := range [][]byte{{}, []byte(strings.Repeat("a", 65)), []byte("tab\there"), []byte("nul\x00"), []byte("caf\xc3\xa9")} {
+		var info KeyInfo
+		if err := Extract(KeyConfig{PrefixLength: 4096}, Chat, body, bad, &info); !errors.Is(err, ErrBadTenant) {
+			t.Errorf("tenant %q: err = %v, want ErrBadTenant", bad, err)
+		}
+	}
+	for _, good := range []string{"a", strings.Repeat("z", 64), "tenant 42/x:y"} {
+		if err := CheckTenant([]byte(good)); err != nil {
+			t.Errorf("tenant %q: %v", good, err)
+		}
+	}
+}
+
+func TestCompletionsPrompt(t *testing.T) {
+	s := mustKey(t, Completions, `{"model":"m","prompt":"hello world"}`, nil)
+	arr := mustKey(t, Completions, `{"model":"m","prompt":["hello world","ignored"]}`, nil)
+	if s.Key != arr.Key {
+		t.Error("first string of a prompt array should match the plain string")
+	}
+	toks := mustKey(t, Completions, `{"model":"m","prompt":[1,2,30]}`, nil)
+	nested := mustKey(t, Completions, `{"model":"m","prompt":[[1,2,30],[4]]}`, nil)
+	text := mustKey(t, Completions, `{"model":"m","prompt":"1 2 30 "}`, nil)
+	if toks.Key != nested.Key || toks.Key != text.Key {
+		t.Error("token ids should hash as their decimal text")
+	}
+}
+
+func TestInvocations(t *testing.T) {
+	raw := KeyConfig{PrefixLength: 1024}
+	js := KeyConfig{PrefixLength: 1024, InvocationsJSON: true}
+	a := []byte(`{"inputs":"hello","parameters":{"max_new_tokens":5}}`)
+	b := []byte(`{"parameters":{"max_new_tokens":5},"inputs":"hello"}`)
+	var ia, ib KeyInfo
+	if err := Extract(raw, Invocations, a, nil, &ia); err != nil {
+		t.Fatal(err)
+	}
+	if err := Extract(raw, Invocations, b, nil, &ib); err != nil {
+		t.Fatal(err)
+	}
+	if ia.Key == ib.Key {
+		t.Error("raw mode should hash raw bytes (SageMaker semantics)")
+	}
+	if err := Extract(raw, Invocations, []byte("not json at all"), nil, &ia); err != nil {
+		t.Errorf("raw mode must accept any body: %v", err)
+	}
+	if err := Extract(js, Invocations, a, nil, &ia); err != nil {
+		t.Fatal(err)
+	}
+	if err := Extract(js, Invocations, b, nil, &ib); err != nil {
+		t.Fatal(err)
+	}
+	if ia.Key != ib.Key {
+		t.Error("JSON mode should ignore key order")
+	}
+	chat := mustKey(t, Chat, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil)
+	var inv KeyInfo
+	if err := Extract(KeyConfig{PrefixLength: 4096, InvocationsJSON: true}, Invocations, []byte(`{"messages":[{"role":"user","content":"hi"}],"model":"m"}`), nil, &inv); err != nil {
+		t.Fatal(err)
+	}
+	if inv.Key != chat.Key {
+		t.Error("invocations JSON with messages should key like chat")
+	}
+}
+
+func TestPrefixCutAtUTF8Boundary(t *testing.T) {
+	// 1023 ASCII bytes then a 3-byte rune straddling the 1024 limit.
+	text := strings.Repeat("a", 1023) + "€" + "tail"
+	cfg := KeyConfig{PrefixLength: 1024}
+	var a, b KeyInfo
+	if err := Extract(cfg, Completions, []byte(fmt.Sprintf(`{"prompt":%q}`, text)), nil, &a); err != nil {
+		t.Fatal(err)
+	}
+	if a.PrefixBytes != 1023 {
+		t.Fatalf("PrefixBytes = %d, want 1023 (cut before the rune)", a.PrefixBytes)
+	}
+	// Same prefix but the rune escaped: same cut, same key.
+	if err := Extract(cfg, Completions, []byte(`{"prompt":"`+strings.Repeat("a", 1023)+`\u20acother"}`), nil, &b); err != nil {
+		t.Fatal(err)
+	}
+	if a.Key != b.Key || b.PrefixBytes != 1023 {
+		t.Fatalf("escaped rune at the boundary: key %x/%x, bytes %d", a.Key, b.Key, b.PrefixBytes)
+	}
+}
+
+func TestSurrogatePairs(t *testing.T) {
+	a := mustKey(t, Completions, `{"prompt":"😀 smile"}`, nil)
+	b := mustKey(t, Completions, `{"prompt":"\ud83d\ude00 smile"}`, nil)
+	if a.Key != b.Key {
+		t.Fatal("surrogate pair escape should decode to the same rune")
+	}
+}
+
+func TestExtractErrors(t *testing.T) {
+	deep := strings.Repeat("[", 300) + strings.Repeat("]", 300)
+	cases := []struct {
+		api  API
+		body string
+		want error
+	}{
+		{Chat, ``, ErrMalformedJSON},
+		{Chat, `{`, ErrMalformedJSON},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}]`, ErrMalformedJSON},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}]} trailing`, ErrMalformedJSON},
+		{Chat, `{"model":"m",}`, ErrMalformedJSON},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x\q"}]}`, ErrMalformedJSON},
+		{Chat, `{"model":"m","n":01}`, ErrMalformedJSON},
+		{Chat, `{"model":"m","n":1.}`, ErrMalformedJSON},
+		{Chat, `{"model":"m","n":tru}`, ErrMalformedJSON},
+		{Chat, `{"model":"m","messages":"hi"}`, ErrInvalidRequest},
+		{Chat, `{"model":"m","messages":[]}`, ErrInvalidRequest},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":{"a":1}}]}`, ErrInvalidRequest},
+		{Chat, `{"model":"m","messages":[{"content":"x"}]}`, ErrInvalidRequest},
+		{Chat, `{"model":"m","messages":["x"]}`, ErrInvalidRequest},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":5}]}]}`, ErrInvalidRequest},
+		{Chat, `{"model":5,"messages":[{"role":"user","content":"x"}]}`, ErrInvalidRequest},
+		{Chat, `{"model":"m"}`, ErrInvalidRequest},
+		{Chat, `[1,2]`, ErrInvalidRequest},
+		{Chat, `{"prompt_cache_key":7,"messages":[{"role":"user","content":"x"}]}`, ErrInvalidRequest},
+		{Completions, `{"model":"m"}`, ErrInvalidRequest},
+		{Completions, `{"prompt":{"a":1}}`, ErrInvalidRequest},
+		{Completions, `{"prompt":[1,"a"]}`, ErrInvalidRequest},
+		{Completions, `{"prompt":[1.5]}`, ErrInvalidRequest},
+		{Completions, `{"prompt":[-1]}`, ErrInvalidRequest},
+		{Chat, `{"tools":` + deep + `,"messages":[{"role":"user","content":"x"}]}`, ErrTooDeep},
+	}
+	for _, c := range cases {
+		var info KeyInfo
+		err := Extract(KeyConfig{PrefixLength: 4096}, c.api, []byte(c.body), nil, &info)
+		if !errors.Is(err, c.want) {
+			t.Errorf("%s %.60q: err = %v, want %v", c.api, c.body, err, c.want)
+		}
+	}
+}
+
+func TestExtractAllocations(t *testing.T) {
+	body := []byte(fmt.Sprintf(`{"model":"meta-llama/Llama-3.1-70B-Instruct","stream":true,"messages":[{"role":"system","content":%q},{"role":"user","content":[{"type":"text","text":"What does it say?"}]}],"temperature":0.2}`, strings.Repeat("policy text é ", 400)))
+	tenant := []byte("tenant-1")
+	var info KeyInfo
+	cfg := KeyConfig{PrefixLength: 4096}
+	allocs := testing.AllocsPerRun(200, func() {
+		if err := Extract(cfg, Chat, body, tenant, &info); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("Extract allocates %.1f times per call, want 0", allocs)
+	}
+}

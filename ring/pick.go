@@ -1,0 +1,259 @@
+package ring
+
+import (
+	"math"
+	"math/rand/v2"
+)
+
+// Loads is what Pick needs to know about live load. Backend indexes are
+// those of Ring.Backends. Implementations must be cheap and must not block:
+// Pick calls them on every request. The proxy implements it from its own
+// atomics plus the cluster's gossiped figures.
+type Loads interface {
+	// InFlight is backend b's in-flight request count across the cluster.
+	InFlight(b int) int64
+	// Healthy reports whether b may be picked at all (not failing, not
+	// ejected, not already tried for this request).
+	Healthy(b int) bool
+	// Busy reports whether b's engine has queued requests; with
+	// Config.BusyIsFull, PREFIX_AWARE treats a busy backend as over its
+	// limit.
+	Busy(b int) bool
+}
+
+// Reason says why Pick chose a backend.
+type Reason uint8
+
+const (
+	// ReasonNone: nothing was picked.
+	ReasonNone Reason = iota
+	// ReasonAffinity: the partition's owner, under its limit.
+	ReasonAffinity
+	// ReasonOverflow: the owner was full or unhealthy; a later backend in
+	// the partition's overflow order (Decision.Rank says which).
+	ReasonOverflow
+	// ReasonFallback: every backend in the overflow order was full; the
+	// least loaded healthy backend.
+	ReasonFallback
+	// ReasonRandom, ReasonRoundRobin, ReasonLeastOutstanding and
+	// ReasonConsistentHash name the load-blind or key-blind strategies.
+	ReasonRandom
+	ReasonRoundRobin
+	ReasonLeastOutstanding
+	ReasonConsistentHash
+)
+
+var reasonNames = [...]string{
+	ReasonNone:             "none",
+	ReasonAffinity:         "affinity",
+	ReasonOverflow:         "overflow",
+	ReasonFallback:         "fallback",
+	ReasonRandom:           "random",
+	ReasonRoundRobin:       "round_robin",
+	ReasonLeastOutstanding: "least_outstanding",
+	ReasonConsistentHash:   "consistent_hash",
+}
+
+func (r Reason) String() string {
+	if int(r) < len(reasonNames) {
+		return reasonNames[r]
+	}
+	return "unknown"
+}
+
+// Reasons lists every reason, for pre-registering metrics.
+func Reasons() []Reason {
+	return []Reason{ReasonNone, ReasonAffinity, ReasonOverflow, ReasonFallback, ReasonRandom, ReasonRoundRobin, ReasonLeastOutstanding, ReasonConsistentHash}
+}
+
+// Decision is the outcome of Pick.
+type Decision struct {
+	// Backend is an index into Ring.Backends, or -1.
+	Backend int
+	Reason  Reason
+	// Rank is the backend's position in the partition's overflow order (0
+	// = owner), or -1 when the pick did not come from that order.
+	Rank int
+}
+
+var noDecision = Decision{Backend: -1, Rank: -1}
+
+func (r *Ring) eligible(b int, loads Loads) bool {
+	return r.backends[b].State == Active && loads.Healthy(b)
+}
+
+// Pick chooses a backend for key under the ring's strategy. It never panics
+// and never blocks; with no eligible backend it returns ErrNoBackend. The
+// same ring, key and loads give the same decision on every node, except
+// for RANDOM, ROUND_ROBIN and the tie-break of LEAST_OUTSTANDING_REQUESTS.
+func (r *Ring) Pick(key uint64, loads Loads) (Decision, error) {
+	if len(r.backends) == 0 {
+		return noDecision, ErrNoBackend
+	}
+	switch r.cfg.Strategy {
+	case PrefixAware:
+		return r.pickPrefixAware(key, loads)
+	case ConsistentHash:
+		p := r.Partition(key)
+		for rank, b := range r.Order(p) {
+			if r.eligible(int(b), loads) {
+				return Decision{Backend: int(b), Reason: ReasonConsistentHash, Rank: rank}, nil
+			}
+		}
+		return r.pickLeast(p, loads, ReasonConsistentHash, false)
+	case Random:
+		return r.pickFrom(int(rand.Uint64N(uint64(len(r.backends)))), loads, ReasonRandom)
+	case RoundRobin:
+		return r.pickFrom(int((r.rr.Add(1)-1)%uint64(len(r.backends))), loads, ReasonRoundRobin)
+	case LeastOutstanding:
+		return r.pickLeast(-1, loads, ReasonLeastOutstanding, true)
+	}
+	return noDecision, ErrNoBackend
+}
+
+// pickFrom returns the first eligible backend at or after start.
+func (r *Ring) pickFrom(start int, loads Loads, why Reason) (Decision, error) {
+	n := len(r.backends)
+	for k := 0; k < n; k++ {
+		b := (start + k) % n
+		if r.eligible(b, loads) {
+			return Decision{Backend: b, Reason: why, Rank: -1}, nil
+		}
+	}
+	return noDecision, ErrNoBackend
+}
+
+func (r *Ring) pickPrefixAware(key uint64, loads Loads) (Decision, error) {
+	p := r.Partition(key)
+	bound := int64(math.MaxInt64)
+	boundDone := r.cfg.LoadFactor == 0
+	for rank, b32 := range r.Order(p) {
+		b := int(b32)
+		if !r.eligible(b, loads) {
+			continue
+		}
+		n := loads.InFlight(b)
+		if n >= r.limits[b] || (r.cfg.BusyIsFull && loads.Busy(b)) {
+			continue
+		}
+		if !boundDone {
+			bound = r.loadBound(loads)
+			boundDone = true
+		}
+		if n+1 > bound {
+			continue
+		}
+		why := ReasonOverflow
+		if rank == 0 {
+			why = ReasonAffinity
+		}
+		return Decision{Backend: b, Reason: why, Rank: rank}, nil
+	}
+	return r.pickLeast(p, loads, ReasonFallback, false)
+}
+
+// loadBound is the bounded-loads cap: ceil(LoadFactor x (total+1) / n) over
+// eligible backends, the +1 counting the request being placed (as HAProxy's
+// hash-balance-factor does).
+func (r *Ring) loadBound(loads Loads) int64 {
+	var total, n int64
+	for b := range r.backends {
+		if r.backends[b].State == Active && loads.Healthy(b) {
+			total += loads.InFlight(b)
+			n++
+		}
+	}
+	if n == 0 {
+		return math.MaxInt64
+	}
+	return int64(math.Ceil(r.cfg.LoadFactor * float64(total+1) / float64(n)))
+}
+
+// pickLeast returns the eligible backend with the fewest in-flight
+// requests. Ties go, deterministically, to the earliest in partition p's
+// overflow order, then the lowest index; with randomTie they go to a random
+// one instead (p < 0).
+func (r *Ring) pickLeast(p int, loads Loads, why Reason, randomTie bool) (Decision, error) {
+	best, bestN, bestRank := -1, int64(math.MaxInt64), -1
+	if p >= 0 {
+		for rank, b32 := range r.Order(p) {
+			b := int(b32)
+			if r.eligible(b, loads) {
+				if n := loads.InFlight(b); n < bestN {
+					best, bestN, bestRank = b, n, rank
+				}
+			}
+		}
+	}
+	nb := len(r.backends)
+	start := 0
+	if randomTie {
+		start = int(rand.Uint64N(uint64(nb)))
+	}
+	for k := 0; k < nb; k++ {
+		b := (start + k) % nb
+		if r.eligible(b, loads) {
+			if n := loads.InFlight(b); n < bestN {
+				best, bestN, bestRank = b, n, -1
+			}
+		}
+	}
+	if best < 0 {
+		return noDecision, ErrNoBackend
+	}
+	if why == ReasonFallback || why == ReasonConsistentHash {
+		return Decision{Backend: best, Reason: why, Rank: bestRank}, nil
+	}
+	return Decision{Backend: best, Reason: why, Rank: -1}, nil
+}
+
+// Candidate is one backend in an Explanation.
+type Candidate struct {
+	ID       string `json:"id"`
+	Rank     int    `json:"rank"`
+	InFlight int64  `json:"in_flight"`
+	Limit    int64  `json:"limit"`
+	State    string `json:"state"`
+	Healthy  bool   `json:"healthy"`
+	Busy     bool   `json:"busy"`
+}
+
+// Explanation is what the route explainer shows: the key's partition, the
+// partition's candidates in order with their live state, and the pick.
+type Explanation struct {
+	Strategy   string      `json:"strategy"`
+	Partition  int         `json:"partition"`
+	Candidates []Candidate `json:"candidates"`
+	Backend    string      `json:"backend,omitempty"`
+	Reason     string      `json:"reason"`
+	Rank       int         `json:"rank"`
+	Error      string      `json:"error,omitempty"`
+}
+
+// Explain runs Pick and reports how it got there. For RANDOM and
+// ROUND_ROBIN the pick shown is one draw; it allocates and is meant for the
+// admin API, not the request path.
+func (r *Ring) Explain(key uint64, loads Loads) Explanation {
+	e := Explanation{Strategy: r.cfg.Strategy.String(), Partition: r.Partition(key), Rank: -1}
+	for rank, b32 := range r.Order(e.Partition) {
+		b := int(b32)
+		e.Candidates = append(e.Candidates, Candidate{
+			ID:       r.backends[b].ID,
+			Rank:     rank,
+			InFlight: loads.InFlight(b),
+			Limit:    r.limits[b],
+			State:    r.backends[b].State.String(),
+			Healthy:  loads.Healthy(b),
+			Busy:     loads.Busy(b),
+		})
+	}
+	d, err := r.Pick(key, loads)
+	e.Reason = d.Reason.String()
+	e.Rank = d.Rank
+	if err != nil {
+		e.Error = err.Error()
+	} else {
+		e.Backend = r.backends[d.Backend].ID
+	}
+	return e
+}
