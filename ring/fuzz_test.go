@@ -142,7 +142,6 @@ func refKey(cfg KeyConfig, api API, body, tenant []byte) (uint64, bool) {
 	return xxhash.Sum64(sum[:]), true
 }
 
-
 func FuzzExtract(f *testing.F) {
 	seeds := []string{
 		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
