@@ -1,0 +1,285 @@
+package gossip
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// DefaultPort is the gossip port (TCP and UDP) used when none is given.
+const DefaultPort = 7946
+
+// Errors returned by Validate and New.
+var (
+	ErrNoNodeName     = errors.New("gossip: node name is empty")
+	ErrPlaintext      = errors.New("gossip: refusing to gossip in plaintext on a non-loopback address; set a secret key or allow plaintext explicitly")
+	ErrKeyLength      = errors.New("gossip: secret key must be 16, 24 or 32 bytes (AES-128/192/256)")
+	ErrMetaTooLarge   = errors.New("gossip: node metadata exceeds 512 bytes")
+	ErrInvalidConfig  = errors.New("gossip: invalid config")
+	ErrClosed         = errors.New("gossip: cluster closed")
+	ErrBadMessage     = errors.New("gossip: malformed message")
+	ErrUnknownVersion = errors.New("gossip: unknown message version")
+)
+
+// Config configures a Cluster. Start from DefaultConfig; a Config must not
+// be changed after it is passed to New.
+type Config struct {
+	// NodeName identifies this node in the cluster (flag --node-name). It
+	// must be unique and should be stable across restarts. Default: the
+	// host name.
+	NodeName string
+
+	// BindAddr and BindPort are where the gossip TCP and UDP listeners bind
+	// (flag --gossip-listen host:port). Default 0.0.0.0:7946. Port 0 picks a
+	// free port (tests); Cluster.LocalAddr reports it.
+	BindAddr string
+	BindPort int
+
+	// AdvertiseAddr and AdvertisePort are what other nodes use to reach this
+	// one when it differs from the bind address (NAT, containers). Empty and
+	// 0 mean: derived from the bind address (a private IP when binding to
+	// 0.0.0.0) and the bound port.
+	AdvertiseAddr string
+	AdvertisePort int
+
+	// Join lists seed nodes (flag --join, repeatable or comma separated):
+	// "host:port", "host" (port BindPort, or 7946 when BindPort is 0), or a
+	// DNS name whose every A/AAAA record is a seed. New joins them once; if
+	// none answers the Cluster keeps retrying in the background, and later
+	// it rejoins seeds when it finds itself alone and reconnects to failed
+	// members, so a healed partition merges again.
+	Join []string
+
+	// Meta is advertised to other nodes in memberlist's node metadata.
+	Meta Meta
+
+	// PublishInterval is how often this node sends its own in-flight
+	// figures to every other node. Default 50 ms.
+	PublishInterval time.Duration
+	// RefreshInterval is how often every figure is re-sent even when it did
+	// not change (between refreshes only figures that changed during the
+	// last ResendCount intervals are sent). Default 500 ms.
+	RefreshInterval time.Duration
+	// ResendCount is how many consecutive publishes repeat a changed figure,
+	// so a lost UDP packet is repaired one interval later. Default 3.
+	ResendCount int
+	// ExpireAfter bounds the age of a remote figure: one not refreshed for
+	// this long is ignored. Must exceed RefreshInterval. Default 2 s.
+	ExpireAfter time.Duration
+	// EngineExpireAfter bounds the age of a backend's engine metrics since
+	// they were scraped. Default 5 s.
+	EngineExpireAfter time.Duration
+
+	// PushPullInterval is the period of memberlist's full state exchange
+	// with a random member (anti-entropy). Default 2 s.
+	PushPullInterval time.Duration
+	// GossipInterval is the period of memberlist's membership gossip.
+	// Default 100 ms.
+	GossipInterval time.Duration
+	// ProbeInterval, ProbeTimeout, SuspicionMult and
+	// SuspicionMaxTimeoutMult tune failure detection (see memberlist). The
+	// defaults (200 ms, 100 ms, 4, 3) declare a crashed node dead in about
+	// one second in a small LAN cluster.
+	ProbeInterval           time.Duration
+	ProbeTimeout            time.Duration
+	SuspicionMult           int
+	SuspicionMaxTimeoutMult int
+	// RejoinInterval is how often a node that is alone, or that lost
+	// members to failure, tries the seeds and the failed members again.
+	// Default 5 s.
+	RejoinInterval time.Duration
+	// LeaveTimeout bounds how long Close waits for the leave to be
+	// broadcast. Default 2 s.
+	LeaveTimeout time.Duration
+
+	// SecretKey encrypts and authenticates all gossip (AES-GCM, 16, 24 or 32
+	// bytes). Every node needs the same key. ExtraKeys are also accepted
+	// when decrypting, for key rotation.
+	SecretKey []byte
+	ExtraKeys [][]byte
+	// AllowPlaintext permits running without SecretKey on non-loopback
+	// addresses. Without a key and without this, New refuses to start
+	// unless both bind and advertise addresses are loopback.
+	AllowPlaintext bool
+	// Label, when set, is prepended to every packet; nodes with different
+	// labels ignore each other (separate clusters sharing a network).
+	Label string
+
+	// Logger receives the Cluster's and memberlist's logs. Nil discards.
+	Logger *slog.Logger
+	// Registry, when non-nil, receives the Cluster's metrics.
+	Registry prometheus.Registerer
+}
+
+// Meta is the metadata a node advertises. Encoded it must stay under 512
+// bytes (memberlist's limit).
+type Meta struct {
+	AdminAddr string `json:"a,omitempty"` // host:port of the admin listener
+	RaftAddr  string `json:"r,omitempty"` // host:port of the Raft transport
+	Zone      string `json:"z,omitempty"` // failure domain
+	Voter     bool   `json:"v,omitempty"` // wants a Raft vote
+	Version   string `json:"b,omitempty"` // build version
+	// Wire is the highest gossip message version this node speaks; set
+	// by the Cluster.
+	Wire uint8 `json:"w,omitempty"`
+}
+
+// DefaultConfig returns a Config tuned for a LAN: failure detection in
+// about a second, load figures every 50 ms.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		NodeName:                host,
+		BindAddr:                "0.0.0.0",
+		BindPort:                DefaultPort,
+		PublishInterval:         50 * time.Millisecond,
+		RefreshInterval:         500 * time.Millisecond,
+		ResendCount:             3,
+		ExpireAfter:             2 * time.Second,
+		EngineExpireAfter:       5 * time.Second,
+		PushPullInterval:        2 * time.Second,
+		GossipInterval:          100 * time.Millisecond,
+		ProbeInterval:           200 * time.Millisecond,
+		ProbeTimeout:            100 * time.Millisecond,
+		SuspicionMult:           4,
+		SuspicionMaxTimeoutMult: 3,
+		RejoinInterval:          5 * time.Second,
+		LeaveTimeout:            2 * time.Second,
+	}
+}
+
+// Validate reports the first problem with c, or nil.
+func (c *Config) Validate() error {
+	if c.NodeName == "" {
+		return ErrNoNodeName
+	}
+	if len(c.NodeName) > 128 {
+		return fmt.Errorf("%w: node name longer than 128 bytes", ErrInvalidConfig)
+	}
+	if c.BindPort < 0 || c.BindPort > 65535 || c.AdvertisePort < 0 || c.AdvertisePort > 65535 {
+		return fmt.Errorf("%w: port out of range", ErrInvalidConfig)
+	}
+	if c.BindAddr != "" {
+		if _, err := netip.ParseAddr(c.BindAddr); err != nil {
+			return fmt.Errorf("%w: bind address %q is not an IP address", ErrInvalidConfig, c.BindAddr)
+		}
+	}
+	if c.AdvertiseAddr != "" {
+		if _, err := netip.ParseAddr(c.AdvertiseAddr); err != nil {
+			return fmt.Errorf("%w: advertise address %q is not an IP address", ErrInvalidConfig, c.AdvertiseAddr)
+		}
+	}
+	pos := []struct {
+		name string
+		d    time.Duration
+	}{
+		{"PublishInterval", c.PublishInterval},
+		{"RefreshInterval", c.RefreshInterval},
+		{"ExpireAfter", c.ExpireAfter},
+		{"EngineExpireAfter", c.EngineExpireAfter},
+		{"PushPullInterval", c.PushPullInterval},
+		{"GossipInterval", c.GossipInterval},
+		{"ProbeInterval", c.ProbeInterval},
+		{"ProbeTimeout", c.ProbeTimeout},
+		{"RejoinInterval", c.RejoinInterval},
+		{"LeaveTimeout", c.LeaveTimeout},
+	}
+	for _, p := range pos {
+		if p.d <= 0 {
+			return fmt.Errorf("%w: %s must be positive", ErrInvalidConfig, p.name)
+		}
+	}
+	if c.RefreshInterval < c.PublishInterval {
+		return fmt.Errorf("%w: RefreshInterval (%v) is shorter than PublishInterval (%v)", ErrInvalidConfig, c.RefreshInterval, c.PublishInterval)
+	}
+	if c.ExpireAfter <= c.RefreshInterval {
+		return fmt.Errorf("%w: ExpireAfter (%v) must exceed RefreshInterval (%v)", ErrInvalidConfig, c.ExpireAfter, c.RefreshInterval)
+	}
+	if c.ProbeTimeout > c.ProbeInterval {
+		return fmt.Errorf("%w: ProbeTimeout exceeds ProbeInterval", ErrInvalidConfig)
+	}
+	if c.ResendCount < 1 {
+		return fmt.Errorf("%w: ResendCount must be at least 1", ErrInvalidConfig)
+	}
+	if c.SuspicionMult < 1 || c.SuspicionMaxTimeoutMult < 1 {
+		return fmt.Errorf("%w: suspicion multipliers must be at least 1", ErrInvalidConfig)
+	}
+	for _, k := range append([][]byte{c.SecretKey}, c.ExtraKeys...) {
+		if k == nil {
+			continue
+		}
+		if n := len(k); n != 16 && n != 24 && n != 32 {
+			return ErrKeyLength
+		}
+	}
+	if len(c.SecretKey) == 0 && len(c.ExtraKeys) > 0 {
+		return fmt.Errorf("%w: ExtraKeys without SecretKey", ErrInvalidConfig)
+	}
+	if len(c.SecretKey) == 0 && !c.AllowPlaintext && !(isLoopback(c.BindAddr) && (c.AdvertiseAddr == "" || isLoopback(c.AdvertiseAddr))) {
+		return ErrPlaintext
+	}
+	if len(c.Label) > 255 {
+		return fmt.Errorf("%w: label longer than 255 bytes", ErrInvalidConfig)
+	}
+	if _, err := encodeMeta(c.Meta); err != nil {
+		return err
+	}
+	for _, j := range c.Join {
+		if _, _, err := splitSeed(j, c.seedPort()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Config) seedPort() int {
+	if c.BindPort != 0 {
+		return c.BindPort
+	}
+	return DefaultPort
+}
+
+// isLoopback reports whether addr (an IP address or "localhost") is a
+// loopback address. The empty string (bind to all) is not.
+func isLoopback(addr string) bool {
+	if addr == "localhost" {
+		return true
+	}
+	a, err := netip.ParseAddr(addr)
+	return err == nil && a.IsLoopback()
+}
+
+// splitSeed splits a --join entry into host and port, applying defPort when
+// the entry has none. Entries may hold several comma-separated seeds only
+// at the flag level; here one entry is one seed.
+func splitSeed(s string, defPort int) (string, int, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return "", 0, fmt.Errorf("%w: empty join address", ErrInvalidConfig)
+	}
+	host, portStr, err := net.SplitHostPort(s)
+	if err != nil {
+		// No port: a bare host name, IPv4 or (possibly bracketed) IPv6.
+		host = strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")
+		if strings.ContainsAny(host, "[]") {
+			return "", 0, fmt.Errorf("%w: join address %q: %v", ErrInvalidConfig, s, err)
+		}
+		return host, defPort, nil
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port <= 0 || port > 65535 {
+		return "", 0, fmt.Errorf("%w: join address %q: bad port", ErrInvalidConfig, s)
+	}
+	if host == "" {
+		return "", 0, fmt.Errorf("%w: join address %q: no host", ErrInvalidConfig, s)
+	}
+	return host, port, nil
+}

@@ -1,0 +1,35 @@
+// Package gossip shares load among warmroute router nodes.
+//
+// With one router its own in-flight counters are the truth. With N routers
+// behind a load balancer each sees about 1/N of every instance's load, so a
+// concurrency threshold would silently become N times too loose and overflow
+// decisions would differ from node to node. A Cluster fixes that:
+//
+//   - Membership of router nodes runs on hashicorp/memberlist (SWIM with
+//     Lifeguard), tuned to detect a crashed node in about a second on a LAN.
+//     Node metadata carries the node's admin and Raft addresses.
+//   - Every PublishInterval (50 ms) each node sends its own exact in-flight
+//     count per backend straight to every other member (one UDP packet per
+//     1.3 KB of figures, no gossip hops). Only figures that changed in the
+//     last few intervals travel, plus everything every RefreshInterval.
+//     Every node keeps the latest figure from every other node; the sum of
+//     those is View.RemoteInFlight, and global in-flight is the proxy's own
+//     counter plus that sum. Figures not refreshed within ExpireAfter are
+//     ignored; a node that leaves (it says so directly before leaving) or is
+//     declared dead is dropped at once.
+//   - memberlist's TCP push/pull (LocalState/MergeRemoteState) carries a
+//     node's full view, so a late joiner converges in one exchange.
+//   - Engine metrics (KV-cache usage, running and waiting requests, prefix
+//     cache hit rate) of each backend are scraped by exactly one live node,
+//     chosen by rendezvous hashing of the backend id over member names
+//     (View.Scraper, Cluster.IsScraper), and shared the same way.
+//
+// Readers never take a lock: the Cluster builds an immutable View whenever a
+// figure or the membership changes, swaps it in atomically and wakes its
+// subscribers (Subscribe) without ever blocking.
+//
+// The wire format (wire.go) is versioned and made of tagged, length-prefixed
+// sections, so later releases can add per-backend fields (for example a
+// node's local view of a backend's health) that older nodes skip.
+// docs/gossip.md describes the protocol and its measured cost.
+package gossip

@@ -1,0 +1,79 @@
+package gossip
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Stats are a Cluster's running totals since New.
+type Stats struct {
+	MessagesSent     uint64 // load/engine/bye packets sent (one per peer)
+	BytesSent        uint64 // their payload bytes
+	MessagesReceived uint64 // load/engine/bye packets and push/pull states received
+	BytesReceived    uint64 // their payload bytes
+	SendErrors       uint64
+	Malformed        uint64 // messages that did not decode
+	UnknownSender    uint64 // blocks from nodes that are not members
+	Stale            uint64 // blocks from an older run of a node, or after its bye
+	WirePacketBytes  uint64 // all UDP bytes memberlist sent, ours included
+	WireStreamBytes  uint64 // all TCP bytes memberlist sent (push/pull, joins)
+	ViewUpdates      uint64
+}
+
+type counters struct {
+	msgsSent, bytesSent, msgsRecv, bytesRecv atomic.Uint64
+	sendErrors, malformed, viewUpdates       atomic.Uint64
+}
+
+// Stats returns the Cluster's running totals.
+func (c *Cluster) Stats() Stats {
+	unknown, stale := c.st.counters()
+	return Stats{
+		MessagesSent:     c.cnt.msgsSent.Load(),
+		BytesSent:        c.cnt.bytesSent.Load(),
+		MessagesReceived: c.cnt.msgsRecv.Load(),
+		BytesReceived:    c.cnt.bytesRecv.Load(),
+		SendErrors:       c.cnt.sendErrors.Load(),
+		Malformed:        c.cnt.malformed.Load(),
+		UnknownSender:    unknown,
+		Stale:            stale,
+		WirePacketBytes:  c.tr.packetBytes.Load(),
+		WireStreamBytes:  c.tr.streamBytes.Load(),
+		ViewUpdates:      c.cnt.viewUpdates.Load(),
+	}
+}
+
+// newCollectors returns the Cluster's Prometheus metrics. Own and global
+// in-flight per backend belong to the proxy's counters plus View and are
+// exported by the node.
+func (c *Cluster) newCollectors() []prometheus.Collector {
+	counter := func(name, help string, f func() uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "warmroute", Subsystem: "gossip", Name: name, Help: help,
+		}, func() float64 { return float64(f()) })
+	}
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: "warmroute", Subsystem: "gossip", Name: name, Help: help,
+		}, f)
+	}
+	return []prometheus.Collector{
+		gauge("members", "Live members of the router cluster, this node included.",
+			func() float64 { return float64(len(c.View().members)) }),
+		gauge("oldest_remote_figure_age_seconds", "Age of the oldest in-flight figure from another node still counted.",
+			func() float64 { return c.st.oldestAge(time.Now()).Seconds() }),
+		counter("messages_sent_total", "Load and engine messages sent (one per peer).", c.cnt.msgsSent.Load),
+		counter("bytes_sent_total", "Payload bytes of load and engine messages sent.", c.cnt.bytesSent.Load),
+		counter("messages_received_total", "Load and engine messages and push/pull states received.", c.cnt.msgsRecv.Load),
+		counter("bytes_received_total", "Payload bytes of load and engine messages and push/pull states received.", c.cnt.bytesRecv.Load),
+		counter("send_errors_total", "Load messages that could not be sent.", c.cnt.sendErrors.Load),
+		counter("malformed_messages_total", "Received messages that did not decode.", c.cnt.malformed.Load),
+		counter("unknown_sender_total", "Received figures from nodes that are not members.", func() uint64 { u, _ := c.st.counters(); return u }),
+		counter("stale_total", "Received figures from an older run of a node or after it said goodbye.", func() uint64 { _, s := c.st.counters(); return s }),
+		counter("wire_packet_bytes_sent_total", "All UDP bytes sent by the gossip layer (probes, gossip, load).", c.tr.packetBytes.Load),
+		counter("wire_stream_bytes_sent_total", "All TCP bytes sent by the gossip layer (push/pull, joins).", c.tr.streamBytes.Load),
+		counter("view_updates_total", "Views built (figure or membership changes).", c.cnt.viewUpdates.Load),
+	}
+}

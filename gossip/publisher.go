@@ -1,0 +1,162 @@
+package gossip
+
+import (
+	"sync"
+	"time"
+)
+
+// publisher decides what this node sends each PublishInterval: every
+// figure that changed during the last `resend` ticks (so a lost packet is
+// repaired at the next tick), and all figures every refreshTicks ticks (so
+// receivers keep them fresh and late or lossy receivers catch up).
+type publisher struct {
+	mu           sync.Mutex
+	name         string
+	instance     uint64
+	src          LocalSource
+	resend       uint64
+	refreshTicks uint64
+	engineExpire time.Duration
+
+	tick        uint64
+	seq         uint64
+	lastRefresh uint64
+	buf         []BackendLoad
+	loads       map[string]*pubLoad
+	engines     map[string]*pubEngine
+	entry       []byte
+	pk          packer
+}
+
+type pubLoad struct {
+	v       int64
+	changed uint64 // tick of the last change
+	seen    uint64 // tick the source last reported the backend
+	removed bool   // gone from the source: sent as 0 for `resend` ticks
+}
+
+type pubEngine struct {
+	s       EngineStats
+	changed uint64
+}
+
+func newPublisher(name string, instance uint64, src LocalSource, cfg *Config) *publisher {
+	refresh := uint64(cfg.RefreshInterval / cfg.PublishInterval)
+	return &publisher{
+		name:         name,
+		instance:     instance,
+		src:          src,
+		resend:       uint64(cfg.ResendCount),
+		refreshTicks: max(refresh, 1),
+		engineExpire: cfg.EngineExpireAfter,
+		loads:        make(map[string]*pubLoad),
+		engines:      make(map[string]*pubEngine),
+		pk:           packer{limit: maxPacket},
+	}
+}
+
+// next returns the packets to send to every other member at now, or nil.
+// The packets stay valid until the next call.
+func (p *publisher) next(now time.Time) [][]byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.tick++
+	if p.src != nil {
+		p.buf = p.src.AppendInFlight(p.buf[:0])
+	}
+	for _, bl := range p.buf {
+		e := p.loads[bl.Backend]
+		switch {
+		case e == nil:
+			e = &pubLoad{v: bl.InFlight, changed: p.tick}
+			p.loads[bl.Backend] = e
+		case e.v != bl.InFlight || e.removed:
+			e.v, e.removed, e.changed = bl.InFlight, false, p.tick
+		}
+		e.seen = p.tick
+	}
+	full := p.tick == 1 || p.tick-p.lastRefresh >= p.refreshTicks
+	if full {
+		p.lastRefresh = p.tick
+	}
+	p.pk.reset(kindPublish, p.name, p.instance, p.seq+1)
+	for k, e := range p.loads {
+		if e.seen != p.tick {
+			if !e.removed {
+				e.v, e.removed, e.changed = 0, true, p.tick
+			} else if p.tick-e.changed >= p.resend {
+				delete(p.loads, k)
+				continue
+			}
+		}
+		if full || p.tick-e.changed < p.resend {
+			p.entry = appendLoad(p.entry[:0], k, e.v)
+			p.pk.add(tagLoads, p.entry)
+		}
+	}
+	for k, e := range p.engines {
+		age := now.Sub(e.s.Scraped)
+		if age >= p.engineExpire {
+			delete(p.engines, k)
+			continue
+		}
+		if full || p.tick-e.changed < p.resend {
+			p.entry = appendEngine(p.entry[:0], k, e.s, age)
+			p.pk.add(tagEngine, p.entry)
+		}
+	}
+	pkts := p.pk.packets()
+	if len(pkts) > 0 {
+		p.seq++
+	}
+	return pkts
+}
+
+// setEngine records engine stats scraped by this node, to be sent at the
+// next tick.
+func (p *publisher) setEngine(backend string, s EngineStats) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e := p.engines[backend]
+	if e == nil {
+		e = &pubEngine{}
+		p.engines[backend] = e
+	}
+	e.s = s
+	e.changed = p.tick + 1
+}
+
+// ownBlock appends this node's block with all its current figures, under
+// a new seq (for memberlist push/pull).
+func (p *publisher) ownBlock(dst []byte, now time.Time) []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seq++
+	var loads, engines []byte
+	for k, e := range p.loads {
+		if !e.removed {
+			loads = appendLoad(loads, k, e.v)
+		}
+	}
+	for k, e := range p.engines {
+		if age := now.Sub(e.s.Scraped); age < p.engineExpire {
+			engines = appendEngine(engines, k, e.s, age)
+		}
+	}
+	body := appendBlockHead(nil, p.name, p.instance, p.seq)
+	body = appendSection(body, tagLoads, loads)
+	body = appendSection(body, tagEngine, engines)
+	return appendBlock(dst, body)
+}
+
+// bye returns the packet announcing that this node leaves.
+func (p *publisher) bye() []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seq++
+	var pk packer
+	pk.limit = maxPacket
+	pk.reset(kindBye, p.name, p.instance, p.seq)
+	pk.flush()
+	return pk.out[0]
+}

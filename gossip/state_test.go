@@ -1,0 +1,246 @@
+package gossip
+
+import (
+	"testing"
+	"time"
+)
+
+// checkSums verifies the incremental per-backend sums against the figures
+// held per node.
+func checkSums(t *testing.T, s *state) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	want := map[string]int64{}
+	count := map[string]int{}
+	for _, n := range s.nodes {
+		for k, e := range n.loads {
+			want[k] += e.v
+			count[k]++
+		}
+	}
+	if len(want) != len(s.sums) {
+		t.Fatalf("sums has %d backends, nodes hold %d", len(s.sums), len(want))
+	}
+	for k, a := range s.sums {
+		if a.sum != want[k] || a.n != count[k] {
+			t.Fatalf("backend %q: sum %d/%d, nodes hold %d/%d", k, a.sum, a.n, want[k], count[k])
+		}
+	}
+}
+
+func publishMsg(origin string, instance, seq uint64, loads map[string]int64) []byte {
+	var sec []byte
+	for k, v := range loads {
+		sec = appendLoad(sec, k, v)
+	}
+	body := appendSection(appendBlockHead(nil, origin, instance, seq), tagLoads, sec)
+	return appendBlock(appendHeader(nil, kindPublish), body)
+}
+
+func byeMsg(origin string, instance, seq uint64) []byte {
+	return appendBlock(appendHeader(nil, kindBye), appendBlockHead(nil, origin, instance, seq))
+}
+
+func mustHandle(t *testing.T, s *state, b []byte, now time.Time) {
+	t.Helper()
+	if _, err := s.handle(b, now); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func remote(s *state, backend string) int64 {
+	v := s.build(nil)
+	return v.RemoteInFlight(backend)
+}
+
+func TestStateSumsAndOrdering(t *testing.T) {
+	now := time.Now()
+	s := newState("self", time.Second, 5*time.Second)
+	s.join("self")
+	s.join("a")
+	s.join("b")
+	mustHandle(t, s, publishMsg("a", 1, 1, map[string]int64{"x": 3, "y": 1}), now)
+	mustHandle(t, s, publishMsg("b", 1, 1, map[string]int64{"x": 4}), now)
+	if got := remote(s, "x"); got != 7 {
+		t.Fatalf("x = %d, want 7", got)
+	}
+	// A newer figure replaces, an older one (reordered packet) is ignored.
+	mustHandle(t, s, publishMsg("a", 1, 3, map[string]int64{"x": 10}), now)
+	mustHandle(t, s, publishMsg("a", 1, 2, map[string]int64{"x": 99}), now)
+	if got := remote(s, "x"); got != 14 {
+		t.Fatalf("x = %d, want 14", got)
+	}
+	// Figures from ourselves and from non-members are not counted.
+	mustHandle(t, s, publishMsg("self", 1, 1, map[string]int64{"x": 100}), now)
+	mustHandle(t, s, publishMsg("stranger", 1, 1, map[string]int64{"x": 100}), now)
+	if got := remote(s, "x"); got != 14 {
+		t.Fatalf("x = %d, want 14", got)
+	}
+	if u, _ := s.counters(); u != 1 {
+		t.Errorf("unknown = %d, want 1", u)
+	}
+	checkSums(t, s)
+	s.leave("a")
+	if got, y := remote(s, "x"), remote(s, "y"); got != 4 || y != 0 {
+		t.Fatalf("after leave x=%d y=%d, want 4 0", got, y)
+	}
+	if v := s.build(nil); len(v.RemoteBackends()) != 1 {
+		t.Fatalf("backends %v", v.RemoteBackends())
+	}
+	checkSums(t, s)
+}
+
+func TestStateExpiry(t *testing.T) {
+	now := time.Now()
+	s := newState("self", time.Second, 5*time.Second)
+	s.join("a")
+	s.join("b")
+	mustHandle(t, s, publishMsg("a", 1, 1, map[string]int64{"x": 3}), now)
+	mustHandle(t, s, publishMsg("b", 1, 1, map[string]int64{"x": 4}), now.Add(800*time.Millisecond))
+	s.sweep(now.Add(900 * time.Millisecond))
+	if got := remote(s, "x"); got != 7 {
+		t.Fatalf("x = %d before expiry, want 7", got)
+	}
+	s.sweep(now.Add(1500 * time.Millisecond))
+	if got := remote(s, "x"); got != 4 {
+		t.Fatalf("x = %d after a's figure expired, want 4", got)
+	}
+	// A refresh with a newer seq keeps a figure alive.
+	mustHandle(t, s, publishMsg("b", 1, 2, map[string]int64{"x": 4}), now.Add(1700*time.Millisecond))
+	s.sweep(now.Add(2500 * time.Millisecond))
+	if got := remote(s, "x"); got != 4 {
+		t.Fatalf("x = %d after refresh, want 4", got)
+	}
+	s.sweep(now.Add(3 * time.Second))
+	if got := remote(s, "x"); got != 0 {
+		t.Fatalf("x = %d after all expired, want 0", got)
+	}
+	if age := s.oldestAge(now.Add(3 * time.Second)); age != 0 {
+		t.Fatalf("oldest age %v with nothing held", age)
+	}
+	checkSums(t, s)
+}
+
+func TestStateByeAndRestart(t *testing.T) {
+	now := time.Now()
+	s := newState("self", time.Second, 5*time.Second)
+	s.join("a")
+	mustHandle(t, s, publishMsg("a", 5, 10, map[string]int64{"x": 3}), now)
+	mustHandle(t, s, byeMsg("a", 5, 11), now)
+	if got := remote(s, "x"); got != 0 {
+		t.Fatalf("x = %d after bye, want 0", got)
+	}
+	// A late packet of the same run is ignored after its bye.
+	mustHandle(t, s, publishMsg("a", 5, 9, map[string]int64{"x": 3}), now)
+	mustHandle(t, s, publishMsg("a", 5, 12, map[string]int64{"x": 3}), now)
+	if got := remote(s, "x"); got != 0 {
+		t.Fatalf("x = %d from a closed run, want 0", got)
+	}
+	// A new run of the node counts again, from seq 1.
+	mustHandle(t, s, publishMsg("a", 6, 1, map[string]int64{"x": 2}), now)
+	if got := remote(s, "x"); got != 2 {
+		t.Fatalf("x = %d from the new run, want 2", got)
+	}
+	// The old run cannot overwrite it while the new one talks...
+	mustHandle(t, s, publishMsg("a", 5, 50, map[string]int64{"x": 9}), now.Add(100*time.Millisecond))
+	if got := remote(s, "x"); got != 2 {
+		t.Fatalf("x = %d after old-run packet, want 2", got)
+	}
+	// ...but a new run that fell silent is replaced by one that talks.
+	mustHandle(t, s, publishMsg("a", 4, 1, map[string]int64{"x": 9}), now.Add(2*time.Second))
+	if got := remote(s, "x"); got != 9 {
+		t.Fatalf("x = %d, want 9", got)
+	}
+	checkSums(t, s)
+}
+
+func TestStateEngineFreshestWins(t *testing.T) {
+	now := time.Now()
+	s := newState("self", time.Second, 5*time.Second)
+	s.join("a")
+	s.join("b")
+	engineMsg := func(origin string, seq uint64, waiting float64, age time.Duration) []byte {
+		sec := appendEngine(nil, "x", EngineStats{OK: true, Known: EngineWaiting, Waiting: waiting}, age)
+		body := appendSection(appendBlockHead(nil, origin, 1, seq), tagEngine, sec)
+		return appendBlock(appendHeader(nil, kindPublish), body)
+	}
+	mustHandle(t, s, engineMsg("a", 1, 1, 2*time.Second), now)
+	mustHandle(t, s, engineMsg("b", 1, 2, time.Second), now)
+	v := s.build(nil)
+	e, ok := v.Engine("x")
+	if !ok || e.Waiting != 2 || !e.Has(EngineWaiting) || e.Has(EngineKVUsage) {
+		t.Fatalf("engine = %+v %v, want b's scrape (waiting 2)", e, ok)
+	}
+	if d := now.Sub(e.Scraped); d < 999*time.Millisecond || d > 1001*time.Millisecond {
+		t.Fatalf("scraped %v ago, want 1s", d)
+	}
+	// This node's own scrape is newer still.
+	s.setLocal("x", EngineStats{OK: true, Known: EngineWaiting, Waiting: 3, Scraped: now})
+	if e, _ := s.build(v).Engine("x"); e.Waiting != 3 {
+		t.Fatalf("waiting %v, want own scrape 3", e.Waiting)
+	}
+	// Too old on arrival: ignored; expired: swept.
+	mustHandle(t, s, engineMsg("a", 2, 9, 6*time.Second), now)
+	s.sweep(now.Add(4500 * time.Millisecond))
+	if e, _ := s.build(nil).Engine("x"); e.Waiting != 3 {
+		t.Fatalf("waiting %v after a's expiry, want 3", e.Waiting)
+	}
+	s.sweep(now.Add(6 * time.Second))
+	if _, ok := s.build(nil).Engine("x"); ok {
+		t.Fatal("engine stats survived expiry")
+	}
+}
+
+func TestStateRelay(t *testing.T) {
+	now := time.Now()
+	a := newState("a", 2*time.Second, 5*time.Second)
+	a.join("b")
+	a.join("c")
+	mustHandle(t, a, publishMsg("b", 7, 3, map[string]int64{"x": 3, "y": 2}), now.Add(-500*time.Millisecond))
+	mustHandle(t, a, publishMsg("c", 8, 4, map[string]int64{"x": 5}), now)
+	state := a.appendRelay(appendHeader(nil, kindState), now)
+
+	d := newState("d", 2*time.Second, 5*time.Second)
+	d.join("b")
+	d.join("c")
+	mustHandle(t, d, state, now)
+	v := d.build(nil)
+	if v.RemoteInFlight("x") != 8 || v.RemoteInFlight("y") != 2 {
+		t.Fatalf("relayed x=%d y=%d, want 8 2", v.RemoteInFlight("x"), v.RemoteInFlight("y"))
+	}
+	// Relayed figures keep their age: b's expire 0.5 s before c's.
+	d.sweep(now.Add(1700 * time.Millisecond))
+	if v := d.build(nil); v.RemoteInFlight("x") != 5 || v.RemoteInFlight("y") != 0 {
+		t.Fatalf("after b expired x=%d y=%d, want 5 0", v.RemoteInFlight("x"), v.RemoteInFlight("y"))
+	}
+	// And their seq: an older direct packet does not overwrite them.
+	mustHandle(t, d, publishMsg("c", 8, 3, map[string]int64{"x": 50}), now)
+	if got := d.build(nil).RemoteInFlight("x"); got != 5 {
+		t.Fatalf("x = %d, want 5", got)
+	}
+	checkSums(t, d)
+}
+
+func TestStateBuildOnlyOnChange(t *testing.T) {
+	now := time.Now()
+	s := newState("self", time.Second, 5*time.Second)
+	s.join("a")
+	v1 := s.build(nil)
+	if s.build(v1) != nil {
+		t.Fatal("built a View with nothing changed")
+	}
+	mustHandle(t, s, publishMsg("a", 1, 1, map[string]int64{"x": 3}), now)
+	v2 := s.build(v1)
+	if v2 == nil || v2.Version() != v1.Version()+1 || v2.RemoteInFlight("x") != 3 {
+		t.Fatalf("v2 = %+v", v2)
+	}
+	// The same figure again (a refresh) changes nothing.
+	changed, _ := s.handle(publishMsg("a", 1, 2, map[string]int64{"x": 3}), now)
+	if changed || s.build(v2) != nil {
+		t.Fatal("a refresh with the same figure built a new View")
+	}
+	if v1.RemoteInFlight("x") != 0 {
+		t.Fatal("an old View changed")
+	}
+}

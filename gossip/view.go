@@ -1,0 +1,91 @@
+package gossip
+
+import (
+	"slices"
+)
+
+// View is an immutable snapshot of what this node knows about the other
+// nodes: their summed in-flight figures, the backends' engine metrics and
+// the member list. The Cluster builds a new View on every change and swaps
+// it in atomically, so readers take no lock. A View must not be modified.
+type View struct {
+	version uint64
+	self    string
+	remote  map[string]int64
+	engine  map[string]EngineStats
+	members []string // sorted, self included
+}
+
+// Version increases with every new View of one Cluster.
+func (v *View) Version() uint64 { return v.version }
+
+// RemoteInFlight is the sum of the latest unexpired in-flight figures for
+// backend from every other live node. Global in-flight is the local count
+// plus this.
+func (v *View) RemoteInFlight(backend string) int64 { return v.remote[backend] }
+
+// RemoteBackends returns, sorted, the backends that have remote figures.
+func (v *View) RemoteBackends() []string {
+	out := make([]string, 0, len(v.remote))
+	for k := range v.remote {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Engine returns the freshest unexpired engine metrics for backend,
+// whichever node scraped them (this one included).
+func (v *View) Engine(backend string) (EngineStats, bool) {
+	s, ok := v.engine[backend]
+	return s, ok
+}
+
+// Members returns the names of the live members, sorted, this node
+// included.
+func (v *View) Members() []string { return slices.Clone(v.members) }
+
+// Scraper returns the member that owns scraping backend's engine metrics:
+// the highest rendezvous hash of (member, backend) over the live members.
+// Every node with the same member list gets the same answer, and a
+// membership change moves only the backends of the members that came or
+// went.
+func (v *View) Scraper(backend string) string { return rendezvous(v.members, backend) }
+
+// rendezvous returns the member with the highest hash of (member, key);
+// ties, which need a 64-bit collision, go to the greater name.
+func rendezvous(members []string, key string) string {
+	var best string
+	var bestH uint64
+	kh := fnv1a(fnvOffset, key)
+	for _, m := range members {
+		h := mix64(fnv1a(kh^0x9e3779b97f4a7c15, m))
+		if best == "" || h > bestH || (h == bestH && m > best) {
+			best, bestH = m, h
+		}
+	}
+	return best
+}
+
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+func fnv1a(h uint64, s string) uint64 {
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= fnvPrime
+	}
+	return h
+}
+
+// mix64 is the splitmix64 finalizer; it spreads FNV's weak low bits.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}

@@ -1,0 +1,189 @@
+package gossip
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// staticSource is a LocalSource with fixed figures (not safe for
+// concurrent use; see fakeSource for that).
+type staticSource []BackendLoad
+
+func (s staticSource) AppendInFlight(dst []BackendLoad) []BackendLoad { return append(dst, s...) }
+
+func testPublisher(t *testing.T, src LocalSource) *publisher {
+	t.Helper()
+	cfg := DefaultConfig()
+	return newPublisher("node-a", 42, src, &cfg)
+}
+
+func TestWireRoundTrip(t *testing.T) {
+	src := staticSource{{"b1", 3}, {"b2", 0}, {"b3", -1}, {"gpu-x/", 1 << 40}}
+	p := testPublisher(t, src)
+	now := time.Now()
+	p.setEngine("b1", EngineStats{KVUsage: 0.5, Running: 3, Waiting: 2, PrefixHitRate: 0.25,
+		Known: EngineKVUsage | EngineRunning | EngineWaiting | EnginePrefixHitRate, OK: true, Scraped: now.Add(-1500 * time.Millisecond)})
+	p.setEngine("b2", EngineStats{Known: EngineRunning, Running: 7, Scraped: now})
+	pkts := p.next(now)
+	if len(pkts) != 1 {
+		t.Fatalf("got %d packets, want 1", len(pkts))
+	}
+	var m wireMsg
+	if err := m.decode(pkts[0]); err != nil {
+		t.Fatal(err)
+	}
+	if m.kind != kindPublish || len(m.blocks) != 1 {
+		t.Fatalf("kind %d, %d blocks", m.kind, len(m.blocks))
+	}
+	blk := m.blocks[0]
+	if string(blk.origin) != "node-a" || blk.instance != 42 || blk.seq != 1 {
+		t.Fatalf("head = %q %d %d", blk.origin, blk.instance, blk.seq)
+	}
+	got := map[string]int64{}
+	for _, l := range blk.loads {
+		if l.seq != 1 || l.age != 0 {
+			t.Errorf("load %s: seq %d age %v", l.backend, l.seq, l.age)
+		}
+		got[string(l.backend)] = l.inFlight
+	}
+	for _, want := range src {
+		if v, ok := got[want.Backend]; !ok || v != want.InFlight {
+			t.Errorf("backend %s = %d,%v, want %d", want.Backend, v, ok, want.InFlight)
+		}
+	}
+	if len(blk.engines) != 2 {
+		t.Fatalf("%d engines, want 2", len(blk.engines))
+	}
+	for _, e := range blk.engines {
+		switch string(e.backend) {
+		case "b1":
+			s := e.stats
+			if !s.OK || s.KVUsage != 0.5 || s.Running != 3 || s.Waiting != 2 || s.PrefixHitRate != 0.25 || s.Known != 15 {
+				t.Errorf("b1 stats %+v", s)
+			}
+			if e.age != 1500*time.Millisecond {
+				t.Errorf("b1 age %v", e.age)
+			}
+		case "b2":
+			if e.stats.OK || e.stats.Running != 7 || e.stats.Known != EngineRunning {
+				t.Errorf("b2 stats %+v", e.stats)
+			}
+		default:
+			t.Errorf("unexpected engine %q", e.backend)
+		}
+	}
+}
+
+func TestWirePacketsStayUnderLimit(t *testing.T) {
+	var src staticSource
+	for i := range 500 {
+		src = append(src, BackendLoad{fmt.Sprintf("http://10.1.%d.%d:8000/", i/250, i%250), int64(i)})
+	}
+	p := testPublisher(t, src)
+	now := time.Now()
+	for i := range 200 {
+		p.setEngine(fmt.Sprintf("e%d", i), EngineStats{OK: true, Known: EngineWaiting, Waiting: float64(i), Scraped: now})
+	}
+	pkts := p.next(now)
+	if len(pkts) < 2 {
+		t.Fatalf("expected several packets, got %d", len(pkts))
+	}
+	loads, engines := map[string]bool{}, 0
+	var m wireMsg
+	for _, pkt := range pkts {
+		if len(pkt) > maxPacket {
+			t.Errorf("packet of %d bytes exceeds %d", len(pkt), maxPacket)
+		}
+		if err := m.decode(pkt); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range m.blocks[0].loads {
+			if loads[string(l.backend)] {
+				t.Errorf("backend %s sent twice", l.backend)
+			}
+			loads[string(l.backend)] = true
+		}
+		engines += len(m.blocks[0].engines)
+	}
+	if len(loads) != len(src) || engines != 200 {
+		t.Fatalf("decoded %d loads and %d engines, want %d and 200", len(loads), engines, len(src))
+	}
+}
+
+func TestWireSkipsUnknownSection(t *testing.T) {
+	body := appendBlockHead(nil, "n", 1, 2)
+	body = appendSection(body, 99, []byte("future per-backend fields"))
+	body = appendSection(body, tagLoads, appendLoad(nil, "b", 5))
+	msg := appendBlock(appendHeader(nil, kindPublish), body)
+	var m wireMsg
+	if err := m.decode(msg); err != nil {
+		t.Fatal(err)
+	}
+	if len(m.blocks[0].loads) != 1 || m.blocks[0].loads[0].inFlight != 5 {
+		t.Fatalf("loads = %+v", m.blocks[0].loads)
+	}
+}
+
+func TestWireRejects(t *testing.T) {
+	good := appendBlock(appendHeader(nil, kindPublish), appendSection(appendBlockHead(nil, "n", 1, 1), tagLoads, appendLoad(nil, "b", 1)))
+	cases := map[string]struct {
+		b    []byte
+		want error
+	}{
+		"empty":       {nil, ErrBadMessage},
+		"magic":       {append([]byte{0}, good[1:]...), ErrBadMessage},
+		"version":     {append([]byte{wireMagic, 9}, good[2:]...), ErrUnknownVersion},
+		"kind":        {append([]byte{wireMagic, wireVersion, 77}, good[3:]...), ErrBadMessage},
+		"truncated":   {good[:len(good)-1], ErrBadMessage},
+		"trailing":    {append(good[:len(good):len(good)], 0x05), ErrBadMessage},
+		"no origin":   {appendBlock(appendHeader(nil, kindPublish), appendBlockHead(nil, "", 1, 1)), ErrBadMessage},
+		"two blocks":  {appendBlock(good, appendBlockHead(nil, "m", 1, 1)), ErrBadMessage},
+		"long string": {appendBlock(appendHeader(nil, kindPublish), appendBlockHead(nil, string(make([]byte, maxString+1)), 1, 1)), ErrBadMessage},
+	}
+	for name, tc := range cases {
+		var m wireMsg
+		if err := m.decode(tc.b); !errors.Is(err, tc.want) {
+			t.Errorf("%s: err = %v, want %v", name, err, tc.want)
+		}
+	}
+	var m wireMsg
+	if err := m.decode(good); err != nil {
+		t.Fatalf("good message: %v", err)
+	}
+}
+
+// FuzzDecode feeds arbitrary bytes to the receive path: decoding must never
+// panic, and whatever is applied must keep the per-backend sums equal to
+// the figures held per node.
+func FuzzDecode(f *testing.F) {
+	now := time.Unix(1_700_000_000, 0)
+	p := testPublisher(&testing.T{}, staticSource{{"b1", 3}, {"b2", 9}})
+	p.setEngine("b1", EngineStats{OK: true, Known: EngineWaiting, Waiting: 2, Scraped: now})
+	for _, pkt := range p.next(now) {
+		f.Add(append([]byte(nil), pkt...))
+	}
+	f.Add(p.bye())
+	st := newState("x", time.Minute, time.Minute)
+	st.join("node-a")
+	st.handle(p.next(now)[0], now)
+	f.Add(st.appendRelay(appendHeader(nil, kindState), now))
+	f.Add(append(appendHeader(nil, kindState), p.ownBlock(nil, now)...))
+	f.Add([]byte{wireMagic, wireVersion, kindPublish, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s := newState("self", time.Minute, time.Minute)
+		s.join("node-a")
+		s.join("n")
+		if _, err := s.handle(b, now); err != nil {
+			return
+		}
+		s.handle(b, now.Add(time.Second))
+		checkSums(t, s)
+		s.sweep(now.Add(2 * time.Minute))
+		checkSums(t, s)
+		if len(s.sums) != 0 {
+			t.Fatalf("sums left after expiry: %v", s.sums)
+		}
+	})
+}
