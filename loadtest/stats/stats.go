@@ -168,9 +168,13 @@ type Summary struct {
 	// Seconds is the measured window (first intended send to last answer).
 	Seconds float64 `json:"seconds"`
 
+	// Sent counts requests sent; Requests those that finished (OK +
+	// Failed); Canceled those still running when the run stopped.
+	Sent           int64            `json:"sent"`
 	Requests       int64            `json:"requests"`
 	OK             int64            `json:"ok"`
 	Failed         int64            `json:"failed"`
+	Canceled       int64            `json:"canceled,omitempty"`
 	Errors         map[string]int64 `json:"errors,omitempty"`
 	RequestsPerSec float64          `json:"requests_per_sec"`
 	// Output (completion) and prompt tokens per second, from usage.

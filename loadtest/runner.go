@@ -1,0 +1,373 @@
+package loadtest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/warmroute/warmroute/loadtest/stats"
+	"github.com/warmroute/warmroute/loadtest/workload"
+)
+
+// Models returns the ids of the models target serves (GET /v1/models). An
+// unreachable target gives an error wrapping ErrUnreachable.
+func Models(ctx context.Context, target string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, trimBase(target)+"/v1/models", nil)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadConfig, err)
+	}
+	hc := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, target, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return nil, fmt.Errorf("%s/v1/models: HTTP %d", target, resp.StatusCode)
+	}
+	var v struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&v); err != nil {
+		return nil, fmt.Errorf("%s/v1/models: %v", target, err)
+	}
+	ids := make([]string, 0, len(v.Data))
+	for _, d := range v.Data {
+		ids = append(ids, d.ID)
+	}
+	return ids, nil
+}
+
+// Run drives cfg.Targets with the requests of gen until cfg.Duration has
+// passed or cfg.Requests were sent, waits for the answers, and returns the
+// Summary (Label and Workload are left to the caller). When ctx is
+// cancelled, requests in flight are cancelled and Run returns the partial
+// Summary (Partial set) with an error wrapping ErrInterrupted.
+func Run(ctx context.Context, cfg Config, gen workload.Generator) (stats.Summary, error) {
+	if err := cfg.Validate(); err != nil {
+		return stats.Summary{}, err
+	}
+	for i := range cfg.Targets {
+		cfg.Targets[i] = trimBase(cfg.Targets[i])
+	}
+	for _, t := range cfg.Targets {
+		if _, err := Models(ctx, t); errors.Is(err, ErrUnreachable) {
+			if ctx.Err() != nil {
+				return stats.Summary{Partial: true}, fmt.Errorf("%w before the start", ErrInterrupted)
+			}
+			return stats.Summary{}, err
+		}
+	}
+	r := &run{cfg: cfg, gen: gen, rec: stats.NewRecorder()}
+	conns := cfg.MaxInFlight
+	if cfg.Mode == ClosedLoop {
+		conns = cfg.Concurrency
+	}
+	r.client = newClient(&cfg, conns)
+	defer r.client.close()
+	if len(cfg.MetricsURLs) > 0 {
+		r.scraper = newScraper(cfg.MetricsURLs)
+		defer r.scraper.close()
+		first, err := r.scraper.scrape(ctx)
+		if err != nil {
+			return stats.Summary{}, err
+		}
+		r.kvStart, r.kvPrev = first, first
+		r.client.aliases = r.scraper.aliasMap()
+	}
+	return r.execute(ctx)
+}
+
+type run struct {
+	cfg     Config
+	gen     workload.Generator
+	rec     *stats.Recorder
+	client  *client
+	scraper *scraper
+
+	start    time.Time
+	sent     atomic.Int64
+	inFlight atomic.Int64
+	canceled atomic.Int64
+	lastDone atomic.Int64 // unix nanos of the latest answer
+
+	reqPool sync.Pool // *workload.Request
+	outPool sync.Pool // *stats.Outcome
+
+	kvMu     sync.Mutex
+	kvStart  map[string]stats.CacheCounters
+	kvPrev   map[string]stats.CacheCounters
+	kvSeries []stats.KVSample
+}
+
+func (r *run) execute(ctx context.Context) (stats.Summary, error) {
+	r.reqPool.New = func() any { return new(workload.Request) }
+	r.outPool.New = func() any { return new(stats.Outcome) }
+
+	// reqCtx is the parent of every request: cancelled on interruption or
+	// when the drain time runs out.
+	reqCtx, cancelReqs := context.WithCancel(context.Background())
+	defer cancelReqs()
+	bgCtx, stopBg := context.WithCancel(context.Background())
+	defer stopBg()
+	var bg sync.WaitGroup
+
+	r.start = time.Now()
+	r.lastDone.Store(r.start.UnixNano())
+	if r.scraper != nil {
+		bg.Add(1)
+		go func() { defer bg.Done(); r.sample(bgCtx) }()
+	}
+	if r.cfg.Progress != nil {
+		bg.Add(1)
+		go func() { defer bg.Done(); r.progress(bgCtx) }()
+	}
+
+	var wg sync.WaitGroup
+	if r.cfg.Mode == OpenLoop {
+		r.openLoop(ctx, reqCtx, &wg)
+	} else {
+		r.closedLoop(ctx, reqCtx, &wg)
+	}
+
+	// drain
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	drain := time.NewTimer(r.cfg.Drain)
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case <-drain.C:
+	}
+	drain.Stop()
+	cancelReqs()
+	<-done
+	stopBg()
+	bg.Wait()
+
+	interrupted := ctx.Err() != nil
+	end := time.Unix(0, r.lastDone.Load())
+	s := r.rec.Summarize(end.Sub(r.start), r.expected())
+	s.Label = r.cfg.Label
+	s.Workload = r.cfg.Workload
+	if len(r.cfg.Targets) == 1 {
+		s.Target = r.cfg.Targets[0]
+	} else {
+		s.Target = fmt.Sprintf("%s (+%d more)", r.cfg.Targets[0], len(r.cfg.Targets)-1)
+	}
+	s.StartedAt = r.start.UTC()
+	s.Sent = r.sent.Load()
+	s.Canceled = r.canceled.Load()
+	s.Partial = interrupted
+	if r.scraper != nil {
+		// a fresh context: the final scrape must run even after Ctrl-C
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		last, _ := r.scraper.scrape(sctx)
+		cancel()
+		r.addSample(last, time.Since(r.start))
+		kv := stats.HitRate(r.kvStart, last)
+		s.KV = &kv
+		s.KVSeries = r.kvSeries
+	}
+	if interrupted {
+		return s, fmt.Errorf("%w after %.1fs", ErrInterrupted, time.Since(r.start).Seconds())
+	}
+	return s, nil
+}
+
+// expected returns the backends traffic should reach.
+func (r *run) expected() []string {
+	if len(r.cfg.Backends) > 0 {
+		return r.cfg.Backends
+	}
+	if r.scraper != nil {
+		return r.scraper.ids
+	}
+	return nil
+}
+
+func (r *run) openLoop(ctx, reqCtx context.Context, wg *sync.WaitGroup) {
+	rng := rand.New(rand.NewPCG(r.cfg.Seed, 0x6f70656e))
+	sem := make(chan struct{}, r.cfg.MaxInFlight)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	intended := r.start
+	for i := 0; r.cfg.Requests == 0 || i < r.cfg.Requests; i++ {
+		if r.cfg.Duration > 0 && intended.Sub(r.start) >= r.cfg.Duration {
+			return
+		}
+		if d := time.Until(intended); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-ctx.Done():
+				return
+			case <-timer.C:
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case sem <- struct{}{}:
+		}
+		req := r.reqPool.Get().(*workload.Request)
+		r.gen.Next(req)
+		target := r.cfg.Targets[i%len(r.cfg.Targets)]
+		wg.Add(1)
+		r.sent.Add(1)
+		r.inFlight.Add(1)
+		go func(at time.Time) {
+			defer wg.Done()
+			r.send(reqCtx, target, req, at)
+			<-sem
+		}(intended)
+		gap := rng.ExpFloat64() / r.cfg.Rate
+		intended = intended.Add(time.Duration(gap * float64(time.Second)))
+	}
+}
+
+func (r *run) closedLoop(ctx, reqCtx context.Context, wg *sync.WaitGroup) {
+	var (
+		mu sync.Mutex
+		n  int
+	)
+	deadline := r.start.Add(r.cfg.Duration)
+	// next hands out the next request, or nil when the run is over.
+	next := func() (*workload.Request, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if ctx.Err() != nil || (r.cfg.Requests > 0 && n >= r.cfg.Requests) ||
+			(r.cfg.Duration > 0 && !time.Now().Before(deadline)) {
+			return nil, ""
+		}
+		req := r.reqPool.Get().(*workload.Request)
+		r.gen.Next(req)
+		target := r.cfg.Targets[n%len(r.cfg.Targets)]
+		n++
+		return req, target
+	}
+	for w := 0; w < r.cfg.Concurrency; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				req, target := next()
+				if req == nil {
+					return
+				}
+				r.sent.Add(1)
+				r.inFlight.Add(1)
+				r.send(reqCtx, target, req, time.Now())
+			}
+		}()
+	}
+	// the workers stop by themselves; the caller waits for them
+}
+
+// send performs one request and records its outcome.
+func (r *run) send(reqCtx context.Context, target string, req *workload.Request, intended time.Time) {
+	o := r.outPool.Get().(*stats.Outcome)
+	*o = stats.Outcome{ITL: o.ITL[:0]}
+	ctx, cancel := context.WithTimeout(reqCtx, r.cfg.Timeout)
+	r.client.do(ctx, reqCtx, target, req, intended, o)
+	cancel()
+	r.inFlight.Add(-1)
+	if o.Err == ErrKindCanceled {
+		r.canceled.Add(1)
+	} else {
+		r.rec.Record(o)
+		now := time.Now().UnixNano()
+		for {
+			prev := r.lastDone.Load()
+			if now <= prev || r.lastDone.CompareAndSwap(prev, now) {
+				break
+			}
+		}
+	}
+	r.outPool.Put(o)
+	r.reqPool.Put(req)
+}
+
+// sample scrapes the backends every MetricsInterval for the hit rate over
+// time.
+func (r *run) sample(ctx context.Context) {
+	t := time.NewTicker(r.cfg.MetricsInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			cur, _ := r.scraper.scrape(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			r.addSample(cur, time.Since(r.start))
+		}
+	}
+}
+
+// addSample appends the hit rate since the previous scrape. Backends that
+// did not answer keep their previous counters.
+func (r *run) addSample(cur map[string]stats.CacheCounters, at time.Duration) {
+	r.kvMu.Lock()
+	defer r.kvMu.Unlock()
+	if len(cur) == 0 {
+		return
+	}
+	merged := make(map[string]stats.CacheCounters, len(r.kvPrev))
+	for k, v := range r.kvPrev {
+		merged[k] = v
+	}
+	for k, v := range cur {
+		merged[k] = v
+	}
+	d := stats.HitRate(r.kvPrev, merged)
+	r.kvSeries = append(r.kvSeries, stats.KVSample{
+		Seconds: at.Seconds(), HitRate: d.HitRate, QueriedTokens: d.QueriedTokens,
+	})
+	r.kvPrev = merged
+}
+
+// progress prints a status line every ProgressInterval.
+func (r *run) progress(ctx context.Context) {
+	t := time.NewTicker(r.cfg.ProgressInterval)
+	defer t.Stop()
+	label := r.cfg.Label
+	if r.cfg.Workload != "" {
+		label = r.cfg.Workload + " " + label
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			el := time.Since(r.start)
+			ok, failed := r.rec.Counts()
+			line := fmt.Sprintf("%-24s %5.0fs", label, el.Seconds())
+			if r.cfg.Duration > 0 {
+				line += fmt.Sprintf("/%.0fs", r.cfg.Duration.Seconds())
+			}
+			line += fmt.Sprintf("  sent %d  ok %d  failed %d  in flight %d  %.1f req/s",
+				r.sent.Load(), ok, failed, r.inFlight.Load(), float64(ok)/el.Seconds())
+			r.kvMu.Lock()
+			if n := len(r.kvSeries); n > 0 {
+				line += fmt.Sprintf("  kv hit %.0f%%", 100*r.kvSeries[n-1].HitRate)
+			}
+			r.kvMu.Unlock()
+			fmt.Fprintln(r.cfg.Progress, line)
+		}
+	}
+}

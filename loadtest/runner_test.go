@@ -1,0 +1,376 @@
+package loadtest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/warmroute/warmroute/loadtest/gpusim"
+	"github.com/warmroute/warmroute/loadtest/workload"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// fastSim is a gpusim model that answers in a few milliseconds.
+func fastSim() gpusim.Config {
+	c := gpusim.DefaultConfig()
+	c.Overhead = time.Millisecond
+	c.ITLBase = time.Millisecond
+	c.ITLPerSeq = 0
+	c.PrefillTokensPerSec = 1e6
+	return c
+}
+
+func startSim(t *testing.T, n int, cfg gpusim.Config) *gpusim.Fleet {
+	t.Helper()
+	f, err := gpusim.StartFleet(context.Background(), gpusim.FleetConfig{N: n, Instance: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Close() })
+	return f
+}
+
+func ragWorkload(t *testing.T, model string) (workload.Config, workload.Generator) {
+	t.Helper()
+	w := workload.DefaultConfig()
+	w.Model = model
+	w.MaxTokens = 8
+	w.RAG.Documents = 4
+	w.RAG.DocumentTokens = 400
+	g, err := workload.New(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, g
+}
+
+func metricsURLs(urls []string) []string {
+	out := make([]string, len(urls))
+	for i, u := range urls {
+		out[i] = u + "/metrics"
+	}
+	return out
+}
+
+func TestOpenLoopAgainstGpusim(t *testing.T) {
+	sim := fastSim()
+	f := startSim(t, 3, sim)
+	_, gen := ragWorkload(t, sim.Model)
+	cfg := DefaultConfig()
+	cfg.Targets = f.URLs() // spread over the three like an L4 balancer
+	cfg.Rate = 200
+	cfg.Requests = 60
+	cfg.Duration = 0
+	cfg.MetricsURLs = metricsURLs(f.URLs())
+	cfg.MetricsInterval = 20 * time.Millisecond
+	s, err := Run(context.Background(), cfg, gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Sent != 60 || s.OK != 60 || s.Failed != 0 || s.Partial {
+		t.Fatalf("sent %d ok %d failed %d (%v) partial %v", s.Sent, s.OK, s.Failed, s.Errors, s.Partial)
+	}
+	if s.TTFT.Count != 60 || s.TTFT.P50Ms <= 0 || s.E2E.P50Ms < s.TTFT.P50Ms || s.ITL.Count != 60*7 {
+		t.Fatalf("latencies: ttft %+v e2e %+v itl %+v", s.TTFT, s.E2E, s.ITL)
+	}
+	if s.CompletionTokens != 60*8 {
+		t.Fatalf("completion tokens %d, want %d", s.CompletionTokens, 60*8)
+	}
+	// shares are keyed by host:port even without a router (gpusim's own
+	// instance names are translated), and round robin over the targets
+	// gives each instance exactly a third
+	for _, u := range f.URLs() {
+		id := strings.TrimPrefix(u, "http://")
+		if s.Backends[id] != 20 {
+			t.Fatalf("backend %s got %d requests, want 20 (backends %v)", id, s.Backends[id], s.Backends)
+		}
+	}
+	if s.ShareMaxMin != 1 {
+		t.Fatalf("max/min share %g, want 1", s.ShareMaxMin)
+	}
+	// the hit rate from the counters agrees with the responses' usage
+	if s.KV == nil || s.KV.QueriedTokens != float64(s.PromptTokens) || s.KV.HitTokens != float64(s.CachedTokens) {
+		t.Fatalf("kv %+v, usage prompt %d cached %d", s.KV, s.PromptTokens, s.CachedTokens)
+	}
+	// four documents over three instances: most prompts hit
+	if s.KV.HitRate < 0.5 {
+		t.Fatalf("hit rate %.2f with 4 documents and 60 requests", s.KV.HitRate)
+	}
+	if len(s.KVSeries) == 0 {
+		t.Fatal("no hit-rate samples")
+	}
+	var q float64
+	for _, p := range s.KVSeries {
+		q += p.QueriedTokens
+	}
+	if q != s.KV.QueriedTokens {
+		t.Fatalf("the series sums to %g queried tokens, the run to %g", q, s.KV.QueriedTokens)
+	}
+}
+
+func TestClosedLoop(t *testing.T) {
+	sim := fastSim()
+	f := startSim(t, 1, sim)
+	_, gen := ragWorkload(t, sim.Model)
+	cfg := DefaultConfig()
+	cfg.Targets = f.URLs()
+	cfg.Mode = ClosedLoop
+	cfg.Concurrency = 4
+	cfg.Requests = 25
+	cfg.Duration = 0
+	s, err := Run(context.Background(), cfg, gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Sent != 25 || s.OK != 25 {
+		t.Fatalf("sent %d ok %d", s.Sent, s.OK)
+	}
+	if s.KV != nil {
+		t.Fatal("hit rate without metrics URLs")
+	}
+	if s.UsageCachedRate <= 0 {
+		t.Fatal("no cached tokens reported in usage")
+	}
+}
+
+// serialServer answers one request at a time, each after d.
+func serialServer(t *testing.T, d time.Duration) *httptest.Server {
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			fmt.Fprint(w, `{"data":[{"id":"m"}]}`)
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		time.Sleep(d)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func TestOpenLoopMeasuresFromIntendedTime(t *testing.T) {
+	// One request in flight at a time against a 20 ms server, offered 100
+	// requests/s: requests leave late. Timed from their intended send
+	// time, the later ones show the backlog (coordinated omission would
+	// report ~20 ms for every one).
+	srv := serialServer(t, 20*time.Millisecond)
+	_, gen := ragWorkload(t, "m")
+	cfg := DefaultConfig()
+	cfg.Targets = []string{srv.URL}
+	cfg.Rate = 100
+	cfg.MaxInFlight = 1
+	cfg.Requests = 30
+	cfg.Duration = 0
+	s, err := Run(context.Background(), cfg, gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.OK != 30 {
+		t.Fatalf("ok %d", s.OK)
+	}
+	// 30 x 20 ms of service against ~300 ms of arrivals: the last request
+	// waits at least ~250 ms behind its schedule.
+	if s.E2E.MaxMs < 200 {
+		t.Fatalf("max latency %.0f ms: the backlog is not measured", s.E2E.MaxMs)
+	}
+}
+
+func TestErrorsByKind(t *testing.T) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set(HeaderBackend, "127.0.0.1:9")
+		w.Header().Set(HeaderDecision, "overflow")
+		switch n.Add(1) % 4 {
+		case 0:
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case 1:
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n") // no [DONE]
+		case 2:
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"error\":{\"message\":\"engine died\"}}\n\n")
+		case 3:
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n")
+		}
+	}))
+	defer srv.Close()
+	_, gen := ragWorkload(t, "m")
+	cfg := DefaultConfig()
+	cfg.Targets = []string{srv.URL}
+	cfg.Mode = ClosedLoop
+	cfg.Concurrency = 1
+	cfg.Requests = 20
+	s, err := Run(context.Background(), cfg, gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{"http_503": 5, ErrKindStream: 5, ErrKindSSEError: 5}
+	for k, v := range want {
+		if s.Errors[k] != v {
+			t.Fatalf("errors %v, want %v", s.Errors, want)
+		}
+	}
+	if s.OK != 5 || s.Decisions["overflow"] != 20 || s.Backends["127.0.0.1:9"] != 20 {
+		t.Fatalf("ok %d decisions %v backends %v", s.OK, s.Decisions, s.Backends)
+	}
+}
+
+func TestUnreachableTarget(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	_, gen := ragWorkload(t, "m")
+	cfg := DefaultConfig()
+	cfg.Targets = []string{"http://" + addr}
+	start := time.Now()
+	_, err = Run(context.Background(), cfg, gen)
+	if !errors.Is(err, ErrUnreachable) || !strings.Contains(err.Error(), addr) {
+		t.Fatalf("error %v, want ErrUnreachable naming %s", err, addr)
+	}
+	if time.Since(start) > 10*time.Second {
+		t.Fatal("unreachable target took long to report")
+	}
+	cfg.Targets = []string{"http://10.1.2.3:80"}
+	if _, err := Run(context.Background(), cfg, gen); !errors.Is(err, ErrNotLoopback) {
+		t.Fatalf("remote target: %v", err)
+	}
+}
+
+func TestBadMetricsURL(t *testing.T) {
+	sim := fastSim()
+	f := startSim(t, 1, sim)
+	_, gen := ragWorkload(t, sim.Model)
+	cfg := DefaultConfig()
+	cfg.Targets = f.URLs()
+	cfg.MetricsURLs = []string{f.URLs()[0] + "/nope"}
+	if _, err := Run(context.Background(), cfg, gen); !errors.Is(err, ErrMetrics) {
+		t.Fatalf("error %v, want ErrMetrics", err)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	bad := []func(*Config){
+		func(c *Config) { c.Targets = nil },
+		func(c *Config) { c.Targets = []string{"ftp://127.0.0.1:1"} },
+		func(c *Config) { c.Targets = []string{"127.0.0.1:80"} },
+		func(c *Config) { c.Rate = 0 },
+		func(c *Config) { c.Mode = "sideways" },
+		func(c *Config) { c.Mode = ClosedLoop; c.Concurrency = 0 },
+		func(c *Config) { c.Duration = 0; c.Requests = 0 },
+		func(c *Config) { c.Timeout = 0 },
+		func(c *Config) { c.MetricsURLs = []string{"http://192.168.1.1/metrics"} },
+		func(c *Config) { c.BackendHeader = "" },
+	}
+	for i, mut := range bad {
+		c := DefaultConfig()
+		mut(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("case %d accepted", i)
+		}
+	}
+	c := DefaultConfig()
+	c.Targets = []string{"http://localhost:1", "http://127.0.0.9:2/"}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.Targets = []string{"https://example.com"}
+	c.AllowRemote = true
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestInterruptGivesPartialSummary(t *testing.T) {
+	sim := fastSim()
+	sim.ITLBase = 20 * time.Millisecond // requests last ~0.6 s
+	f := startSim(t, 2, sim)
+	_, gen := ragWorkload(t, sim.Model)
+	cfg := DefaultConfig()
+	cfg.Targets = f.URLs()
+	cfg.Rate = 50
+	cfg.Duration = time.Minute
+	cfg.MetricsURLs = metricsURLs(f.URLs())
+	var progress syncBuffer
+	cfg.Progress = &progress
+	cfg.ProgressInterval = 50 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		// interrupt once a few requests have finished
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) && !strings.Contains(progress.String(), "ok 3") {
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+	}()
+	start := time.Now()
+	s, err := Run(ctx, cfg, gen)
+	if !errors.Is(err, ErrInterrupted) {
+		t.Fatalf("error %v, want ErrInterrupted", err)
+	}
+	if time.Since(start) > 45*time.Second {
+		t.Fatal("the interrupt did not stop the run")
+	}
+	if !s.Partial || s.OK < 3 || s.Sent != s.OK+s.Failed+s.Canceled || s.KV == nil {
+		t.Fatalf("partial summary: partial %v sent %d ok %d failed %d canceled %d kv %v",
+			s.Partial, s.Sent, s.OK, s.Failed, s.Canceled, s.KV)
+	}
+	if s.Failed != 0 {
+		t.Fatalf("cancelled requests counted as failures: %v", s.Errors)
+	}
+	if !strings.Contains(progress.String(), "in flight") {
+		t.Fatalf("no progress line: %q", progress.String())
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestModels(t *testing.T) {
+	sim := fastSim()
+	f := startSim(t, 1, sim)
+	ids, err := Models(context.Background(), f.URLs()[0])
+	if err != nil || len(ids) != 1 || ids[0] != sim.Model {
+		t.Fatalf("models %v, %v", ids, err)
+	}
+}
