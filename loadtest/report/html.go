@@ -1,0 +1,177 @@
+package report
+
+import (
+	"fmt"
+	"html/template"
+	"io"
+	"sort"
+
+	"github.com/warmroute/warmroute/loadtest/stats"
+)
+
+type htmlRow struct {
+	Label, KV, ReqS, TokS, TTFT50, TTFT90, TTFT99, ITL50, E2E50, E2E99, Range, Ratio, Errors, Decisions string
+	Partial                                                                                             bool
+}
+
+type htmlWorkload struct {
+	Name   string
+	Rows   []htmlRow
+	Charts []template.HTML
+}
+
+type htmlPage struct {
+	*Report
+	Comparisons []string
+	Workloads   []htmlWorkload
+}
+
+var page = template.Must(template.New("report").Parse(`<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>{{.Title}}</title>
+<style>
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1180px;padding:0 16px;color:#222}
+h1{font-size:22px;margin-bottom:4px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd}
+.meta{color:#666;font-size:13px}code{background:#f3f3f3;padding:1px 4px;border-radius:3px}
+table{border-collapse:collapse;font-variant-numeric:tabular-nums;margin:8px 0}
+th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
+th:first-child,td:first-child{text-align:left}th{background:#fafafa;font-weight:600}
+.warn{background:#fff3cd;padding:8px;border:1px solid #e0c36a}
+.charts{display:flex;flex-wrap:wrap;gap:12px}
+svg{background:#fff;border:1px solid #eee}
+svg .title{font-size:13px;font-weight:600}svg .tick{font-size:10px;fill:#555}svg .axis{font-size:11px;fill:#333}
+svg .legend{font-size:11px}svg .grid{stroke:#eee}svg .ref{stroke:#555;stroke-dasharray:4 3}
+</style></head><body>
+<h1>{{.Title}}</h1>
+<p class="meta">Generated {{.GeneratedAt.Format "2006-01-02 15:04:05 MST"}}{{if .Command}} by <code>{{.Command}}</code>{{end}}</p>
+{{if .Partial}}<p class="warn">Interrupted: the runs below are partial.</p>{{end}}
+{{if .Setup}}<ul class="meta">{{range .Setup}}<li>{{.}}</li>{{end}}</ul>{{end}}
+{{if .Comparisons}}<ul>{{range .Comparisons}}<li>{{.}}</li>{{end}}</ul>{{end}}
+{{range .Workloads}}
+<h2>{{.Name}}</h2>
+<table>
+<tr><th>strategy</th><th>KV hit</th><th>req/s</th><th>out tok/s</th><th>TTFT p50 ms</th><th>p90</th><th>p99</th><th>ITL p50 ms</th><th>E2E p50 ms</th><th>p99</th><th>share min-max</th><th>max/min</th><th>errors</th><th>decisions</th></tr>
+{{range .Rows}}<tr><td>{{.Label}}{{if .Partial}} (partial){{end}}</td><td>{{.KV}}</td><td>{{.ReqS}}</td><td>{{.TokS}}</td><td>{{.TTFT50}}</td><td>{{.TTFT90}}</td><td>{{.TTFT99}}</td><td>{{.ITL50}}</td><td>{{.E2E50}}</td><td>{{.E2E99}}</td><td>{{.Range}}</td><td>{{.Ratio}}</td><td>{{.Errors}}</td><td>{{.Decisions}}</td></tr>
+{{end}}</table>
+<div class="charts">{{range .Charts}}{{.}}{{end}}</div>
+{{end}}
+</body></html>
+`))
+
+// colours assigns every label a colour.
+func colours(runs []stats.Summary) map[string]string {
+	m := map[string]string{}
+	i := 0
+	for _, r := range runs {
+		if _, ok := m[r.Label]; ok {
+			continue
+		}
+		if c, ok := fixedColours[r.Label]; ok {
+			m[r.Label] = c
+			continue
+		}
+		m[r.Label] = palette[i%len(palette)]
+		i++
+	}
+	return m
+}
+
+// WriteHTML writes r as one self-contained HTML page.
+func WriteHTML(w io.Writer, r *Report) error {
+	p := htmlPage{Report: r}
+	for _, c := range Comparisons(r.Runs, "RANDOM", "PREFIX_AWARE") {
+		p.Comparisons = append(p.Comparisons, c.String())
+	}
+	col := colours(r.Runs)
+	for _, wl := range Workloads(r.Runs) {
+		hw := htmlWorkload{Name: wl}
+		var runs []*stats.Summary
+		for i := range r.Runs {
+			if r.Runs[i].Workload == wl {
+				runs = append(runs, &r.Runs[i])
+			}
+		}
+		for _, s := range runs {
+			rng, ratio := ShareRange(s)
+			hw.Rows = append(hw.Rows, htmlRow{
+				Label: s.Label, KV: kvText(s), Partial: s.Partial,
+				ReqS: fmt.Sprintf("%.1f", s.RequestsPerSec), TokS: fmt.Sprintf("%.0f", s.OutputTokensPerSec),
+				TTFT50: msec(s.TTFT.P50Ms), TTFT90: msec(s.TTFT.P90Ms), TTFT99: msec(s.TTFT.P99Ms),
+				ITL50: msec(s.ITL.P50Ms), E2E50: msec(s.E2E.P50Ms), E2E99: msec(s.E2E.P99Ms),
+				Range: rng, Ratio: ratio, Errors: errorText(s), Decisions: decisionText(s),
+			})
+		}
+		hw.Charts = []template.HTML{
+			template.HTML(ttftChart(wl, runs, col)),
+			template.HTML(shareChart(wl, runs, col)),
+			template.HTML(hitChart(wl, runs, col)),
+		}
+		p.Workloads = append(p.Workloads, hw)
+	}
+	return page.Execute(w, p)
+}
+
+func ttftChart(wl string, runs []*stats.Summary, col map[string]string) string {
+	var ss []series
+	for _, s := range runs {
+		pts := make([]xy, 0, len(s.TTFTCDF))
+		for _, p := range s.TTFTCDF {
+			pts = append(pts, xy{p.Ms, p.Quantile})
+		}
+		ss = append(ss, series{s.Label, col[s.Label], pts})
+	}
+	return lineChart(wl+": TTFT distribution", "time to first token (ms, log scale)", "fraction of requests", ss, true, 0, 1, true)
+}
+
+func shareChart(wl string, runs []*stats.Summary, col map[string]string) string {
+	set := map[string]bool{}
+	for _, s := range runs {
+		for k := range s.Shares {
+			set[k] = true
+		}
+	}
+	insts := make([]string, 0, len(set))
+	for k := range set {
+		insts = append(insts, k)
+	}
+	sort.Strings(insts)
+	var bs []bars
+	for _, s := range runs {
+		v := make([]float64, len(insts))
+		for i, k := range insts {
+			v[i] = s.Shares[k]
+		}
+		bs = append(bs, bars{s.Label, col[s.Label], v})
+	}
+	ref := 0.0
+	if len(insts) > 0 {
+		ref = 1 / float64(len(insts))
+	}
+	labels := make([]string, len(insts))
+	for i, k := range insts {
+		labels[i] = shortName(k)
+	}
+	return barChart(wl+": traffic share per instance", "share of requests", labels, bs, ref)
+}
+
+// shortName shortens "127.0.0.1:18001" to ":18001".
+func shortName(s string) string {
+	if len(s) > 10 && s[:10] == "127.0.0.1:" {
+		return s[9:]
+	}
+	return s
+}
+
+func hitChart(wl string, runs []*stats.Summary, col map[string]string) string {
+	var ss []series
+	for _, s := range runs {
+		pts := make([]xy, 0, len(s.KVSeries))
+		for _, p := range s.KVSeries {
+			if p.QueriedTokens > 0 {
+				pts = append(pts, xy{p.Seconds, p.HitRate})
+			}
+		}
+		ss = append(ss, series{s.Label, col[s.Label], pts})
+	}
+	return lineChart(wl+": KV-cache hit rate over time", "seconds since start", "hit tokens / queried tokens", ss, false, 0, 1, true)
+}

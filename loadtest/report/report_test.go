@@ -1,0 +1,160 @@
+package report
+
+import (
+	"bytes"
+	"encoding/json"
+	"encoding/xml"
+	"io"
+	"math"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warmroute/warmroute/loadtest/stats"
+)
+
+func sampleRuns() []stats.Summary {
+	mk := func(wl, label string, hit, p50, tok float64, shares map[string]float64, ratio float64) stats.Summary {
+		s := stats.Summary{
+			Label: label, Workload: wl, Seconds: 10, Sent: 100, Requests: 100, OK: 100,
+			RequestsPerSec: 10, OutputTokensPerSec: tok,
+			TTFT:     stats.Latency{Count: 100, P50Ms: p50, P90Ms: 2 * p50, P99Ms: 3 * p50},
+			E2E:      stats.Latency{Count: 100, P50Ms: 500, P99Ms: 900},
+			ITL:      stats.Latency{Count: 900, P50Ms: 12},
+			TTFTCDF:  []stats.Point{{Ms: p50 / 2, Quantile: 0}, {Ms: p50, Quantile: 0.5}, {Ms: 3 * p50, Quantile: 1}},
+			Shares:   shares,
+			Backends: map[string]int64{},
+			KV:       &stats.KVResult{HitRate: hit, QueriedTokens: 1000, HitTokens: 1000 * hit},
+			KVSeries: []stats.KVSample{{Seconds: 2, HitRate: hit / 2, QueriedTokens: 10}, {Seconds: 4, HitRate: hit, QueriedTokens: 10}},
+		}
+		s.ShareMaxMin = ratio
+		return s
+	}
+	even := map[string]float64{"127.0.0.1:1": 0.5, "127.0.0.1:2": 0.5}
+	skew := map[string]float64{"127.0.0.1:1": 0.6, "127.0.0.1:2": 0.4}
+	r := mk("rag", "RANDOM", 0.3, 400, 300, even, 1)
+	p := mk("rag", "PREFIX_AWARE", 0.9, 100, 330, skew, 1.5)
+	p.Decisions = map[string]int64{"affinity": 80, "overflow": 15, "fallback": 5}
+	p.Failed, p.Errors = 3, map[string]int64{"http_503": 2, "timeout": 1}
+	c := mk("chat", "RANDOM", 0.2, 300, 200, even, 1)
+	c.Partial = true
+	return []stats.Summary{r, p, c}
+}
+
+func TestComparisons(t *testing.T) {
+	cs := Comparisons(sampleRuns(), "RANDOM", "PREFIX_AWARE")
+	if len(cs) != 1 {
+		t.Fatalf("%d comparisons, want 1 (chat has no PREFIX_AWARE run)", len(cs))
+	}
+	c := cs[0]
+	if c.Workload != "rag" || math.Abs(c.HitRatio-3) > 1e-9 || c.TTFTRatio != 0.25 || c.ThroughputRatio != 1.1 || c.CandShareMaxMin != 1.5 {
+		t.Fatalf("comparison %+v", c)
+	}
+	if s := c.String(); !strings.Contains(s, "3.0x") || !strings.Contains(s, "x0.25") {
+		t.Fatalf("text %q", s)
+	}
+}
+
+func TestTable(t *testing.T) {
+	var b bytes.Buffer
+	if err := WriteTable(&b, sampleRuns()); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"PREFIX_AWARE", "90.0%", "30.0%", "40.0-60.0%", "1.50", "http_503 2, timeout 1",
+		"aff 80% ovf 15% fb 5%", "RANDOM (partial)", "rag: PREFIX_AWARE vs RANDOM",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	// rows are grouped by workload in first-seen order
+	if strings.Index(out, "rag ") > strings.Index(out, "chat ") {
+		t.Errorf("workloads out of order:\n%s", out)
+	}
+}
+
+func TestJSONRoundTrip(t *testing.T) {
+	r := &Report{Title: "t", GeneratedAt: time.Unix(0, 0).UTC(), Runs: sampleRuns()}
+	var b bytes.Buffer
+	if err := WriteJSON(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(b.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Runs) != 3 || back.Runs[1].KV.HitRate != 0.9 || back.Runs[1].Decisions["overflow"] != 15 {
+		t.Fatalf("round trip lost data: %+v", back.Runs[1])
+	}
+}
+
+func TestHTMLIsSelfContained(t *testing.T) {
+	runs := sampleRuns()
+	runs[0].Label = `<script>alert(1)</script>`
+	r := &Report{Title: "Strategy comparison", GeneratedAt: time.Now(), Command: "warmroute demo",
+		Setup: []string{"7 instances"}, Runs: runs}
+	var b bytes.Buffer
+	if err := WriteHTML(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	if strings.Contains(out, "<script>") {
+		t.Fatal("a label was not escaped")
+	}
+	if regexp.MustCompile(`(src|href)=`).MatchString(out) {
+		t.Fatal("the page references external resources")
+	}
+	// three charts per workload, each well-formed XML
+	svgs := regexp.MustCompile(`(?s)<svg.*?</svg>`).FindAllString(out, -1)
+	if len(svgs) != 6 {
+		t.Fatalf("%d charts, want 6", len(svgs))
+	}
+	for _, s := range svgs {
+		d := xml.NewDecoder(strings.NewReader(s))
+		for {
+			_, err := d.Token()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("chart is not well-formed: %v\n%.300s", err, s)
+			}
+		}
+	}
+	for _, want := range []string{"TTFT distribution", "traffic share per instance", "hit rate over time", ":1", "polyline", "rect"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+}
+
+func TestTicks(t *testing.T) {
+	ts := niceTicks(0, 1, 5)
+	if len(ts) < 4 || ts[0] != 0 || math.Abs(ts[len(ts)-1]-1) > 1e-9 {
+		t.Fatalf("ticks %v", ts)
+	}
+	lt := logTicks(10, 1000)
+	want := []float64{10, 20, 50, 100, 200, 500, 1000}
+	if len(lt) != len(want) {
+		t.Fatalf("log ticks %v", lt)
+	}
+	for i := range want {
+		if math.Abs(lt[i]-want[i]) > 1e-9 {
+			t.Fatalf("log ticks %v", lt)
+		}
+	}
+}
+
+func TestEmptyCharts(t *testing.T) {
+	for _, s := range []string{
+		lineChart("x", "a", "b", nil, true, 0, 1, true),
+		barChart("x", "y", nil, nil, 0),
+	} {
+		if !strings.Contains(s, "no data") || !strings.HasSuffix(s, "</svg>") {
+			t.Fatalf("empty chart %q", s)
+		}
+	}
+}

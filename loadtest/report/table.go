@@ -1,0 +1,258 @@
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/warmroute/warmroute/loadtest/stats"
+)
+
+// Report is the result of a comparison: runs of the same workloads under
+// different labels (routing strategies).
+type Report struct {
+	Title       string    `json:"title"`
+	GeneratedAt time.Time `json:"generated_at"`
+	// Command is how the report was produced.
+	Command string `json:"command,omitempty"`
+	// Setup describes the fleet and the workloads, one line each.
+	Setup []string `json:"setup,omitempty"`
+	// Partial is set when the comparison was interrupted.
+	Partial bool            `json:"partial,omitempty"`
+	Runs    []stats.Summary `json:"runs"`
+}
+
+// WriteJSON writes r as indented JSON.
+func WriteJSON(w io.Writer, r *Report) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// Workloads returns the workloads of runs in first-seen order.
+func Workloads(runs []stats.Summary) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, r := range runs {
+		if !seen[r.Workload] {
+			seen[r.Workload] = true
+			out = append(out, r.Workload)
+		}
+	}
+	return out
+}
+
+func pct(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) }
+
+func msec(v float64) string {
+	switch {
+	case v == 0:
+		return "-"
+	case v < 10:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.0f", v)
+	}
+}
+
+// ShareRange returns "min-max" of the shares over the expected backends
+// (all those in Shares) and the max/min ratio as text.
+func ShareRange(s *stats.Summary) (string, string) {
+	if len(s.Shares) == 0 {
+		return "-", "-"
+	}
+	lo, hi := math.Inf(1), 0.0
+	for _, v := range s.Shares {
+		lo, hi = math.Min(lo, v), math.Max(hi, v)
+	}
+	ratio := "inf"
+	if s.ShareMaxMin > 0 {
+		ratio = fmt.Sprintf("%.2f", s.ShareMaxMin)
+	}
+	return fmt.Sprintf("%.1f-%.1f%%", 100*lo, 100*hi), ratio
+}
+
+// errorText lists error kinds by count.
+func errorText(s *stats.Summary) string {
+	if s.Failed == 0 {
+		if s.Canceled > 0 {
+			return fmt.Sprintf("0 (%d canceled)", s.Canceled)
+		}
+		return "0"
+	}
+	kinds := make([]string, 0, len(s.Errors))
+	for k := range s.Errors {
+		kinds = append(kinds, k)
+	}
+	sort.Slice(kinds, func(i, j int) bool { return s.Errors[kinds[i]] > s.Errors[kinds[j]] })
+	parts := make([]string, len(kinds))
+	for i, k := range kinds {
+		parts[i] = fmt.Sprintf("%s %d", k, s.Errors[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+var decisionAbbrev = map[string]string{
+	"affinity": "aff", "overflow": "ovf", "fallback": "fb",
+}
+
+// decisionText gives the router's decisions as percentages.
+func decisionText(s *stats.Summary) string {
+	var total int64
+	for _, n := range s.Decisions {
+		total += n
+	}
+	if total == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(s.Decisions))
+	for k := range s.Decisions {
+		keys = append(keys, k)
+	}
+	order := map[string]int{"affinity": 0, "overflow": 1, "fallback": 2}
+	sort.Slice(keys, func(i, j int) bool {
+		oi, iok := order[keys[i]]
+		oj, jok := order[keys[j]]
+		switch {
+		case iok && jok:
+			return oi < oj
+		case iok != jok:
+			return iok
+		}
+		return keys[i] < keys[j]
+	})
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		name := k
+		if a, ok := decisionAbbrev[k]; ok {
+			name = a
+		}
+		parts[i] = fmt.Sprintf("%s %.0f%%", name, 100*float64(s.Decisions[k])/float64(total))
+	}
+	return strings.Join(parts, " ")
+}
+
+func kvText(s *stats.Summary) string {
+	if s.KV == nil {
+		if s.PromptTokens > 0 {
+			return pct(s.UsageCachedRate) + "*"
+		}
+		return "-"
+	}
+	return pct(s.KV.HitRate)
+}
+
+// WriteTable writes one row per run, grouped by workload, then for every
+// workload run under both RANDOM and PREFIX_AWARE the ratios between them.
+func WriteTable(w io.Writer, runs []stats.Summary) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\tstrategy\treq/s\tout tok/s\tKV hit\tTTFT p50\tp90\tp99\tITL p50\tE2E p50\tp99\tshare min-max\tmax/min\terrors\tdecisions\t")
+	fmt.Fprintln(tw, "\t\t\t\t\t(ms)\t(ms)\t(ms)\t(ms)\t(ms)\t(ms)\t\t\t\t\t")
+	usage := false
+	for _, wl := range Workloads(runs) {
+		for i := range runs {
+			s := &runs[i]
+			if s.Workload != wl {
+				continue
+			}
+			if s.KV == nil && s.PromptTokens > 0 {
+				usage = true
+			}
+			label := s.Label
+			if s.Partial {
+				label += " (partial)"
+			}
+			rng, ratio := ShareRange(s)
+			fmt.Fprintf(tw, "%s\t%s\t%.1f\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+				wl, label, s.RequestsPerSec, s.OutputTokensPerSec, kvText(s),
+				msec(s.TTFT.P50Ms), msec(s.TTFT.P90Ms), msec(s.TTFT.P99Ms), msec(s.ITL.P50Ms),
+				msec(s.E2E.P50Ms), msec(s.E2E.P99Ms), rng, ratio, errorText(s), decisionText(s))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if usage {
+		fmt.Fprintln(w, "* from the responses' usage.prompt_tokens_details.cached_tokens (no backend metrics)")
+	}
+	for _, c := range Comparisons(runs, "RANDOM", "PREFIX_AWARE") {
+		fmt.Fprintln(w, c.String())
+	}
+	return nil
+}
+
+// Comparison sets a candidate run against a baseline run of the same
+// workload.
+type Comparison struct {
+	Workload, Baseline, Candidate string
+	// KV hit rates and their ratio (candidate / baseline; 0 if the baseline
+	// is 0).
+	BaseHit, CandHit, HitRatio float64
+	// TTFTRatio is candidate p50 TTFT / baseline p50 TTFT.
+	TTFTRatio float64
+	// ThroughputRatio compares output tokens per second.
+	ThroughputRatio float64
+	// CandShareMaxMin is the candidate's max/min traffic share.
+	CandShareMaxMin float64
+}
+
+func (c Comparison) String() string {
+	hit := "n/a"
+	if c.HitRatio > 0 {
+		hit = fmt.Sprintf("%.1fx", c.HitRatio)
+	}
+	bal := "inf"
+	if c.CandShareMaxMin > 0 {
+		bal = fmt.Sprintf("%.2f", c.CandShareMaxMin)
+	}
+	return fmt.Sprintf("%s: %s vs %s: KV hit %s vs %s (%s), p50 TTFT x%.2f, output tokens/s x%.2f, max/min share %s",
+		c.Workload, c.Candidate, c.Baseline, pct(c.CandHit), pct(c.BaseHit), hit, c.TTFTRatio, c.ThroughputRatio, bal)
+}
+
+// Comparisons pairs, per workload, the run labelled baseline with the run
+// labelled candidate.
+func Comparisons(runs []stats.Summary, baseline, candidate string) []Comparison {
+	var out []Comparison
+	for _, wl := range Workloads(runs) {
+		var b, c *stats.Summary
+		for i := range runs {
+			if runs[i].Workload != wl {
+				continue
+			}
+			switch runs[i].Label {
+			case baseline:
+				b = &runs[i]
+			case candidate:
+				c = &runs[i]
+			}
+		}
+		if b == nil || c == nil {
+			continue
+		}
+		cmp := Comparison{Workload: wl, Baseline: baseline, Candidate: candidate,
+			BaseHit: hitRate(b), CandHit: hitRate(c), CandShareMaxMin: c.ShareMaxMin}
+		if cmp.BaseHit > 0 {
+			cmp.HitRatio = cmp.CandHit / cmp.BaseHit
+		}
+		if b.TTFT.P50Ms > 0 {
+			cmp.TTFTRatio = c.TTFT.P50Ms / b.TTFT.P50Ms
+		}
+		if b.OutputTokensPerSec > 0 {
+			cmp.ThroughputRatio = c.OutputTokensPerSec / b.OutputTokensPerSec
+		}
+		out = append(out, cmp)
+	}
+	return out
+}
+
+func hitRate(s *stats.Summary) float64 {
+	if s.KV != nil {
+		return s.KV.HitRate
+	}
+	return s.UsageCachedRate
+}
