@@ -27,6 +27,7 @@ require (
 	github.com/hashicorp/raft v1.8.0 // indirect
 	github.com/hashicorp/raft-wal v0.4.0 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
 	github.com/miekg/dns v1.1.73 // indirect

@@ -1,0 +1,211 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+)
+
+// Target is a backend's network address parsed from its base URL.
+type Target struct {
+	// HostPort is host:port.
+	HostPort string
+	// TLS is true for https URLs.
+	TLS bool
+}
+
+// ParseTarget parses a backend base URL ("http://10.0.0.5:8000",
+// "https://gpu-3.example:443", or a bare "host:port", taken as http).
+func ParseTarget(raw string) (Target, error) {
+	s := strings.TrimSpace(raw)
+	if s == "" {
+		return Target{}, errors.New("empty backend address")
+	}
+	if !strings.Contains(s, "://") {
+		s = "http://" + s
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return Target{}, fmt.Errorf("backend address %q: %w", raw, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return Target{}, fmt.Errorf("backend address %q: scheme must be http or https", raw)
+	}
+	if u.Host == "" || u.Hostname() == "" {
+		return Target{}, fmt.Errorf("backend address %q: no host", raw)
+	}
+	if u.Path != "" && u.Path != "/" {
+		return Target{}, fmt.Errorf("backend address %q: a base URL takes no path", raw)
+	}
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return Target{HostPort: net.JoinHostPort(u.Hostname(), port), TLS: u.Scheme == "https"}, nil
+}
+
+// backend is the live state of one backend. It is shared by every table
+// that contains the backend's ID, so counters survive ring changes.
+type backend struct {
+	id     string
+	target Target
+	client *fasthttp.HostClient
+
+	// inflight is this node's exact count, from send to end of stream.
+	inflight atomic.Int64
+	// remote is the sum reported by the other router nodes.
+	remote atomic.Int64
+	// busy: the engine reports queued requests (from the cluster).
+	busy atomic.Bool
+	// probeDown: the active health check failed ProbeFailThreshold times.
+	probeDown atomic.Bool
+	// ejectedUntil (unix nanos): passive ejection after connect failures.
+	ejectedUntil atomic.Int64
+	connFails    atomic.Int32
+
+	probeMu    sync.Mutex // serialises probes of this backend
+	probeFails int
+	probeOKs   int
+
+	m *backendMetrics
+}
+
+func newBackend(id string, target Target, cfg *Config, m *metrics) *backend {
+	b := &backend{id: id, target: target}
+	b.client = &fasthttp.HostClient{
+		Addr:                          target.HostPort,
+		IsTLS:                         target.TLS,
+		TLSConfig:                     &tls.Config{ServerName: hostOnly(target.HostPort), MinVersion: tls.VersionTLS12},
+		Name:                          "warmroute",
+		NoDefaultUserAgentHeader:      true,
+		MaxConns:                      cfg.MaxConnsPerBackend,
+		MaxConnWaitTimeout:            cfg.MaxConnWait,
+		MaxIdleConnDuration:           cfg.UpstreamIdleConn,
+		StreamResponseBody:            true,
+		ReadBufferSize:                16 << 10,
+		WriteBufferSize:               16 << 10,
+		DisablePathNormalizing:        true,
+		DisableHeaderNamesNormalizing: true,
+		Dial:                          newDialer(cfg),
+	}
+	b.m = m.forBackend(id)
+	return b
+}
+
+func hostOnly(hostport string) string {
+	h, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return hostport
+	}
+	return h
+}
+
+// available says whether the backend may take requests right now: it passes
+// its health checks and is not ejected.
+func (b *backend) available(now int64) bool {
+	return !b.probeDown.Load() && b.ejectedUntil.Load() <= now
+}
+
+// globalInFlight is this node's in-flight plus the other nodes'.
+func (b *backend) globalInFlight() int64 { return b.inflight.Load() + b.remote.Load() }
+
+// connFailed records a connect failure; after EjectAfter in a row the
+// backend is ejected for EjectFor.
+func (b *backend) connFailed(cfg *Config, now time.Time) bool {
+	if cfg.EjectAfter <= 0 {
+		return false
+	}
+	if int(b.connFails.Add(1)) >= cfg.EjectAfter {
+		b.connFails.Store(0)
+		b.ejectedUntil.Store(now.Add(cfg.EjectFor).UnixNano())
+		return true
+	}
+	return false
+}
+
+func (b *backend) connOK() {
+	if b.connFails.Load() != 0 {
+		b.connFails.Store(0)
+	}
+}
+
+// DialError wraps a failure to connect: the request was never sent.
+type DialError struct{ Err error }
+
+func (e *DialError) Error() string { return "dial backend: " + e.Err.Error() }
+func (e *DialError) Unwrap() error { return e.Err }
+func (e *DialError) Is(target error) bool {
+	return target == ErrDial
+}
+
+// newDialer dials with ConnectTimeout and wraps the connection so reads time
+// out after FirstByteTimeout while waiting for a response and after
+// StreamIdleTimeout between reads of one.
+func newDialer(cfg *Config) fasthttp.DialFunc {
+	d := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
+	first, idle := cfg.FirstByteTimeout, cfg.StreamIdleTimeout
+	return func(addr string) (net.Conn, error) {
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			return nil, &DialError{Err: err}
+		}
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetNoDelay(true)
+		}
+		return &deadlineConn{Conn: c, first: first, idle: idle}, nil
+	}
+}
+
+// deadlineConn applies the first-byte deadline to the first read after a
+// write (a request was sent) and the idle deadline to later reads. fasthttp
+// uses one connection for one request at a time, so the phases cannot mix.
+type deadlineConn struct {
+	net.Conn
+	first, idle time.Duration
+	waiting     bool // a request was written and no byte came back yet
+}
+
+func (c *deadlineConn) Write(p []byte) (int, error) {
+	c.waiting = true
+	return c.Conn.Write(p)
+}
+
+func (c *deadlineConn) Read(p []byte) (int, error) {
+	d := c.idle
+	if c.waiting {
+		d = c.first
+	}
+	if err := c.Conn.SetReadDeadline(time.Now().Add(d)); err != nil {
+		return 0, err
+	}
+	// A deadline error keeps its Timeout() method, which fasthttp turns
+	// into ErrTimeout.
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.waiting = false
+	}
+	return n, err
+}
+
+// metric handles for one backend, resolved once.
+type backendMetrics struct {
+	id       string
+	reqs     requestCounters
+	ttfb     prometheus.Observer
+	retries  prometheus.Counter
+	ejects   prometheus.Counter
+	aborts   prometheus.Counter
+	upErrors map[string]prometheus.Counter
+}

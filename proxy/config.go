@@ -1,0 +1,145 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config is the proxy's configuration. Start from DefaultConfig.
+type Config struct {
+	// MaxRequestBodySize bounds a request body; larger ones get 413.
+	// Long-context prompts need more than fasthttp's 4 MiB default.
+	MaxRequestBodySize int
+	// MaxHeaderBytes bounds the request line and headers; larger ones get
+	// 431.
+	MaxHeaderBytes int
+	// ReadTimeout bounds reading one request (headers and body) from a
+	// client, so a client trickling its headers is cut off.
+	ReadTimeout time.Duration
+	// IdleTimeout closes a client keep-alive connection idle this long.
+	IdleTimeout time.Duration
+	// MaxConns bounds concurrent client connections.
+	MaxConns int
+
+	// ConnectTimeout bounds dialling a backend.
+	ConnectTimeout time.Duration
+	// FirstByteTimeout bounds the wait for a backend's response after the
+	// request was sent (queueing and prefill included): 504 when exceeded.
+	FirstByteTimeout time.Duration
+	// StreamIdleTimeout bounds the gap between two reads of a streamed
+	// response; a stalled stream is cut.
+	StreamIdleTimeout time.Duration
+	// MaxConnsPerBackend bounds upstream connections per backend (HTTP/1.1:
+	// one per in-flight request).
+	MaxConnsPerBackend int
+	// MaxConnWait is how long a request waits for a free upstream
+	// connection before trying another backend.
+	MaxConnWait time.Duration
+	// UpstreamIdleConn closes idle upstream keep-alive connections. Keep it
+	// below the engines' keep-alive timeout (uvicorn, under vLLM and
+	// SGLang, closes after 5 s) so a request is never written to a
+	// connection the backend is closing.
+	UpstreamIdleConn time.Duration
+	// Retries is how many other backends a request may try when it never
+	// reached one.
+	Retries int
+
+	// ProbePath is requested by the active health check ("" disables it).
+	ProbePath string
+	// ProbeInterval and ProbeTimeout time the active health check.
+	ProbeInterval, ProbeTimeout time.Duration
+	// ProbeFailThreshold consecutive probe failures mark a backend
+	// unhealthy; ProbeRiseThreshold consecutive successes mark it healthy.
+	ProbeFailThreshold, ProbeRiseThreshold int
+	// EjectAfter consecutive connect failures on the request path eject a
+	// backend for EjectFor.
+	EjectAfter int
+	EjectFor   time.Duration
+
+	// Logger receives operational logs. Prompt text is never logged.
+	Logger *slog.Logger
+	// Registry receives the proxy's metrics; nil means none.
+	Registry prometheus.Registerer
+}
+
+// DefaultConfig returns the defaults documented in the README.
+func DefaultConfig() Config {
+	return Config{
+		MaxRequestBodySize: 32 << 20,
+		MaxHeaderBytes:     16 << 10,
+		ReadTimeout:        30 * time.Second,
+		IdleTimeout:        120 * time.Second,
+		MaxConns:           16384,
+
+		ConnectTimeout:     2 * time.Second,
+		FirstByteTimeout:   300 * time.Second,
+		StreamIdleTimeout:  120 * time.Second,
+		MaxConnsPerBackend: 1024,
+		MaxConnWait:        2 * time.Second,
+		UpstreamIdleConn:   4 * time.Second,
+		Retries:            2,
+
+		ProbePath:          "/health",
+		ProbeInterval:      2 * time.Second,
+		ProbeTimeout:       1 * time.Second,
+		ProbeFailThreshold: 2,
+		ProbeRiseThreshold: 2,
+		EjectAfter:         3,
+		EjectFor:           10 * time.Second,
+	}
+}
+
+// Validate reports the first unusable setting.
+func (c *Config) Validate() error {
+	var errs []error
+	pos := func(name string, d time.Duration) {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
+		}
+	}
+	if c.MaxRequestBodySize < 1<<10 {
+		errs = append(errs, fmt.Errorf("max request body size must be at least 1KiB, got %d", c.MaxRequestBodySize))
+	}
+	if c.MaxHeaderBytes < 4<<10 {
+		errs = append(errs, fmt.Errorf("max header bytes must be at least 4KiB, got %d", c.MaxHeaderBytes))
+	}
+	if c.MaxConns < 1 {
+		errs = append(errs, fmt.Errorf("max connections must be positive, got %d", c.MaxConns))
+	}
+	if c.MaxConnsPerBackend < 1 {
+		errs = append(errs, fmt.Errorf("max connections per backend must be positive, got %d", c.MaxConnsPerBackend))
+	}
+	if c.Retries < 0 || c.Retries > 10 {
+		errs = append(errs, fmt.Errorf("retries must be within [0, 10], got %d", c.Retries))
+	}
+	pos("read timeout", c.ReadTimeout)
+	pos("idle timeout", c.IdleTimeout)
+	pos("connect timeout", c.ConnectTimeout)
+	pos("first byte timeout", c.FirstByteTimeout)
+	pos("stream idle timeout", c.StreamIdleTimeout)
+	pos("upstream idle connection timeout", c.UpstreamIdleConn)
+	if c.MaxConnWait < 0 {
+		errs = append(errs, fmt.Errorf("max connection wait must not be negative, got %s", c.MaxConnWait))
+	}
+	if c.ProbePath != "" {
+		if c.ProbePath[0] != '/' {
+			errs = append(errs, fmt.Errorf("probe path must start with '/', got %q", c.ProbePath))
+		}
+		pos("probe interval", c.ProbeInterval)
+		pos("probe timeout", c.ProbeTimeout)
+		if c.ProbeFailThreshold < 1 || c.ProbeRiseThreshold < 1 {
+			errs = append(errs, fmt.Errorf("probe thresholds must be at least 1"))
+		}
+	}
+	if c.EjectAfter < 0 {
+		errs = append(errs, fmt.Errorf("eject-after must not be negative, got %d", c.EjectAfter))
+	}
+	if c.EjectAfter > 0 {
+		pos("eject duration", c.EjectFor)
+	}
+	return errors.Join(errs...)
+}

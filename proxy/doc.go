@@ -1,0 +1,22 @@
+// Package proxy is the request path of a router node: a fasthttp server that
+// reads the routing key of each LLM request (ring.Extract), asks the current
+// ring snapshot for a backend (ring.Ring.Pick) and streams the backend's
+// response back unbuffered.
+//
+// It owns one pooled fasthttp.HostClient and a set of atomic counters per
+// backend: own in-flight (from send to the end of the stream), the remote
+// in-flight the cluster reports (SetRemote), engine busy flags, active-probe
+// health and passive ejection after consecutive connect failures. A request
+// reads only atomics and one atomic.Pointer to the current table; it takes
+// no lock.
+//
+// It retries on another backend only when a request never reached one
+// (connect refused or timed out, or no free connection); never once bytes
+// were sent, since LLM POSTs are not idempotent. A client that goes away
+// mid-stream closes the upstream connection so the engine stops generating,
+// and is counted. Errors are OpenAI-style JSON.
+//
+// The package knows nothing of gossip or Raft: the node feeds it ring
+// snapshots (SetRing) and remote figures (SetRemote) and reads its own
+// counters (AppendInFlight).
+package proxy

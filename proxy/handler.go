@@ -1,0 +1,259 @@
+package proxy
+
+import (
+	"errors"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/warmroute/warmroute/ring"
+)
+
+// reqState is the per-request scratch: the key, the table in use and the
+// backends already tried. It implements ring.Loads. Pooled, so a request
+// allocates nothing for it.
+type reqState struct {
+	t     *table
+	now   int64
+	tried []uint64 // bitset of backend indexes already tried
+	info  ring.KeyInfo
+}
+
+var _ ring.Loads = (*reqState)(nil)
+
+func (s *reqState) reset(t *table) {
+	s.t = t
+	s.now = time.Now().UnixNano()
+	n := (len(t.bs) + 63) / 64
+	if cap(s.tried) < n {
+		s.tried = make([]uint64, n)
+	}
+	s.tried = s.tried[:n]
+	clear(s.tried)
+}
+
+func (s *reqState) InFlight(b int) int64 { return s.t.bs[b].globalInFlight() }
+
+func (s *reqState) Healthy(b int) bool {
+	return s.tried[b>>6]&(1<<(b&63)) == 0 && s.t.bs[b].available(s.now)
+}
+
+func (s *reqState) Busy(b int) bool { return s.t.bs[b].busy.Load() }
+
+func (s *reqState) markTried(b int) { s.tried[b>>6] |= 1 << (b & 63) }
+
+// Handle is the fasthttp request handler.
+func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
+	switch string(ctx.Path()) {
+	case "/v1/chat/completions":
+		p.routeLLM(ctx, routeChat, ring.Chat)
+	case "/v1/completions":
+		p.routeLLM(ctx, routeCompletions, ring.Completions)
+	case "/invocations":
+		p.routeLLM(ctx, routeInvocations, ring.Invocations)
+	case "/v1/models":
+		if !ctx.IsGet() && !ctx.IsHead() {
+			p.methodNotAllowed(ctx, "GET")
+			return
+		}
+		p.routeAny(ctx, routeModels)
+	case "/ping":
+		if !ctx.IsGet() && !ctx.IsHead() {
+			p.methodNotAllowed(ctx, "GET")
+			return
+		}
+		if !p.Ready() {
+			writeError(ctx, fasthttp.StatusServiceUnavailable, "no_healthy_backend", "no healthy backend")
+			return
+		}
+		ctx.SetStatusCode(fasthttp.StatusOK)
+	case "/healthz":
+		ctx.SetContentType("text/plain; charset=utf-8")
+		ctx.SetBodyString("ok\n")
+	case "/readyz":
+		ctx.SetContentType("text/plain; charset=utf-8")
+		if !p.Ready() {
+			ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+			ctx.SetBodyString("no healthy backend\n")
+			return
+		}
+		ctx.SetBodyString("ready\n")
+	default:
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "unknown route "+string(ctx.Method())+" "+string(ctx.Path()))
+		p.m.countRequest(p.m.none, routeOther, ring.ReasonNone, fasthttp.StatusNotFound)
+	}
+}
+
+func (p *Proxy) methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
+	writeError(ctx, fasthttp.StatusMethodNotAllowed, "method_not_allowed", "method "+string(ctx.Method())+" not allowed; use "+allow)
+	ctx.Response.Header.Set("Allow", allow)
+}
+
+// handleServerError answers requests fasthttp could not read, as OpenAI JSON.
+func (p *Proxy) handleServerError(ctx *fasthttp.RequestCtx, err error) {
+	var status int
+	var code, msg string
+	var small *fasthttp.ErrSmallBuffer
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		status, code, msg = fasthttp.StatusRequestEntityTooLarge, "body_too_large", "request body exceeds the limit"
+	case errors.As(err, &small):
+		status, code, msg = fasthttp.StatusRequestHeaderFieldsTooLarge, "headers_too_large", "request headers exceed the limit"
+	default:
+		var te interface{ Timeout() bool }
+		if errors.As(err, &te) && te.Timeout() {
+			status, code, msg = fasthttp.StatusRequestTimeout, "request_timeout", "timed out reading the request"
+		} else {
+			status, code, msg = fasthttp.StatusBadRequest, "bad_request", "cannot parse the HTTP request"
+		}
+	}
+	writeError(ctx, status, code, msg)
+	ctx.SetConnectionClose()
+	p.m.countRequest(p.m.none, routeOther, ring.ReasonNone, status)
+}
+
+// routeLLM routes a request by its prompt prefix.
+func (p *Proxy) routeLLM(ctx *fasthttp.RequestCtx, rt route, api ring.API) {
+	if !ctx.IsPost() {
+		p.methodNotAllowed(ctx, "POST")
+		p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusMethodNotAllowed)
+		return
+	}
+	st := p.states.Get().(*reqState)
+	defer p.states.Put(st)
+	t := p.tab.Load()
+	st.reset(t)
+	start := time.Now()
+	if err := ring.Extract(t.ring.Config().KeyConfig, api, ctx.PostBody(), ctx.Request.Header.Peek(HeaderTenant), &st.info); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, badRequestCode(err), err.Error())
+		p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusBadRequest)
+		return
+	}
+	p.dispatch(ctx, st, rt, start)
+}
+
+// routeAny sends a key-less request (GET /v1/models) to a healthy backend.
+func (p *Proxy) routeAny(ctx *fasthttp.RequestCtx, rt route) {
+	st := p.states.Get().(*reqState)
+	defer p.states.Put(st)
+	st.reset(p.tab.Load())
+	st.info = ring.KeyInfo{Key: uint64(st.now)}
+	p.dispatch(ctx, st, rt, time.Now())
+}
+
+func badRequestCode(err error) string {
+	switch {
+	case errors.Is(err, ring.ErrMalformedJSON):
+		return "invalid_json"
+	case errors.Is(err, ring.ErrTooDeep):
+		return "json_too_deep"
+	case errors.Is(err, ring.ErrBadTenant):
+		return "invalid_prefix_aware_id"
+	}
+	return "invalid_request"
+}
+
+// dispatch picks a backend and forwards, trying further backends while the
+// request never reached one.
+func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, st *reqState, rt route, start time.Time) {
+	t := st.t
+	var lastErr error
+	for attempt := 0; attempt <= p.cfg.Retries; attempt++ {
+		d, err := t.ring.Pick(st.info.Key, st)
+		if attempt == 0 {
+			p.m.observeDecision(start)
+		}
+		if err != nil {
+			if lastErr != nil {
+				writeError(ctx, fasthttp.StatusBadGateway, "backend_unreachable", "no backend could be reached: "+lastErr.Error())
+				p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusBadGateway)
+				return
+			}
+			writeError(ctx, fasthttp.StatusServiceUnavailable, "no_healthy_backend", "no healthy backend")
+			p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusServiceUnavailable)
+			return
+		}
+		b := t.bs[d.Backend]
+		retry, err := p.forward(ctx, t, b, d, rt)
+		if !retry {
+			return
+		}
+		lastErr = err
+		st.markTried(d.Backend)
+		b.m.retries.Inc()
+	}
+	writeError(ctx, fasthttp.StatusBadGateway, "backend_unreachable", "no backend could be reached: "+lastErr.Error())
+	p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusBadGateway)
+}
+
+// forward sends the request to b and hands the response to the client. It
+// returns retry=true only when the request never reached b.
+func (p *Proxy) forward(ctx *fasthttp.RequestCtx, t *table, b *backend, d ring.Decision, rt route) (retry bool, err error) {
+	req := &ctx.Request
+	clientClose := req.Header.ConnectionClose()
+	req.Header.ResetConnectionClose()
+	req.Header.SetHost(b.target.HostPort)
+	req.SetRequestURIBytes(ctx.RequestURI())
+
+	up := fasthttp.AcquireResponse()
+	b.inflight.Add(1)
+	sent := time.Now()
+	err = b.client.Do(req, up)
+	if clientClose {
+		req.Header.SetConnectionClose()
+	}
+	if err != nil {
+		b.inflight.Add(-1)
+		fasthttp.ReleaseResponse(up)
+		return p.upstreamFailed(ctx, b, d, rt, err)
+	}
+	b.connOK()
+
+	resp := &ctx.Response
+	up.Header.CopyTo(&resp.Header)
+	resp.Header.ResetConnectionClose()
+	resp.Header.Set(HeaderBackend, b.id)
+	resp.Header.Set(HeaderDecision, d.Reason.String())
+	resp.Header.SetBytesV(HeaderEpoch, t.epochHdr)
+	p.m.countRequest(b.m, rt, d.Reason, up.StatusCode())
+
+	bs, ok := up.BodyStream().(fasthttp.ReadCloserWithError)
+	if !ok || bs == nil {
+		// The whole body came with the headers.
+		b.m.ttfb.Observe(time.Since(sent).Seconds())
+		resp.SetBody(up.Body())
+		fasthttp.ReleaseResponse(up)
+		b.inflight.Add(-1)
+		return false, nil
+	}
+	ts := p.streams.Get().(*trackedStream)
+	*ts = trackedStream{p: p, b: b, up: up, src: bs, sent: sent}
+	resp.ImmediateHeaderFlush = true
+	resp.SetBodyStream(ts, up.Header.ContentLength())
+	return false, nil
+}
+
+// upstreamFailed answers a failed exchange, or asks for a retry when the
+// request never left this node.
+func (p *Proxy) upstreamFailed(ctx *fasthttp.RequestCtx, b *backend, d ring.Decision, rt route, err error) (bool, error) {
+	switch {
+	case errors.Is(err, ErrDial) || errors.Is(err, fasthttp.ErrDialTimeout):
+		b.m.upErrors["dial"].Inc()
+		if b.connFailed(&p.cfg, time.Now()) {
+			b.m.ejects.Inc()
+			p.log.Warn("backend ejected after connect failures", "backend", b.id, "for", p.cfg.EjectFor)
+		}
+		return true, err
+	case errors.Is(err, fasthttp.ErrNoFreeConns):
+		b.m.upErrors["no_free_conns"].Inc()
+		return true, err
+	case errors.Is(err, fasthttp.ErrTimeout):
+		b.m.upErrors["timeout"].Inc()
+		writeError(ctx, fasthttp.StatusGatewayTimeout, "upstream_timeout", "backend "+b.id+" did not answer in time")
+		p.m.countRequest(b.m, rt, d.Reason, fasthttp.StatusGatewayTimeout)
+		return false, err
+	}
+	b.m.upErrors["other"].Inc()
+	writeError(ctx, fasthttp.StatusBadGateway, "upstream_error", "backend "+b.id+" failed: "+err.Error())
+	p.m.countRequest(b.m, rt, d.Reason, fasthttp.StatusBadGateway)
+	return false, err
+}

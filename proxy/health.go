@@ -1,0 +1,90 @@
+package proxy
+
+import (
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// startProber runs the active health check until Shutdown.
+func (p *Proxy) startProber() {
+	if p.cfg.ProbePath == "" {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.proberStarted {
+		return
+	}
+	p.proberStarted = true
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		tick := time.NewTicker(p.cfg.ProbeInterval)
+		defer tick.Stop()
+		for {
+			p.probeAll()
+			select {
+			case <-p.stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+}
+
+// probeAll probes every backend of the current table in parallel and waits.
+func (p *Proxy) probeAll() {
+	t := p.tab.Load()
+	var wg sync.WaitGroup
+	for _, b := range t.bs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.probe(b)
+		}()
+	}
+	wg.Wait()
+}
+
+// probe requests ProbePath; any 2xx is a success.
+func (p *Proxy) probe(b *backend) {
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod(fasthttp.MethodGet)
+	req.SetRequestURI(p.cfg.ProbePath)
+	req.Header.SetHost(b.target.HostPort)
+	resp.StreamBody = false
+	err := b.client.DoTimeout(req, resp, p.cfg.ProbeTimeout)
+	if err == nil {
+		if s := resp.BodyStream(); s != nil {
+			_ = resp.CloseBodyStream()
+		}
+	}
+	ok := err == nil && resp.StatusCode() >= 200 && resp.StatusCode() < 300
+
+	b.probeMu.Lock()
+	defer b.probeMu.Unlock()
+	if ok {
+		b.probeFails = 0
+		b.probeOKs++
+		if b.probeDown.Load() && b.probeOKs >= p.cfg.ProbeRiseThreshold {
+			b.probeDown.Store(false)
+			p.log.Info("backend healthy again", "backend", b.id)
+		}
+		return
+	}
+	b.probeOKs = 0
+	b.probeFails++
+	if !b.probeDown.Load() && b.probeFails >= p.cfg.ProbeFailThreshold {
+		b.probeDown.Store(true)
+		reason := "status"
+		if err != nil {
+			reason = err.Error()
+		}
+		p.log.Warn("backend failed health checks", "backend", b.id, "reason", reason)
+	}
+}

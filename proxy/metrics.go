@@ -1,0 +1,130 @@
+package proxy
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/warmroute/warmroute/ring"
+)
+
+// route labels.
+type route uint8
+
+const (
+	routeChat route = iota
+	routeCompletions
+	routeInvocations
+	routeModels
+	routeOther
+	numRoutes
+)
+
+var routeNames = [numRoutes]string{"chat", "completions", "invocations", "models", "other"}
+
+// codeSlots are the statuses whose counters are cached per backend.
+var codeSlots = [...]int{200, 400, 401, 404, 408, 413, 422, 429, 499, 500, 502, 503, 504}
+
+func codeSlot(code int) int {
+	for i, c := range codeSlots {
+		if c == code {
+			return i
+		}
+	}
+	return -1
+}
+
+const numReasons = 8
+
+// metrics are the proxy's Prometheus series.
+type metrics struct {
+	requests  *prometheus.CounterVec
+	decision  prometheus.Histogram
+	ttfb      *prometheus.HistogramVec
+	retries   *prometheus.CounterVec
+	aborts    *prometheus.CounterVec
+	ejections *prometheus.CounterVec
+	upErrors  *prometheus.CounterVec
+	none      *backendMetrics // requests that reached no backend
+}
+
+// requestCounters caches resolved counters so the request path does not
+// hash label values.
+type requestCounters [numRoutes][numReasons][len(codeSlots)]atomic.Pointer[prometheus.Counter]
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmroute_requests_total",
+			Help: "Requests by route, routing decision, backend and HTTP status.",
+		}, []string{"route", "decision", "backend", "code"}),
+		decision: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "warmroute_routing_decision_seconds",
+			Help:    "Time to read the routing key and pick a backend.",
+			Buckets: []float64{250e-9, 500e-9, 1e-6, 2e-6, 5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 1e-3},
+		}),
+		ttfb: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "warmroute_upstream_first_byte_seconds",
+			Help:    "Time from sending a request to a backend to its first response body byte (time to first token for streams).",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"backend"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmroute_retries_total",
+			Help: "Requests retried on another backend because they never reached this one.",
+		}, []string{"backend"}),
+		aborts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmroute_client_aborts_total",
+			Help: "Streams cut short because the client went away; the upstream stream was closed.",
+		}, []string{"backend"}),
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmroute_backend_ejections_total",
+			Help: "Passive ejections after consecutive connect failures.",
+		}, []string{"backend"}),
+		upErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmroute_upstream_errors_total",
+			Help: "Failed upstream exchanges by kind: dial, timeout, no_free_conns, other.",
+		}, []string{"backend", "kind"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.decision, m.ttfb, m.retries, m.aborts, m.ejections, m.upErrors)
+	}
+	m.none = &backendMetrics{}
+	return m
+}
+
+func (m *metrics) forBackend(id string) *backendMetrics {
+	bm := &backendMetrics{
+		id:       id,
+		ttfb:     m.ttfb.WithLabelValues(id),
+		retries:  m.retries.WithLabelValues(id),
+		aborts:   m.aborts.WithLabelValues(id),
+		ejects:   m.ejections.WithLabelValues(id),
+		upErrors: map[string]prometheus.Counter{},
+	}
+	for _, k := range []string{"dial", "timeout", "no_free_conns", "other"} {
+		bm.upErrors[k] = m.upErrors.WithLabelValues(id, k)
+	}
+	return bm
+}
+
+// countRequest increments warmroute_requests_total without allocating for
+// the common statuses.
+func (m *metrics) countRequest(bm *backendMetrics, rt route, why ring.Reason, code int) {
+	slot := codeSlot(code)
+	if slot < 0 || int(why) >= numReasons {
+		m.requests.WithLabelValues(routeNames[rt], why.String(), bm.id, statusLabel(code)).Inc()
+		return
+	}
+	p := &bm.reqs[rt][why][slot]
+	c := p.Load()
+	if c == nil {
+		cc := m.requests.WithLabelValues(routeNames[rt], why.String(), bm.id, statusLabel(code))
+		p.Store(&cc)
+		c = &cc
+	}
+	(*c).Inc()
+}
+
+func (m *metrics) observeDecision(start time.Time) {
+	m.decision.Observe(time.Since(start).Seconds())
+}

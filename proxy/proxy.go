@@ -1,0 +1,300 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+	"github.com/warmroute/warmroute/ring"
+)
+
+// Header names the proxy reads and writes.
+const (
+	HeaderTenant   = "X-Amzn-SageMaker-Prefix-Aware-Id"
+	HeaderBackend  = "X-Warmroute-Backend"
+	HeaderDecision = "X-Warmroute-Decision"
+	HeaderEpoch    = "X-Warmroute-Epoch"
+)
+
+// table is one routing snapshot: a ring and the live backend state in the
+// ring's index order.
+type table struct {
+	ring  *ring.Ring
+	bs    []*backend
+	epoch uint64
+	// epochHdr is the epoch pre-rendered for the response header.
+	epochHdr []byte
+}
+
+// Proxy is the request path of one router node. Create it with New, feed it
+// rings with SetRing, serve with Serve, stop with Shutdown.
+type Proxy struct {
+	cfg Config
+	log *slog.Logger
+	m   *metrics
+
+	tab atomic.Pointer[table]
+
+	mu       sync.Mutex // serialises SetRing; guards backends
+	backends map[string]*backend
+
+	states  sync.Pool // *reqState
+	streams sync.Pool // *trackedStream
+
+	server        *fasthttp.Server
+	proberStarted bool // guarded by mu
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+// New builds a proxy with an empty ring. Validate errors are returned.
+func New(cfg Config) (*Proxy, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("proxy config: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	p := &Proxy{
+		cfg:      cfg,
+		log:      log,
+		m:        newMetrics(cfg.Registry),
+		backends: map[string]*backend{},
+		stop:     make(chan struct{}),
+	}
+	p.states.New = func() any { return new(reqState) }
+	p.streams.New = func() any { return new(trackedStream) }
+	empty, _ := ring.New(ring.DefaultConfig(), nil)
+	p.tab.Store(&table{ring: empty, epochHdr: []byte("0")})
+	if cfg.Registry != nil {
+		cfg.Registry.MustRegister(&backendCollector{p: p})
+	}
+	p.server = &fasthttp.Server{
+		Handler:                       p.Handle,
+		ErrorHandler:                  p.handleServerError,
+		Name:                          "warmroute",
+		Concurrency:                   cfg.MaxConns,
+		MaxRequestBodySize:            cfg.MaxRequestBodySize,
+		ReadBufferSize:                cfg.MaxHeaderBytes,
+		ReadTimeout:                   cfg.ReadTimeout,
+		IdleTimeout:                   cfg.IdleTimeout,
+		DisableHeaderNamesNormalizing: false,
+		NoDefaultServerHeader:         true,
+		NoDefaultContentType:          true,
+		CloseOnShutdown:               true,
+		ReduceMemoryUsage:             false,
+		Logger:                        fasthttpLogger{log},
+	}
+	return p, nil
+}
+
+// SetRing installs a new ring snapshot. Backends keep their counters across
+// snapshots (matched by ID and address); backends no longer in the ring
+// stop being probed and are forgotten once their streams end.
+func (p *Proxy) SetRing(r *ring.Ring, epoch uint64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := &table{ring: r, bs: make([]*backend, r.Len()), epoch: epoch, epochHdr: strconv.AppendUint(nil, epoch, 10)}
+	next := make(map[string]*backend, r.Len())
+	for i, rb := range r.Backends() {
+		target, err := ParseTarget(rb.Addr)
+		if err != nil {
+			return fmt.Errorf("backend %s: %w", rb.ID, err)
+		}
+		b := p.backends[rb.ID]
+		if b == nil || b.target != target {
+			b = newBackend(rb.ID, target, &p.cfg, p.m)
+		}
+		t.bs[i] = b
+		next[rb.ID] = b
+	}
+	p.backends = next
+	p.tab.Store(t)
+	return nil
+}
+
+// Ring returns the current snapshot and its epoch.
+func (p *Proxy) Ring() (*ring.Ring, uint64) {
+	t := p.tab.Load()
+	return t.ring, t.epoch
+}
+
+// SetRemote records the in-flight count the other router nodes report for a
+// backend, and whether its engine reports queued requests. Unknown IDs are
+// ignored.
+func (p *Proxy) SetRemote(id string, inflight int64, busy bool) {
+	t := p.tab.Load()
+	if i, ok := t.ring.Index(id); ok {
+		b := t.bs[i]
+		b.remote.Store(inflight)
+		b.busy.Store(busy)
+	}
+}
+
+// BackendLoad is one backend's own in-flight count on this node.
+type BackendLoad struct {
+	Backend  string
+	InFlight int64
+}
+
+// AppendInFlight appends this node's exact in-flight count per backend.
+func (p *Proxy) AppendInFlight(dst []BackendLoad) []BackendLoad {
+	for _, b := range p.tab.Load().bs {
+		dst = append(dst, BackendLoad{Backend: b.id, InFlight: b.inflight.Load()})
+	}
+	return dst
+}
+
+// BackendStatus is a backend's live state for status pages.
+type BackendStatus struct {
+	ID             string `json:"id"`
+	Addr           string `json:"addr"`
+	Zone           string `json:"zone,omitempty"`
+	State          string `json:"state"`
+	Healthy        bool   `json:"healthy"`
+	ProbeDown      bool   `json:"probe_down"`
+	Ejected        bool   `json:"ejected"`
+	Busy           bool   `json:"busy"`
+	InFlight       int64  `json:"in_flight"`
+	RemoteInFlight int64  `json:"remote_in_flight"`
+	Limit          int64  `json:"limit"`
+}
+
+// Status reports every backend of the current snapshot.
+func (p *Proxy) Status() []BackendStatus {
+	t := p.tab.Load()
+	now := time.Now().UnixNano()
+	out := make([]BackendStatus, len(t.bs))
+	for i, b := range t.bs {
+		rb := t.ring.Backend(i)
+		out[i] = BackendStatus{
+			ID: b.id, Addr: rb.Addr, Zone: rb.Zone, State: rb.State.String(),
+			Healthy:   rb.State == ring.Active && b.available(now),
+			ProbeDown: b.probeDown.Load(), Ejected: b.ejectedUntil.Load() > now,
+			Busy: b.busy.Load(), InFlight: b.inflight.Load(), RemoteInFlight: b.remote.Load(),
+			Limit: t.ring.Limit(i),
+		}
+	}
+	return out
+}
+
+// Ready reports whether at least one backend can take a request.
+func (p *Proxy) Ready() bool {
+	t := p.tab.Load()
+	now := time.Now().UnixNano()
+	for i, b := range t.bs {
+		if t.ring.Backend(i).State == ring.Active && b.available(now) {
+			return true
+		}
+	}
+	return false
+}
+
+// Explain tells where a request with this body and tenant header would go
+// and why, without sending it.
+func (p *Proxy) Explain(api ring.API, body, tenant []byte) (ring.KeyInfo, ring.Explanation, error) {
+	t := p.tab.Load()
+	var info ring.KeyInfo
+	if err := ring.Extract(t.ring.Config().KeyConfig, api, body, tenant, &info); err != nil {
+		return info, ring.Explanation{}, err
+	}
+	st := &reqState{}
+	st.reset(t)
+	return info, t.ring.Explain(info.Key, st), nil
+}
+
+// Serve accepts client connections on ln until Shutdown. It also runs the
+// active health checks.
+func (p *Proxy) Serve(ln net.Listener) error {
+	p.startProber()
+	err := p.server.Serve(ln)
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// Handler exposes the request handler, for tests and embedding.
+func (p *Proxy) Handler() fasthttp.RequestHandler { return p.Handle }
+
+// StartHealthChecks starts the active prober without serving, for
+// embedding; Serve calls it. Safe to call more than once.
+func (p *Proxy) StartHealthChecks() { p.startProber() }
+
+// Shutdown stops accepting connections and waits, until ctx ends, for open
+// requests and streams to finish; then it closes what is left. It stops the
+// health checks. Safe to call more than once.
+func (p *Proxy) Shutdown(ctx context.Context) error {
+	p.stopOnce.Do(func() { close(p.stop) })
+	err := p.server.ShutdownWithContext(ctx)
+	p.wg.Wait()
+	return err
+}
+
+// fasthttpLogger routes fasthttp's own messages to slog.
+type fasthttpLogger struct{ l *slog.Logger }
+
+func (f fasthttpLogger) Printf(format string, args ...any) {
+	f.l.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
+}
+
+// backendCollector exports per-backend gauges read from the atomics at
+// scrape time, so the request path pays nothing for them.
+type backendCollector struct{ p *Proxy }
+
+var (
+	descInFlight = prometheus.NewDesc("warmroute_backend_in_flight",
+		"In-flight requests per backend: scope=own is this node's exact count, scope=global adds the other nodes' reported counts.",
+		[]string{"backend", "scope"}, nil)
+	descHealthy = prometheus.NewDesc("warmroute_backend_healthy",
+		"1 when the backend may take requests (active, passing health checks, not ejected).",
+		[]string{"backend"}, nil)
+	descBusy = prometheus.NewDesc("warmroute_backend_busy",
+		"1 when the backend's engine reports queued requests.",
+		[]string{"backend"}, nil)
+	descLimit = prometheus.NewDesc("warmroute_backend_limit",
+		"The backend's concurrency limit (ConcurrencyThreshold x weight).",
+		[]string{"backend"}, nil)
+	descEpoch = prometheus.NewDesc("warmroute_ring_epoch",
+		"The epoch of the ring snapshot in use.", nil, nil)
+	descBackends = prometheus.NewDesc("warmroute_ring_backends",
+		"Backends in the ring snapshot in use.", nil, nil)
+)
+
+func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descInFlight, descHealthy, descBusy, descLimit, descEpoch, descBackends} {
+		ch <- d
+	}
+}
+
+func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
+	t := c.p.tab.Load()
+	now := time.Now().UnixNano()
+	b2f := func(v bool) float64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	for i, b := range t.bs {
+		own := b.inflight.Load()
+		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(own), b.id, "own")
+		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(own+b.remote.Load()), b.id, "global")
+		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, b2f(t.ring.Backend(i).State == ring.Active && b.available(now)), b.id)
+		ch <- prometheus.MustNewConstMetric(descBusy, prometheus.GaugeValue, b2f(b.busy.Load()), b.id)
+		ch <- prometheus.MustNewConstMetric(descLimit, prometheus.GaugeValue, float64(t.ring.Limit(i)), b.id)
+	}
+	ch <- prometheus.MustNewConstMetric(descEpoch, prometheus.GaugeValue, float64(t.epoch))
+	ch <- prometheus.MustNewConstMetric(descBackends, prometheus.GaugeValue, float64(len(t.bs)))
+}

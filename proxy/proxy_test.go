@@ -1,0 +1,595 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/warmroute/warmroute/ring"
+)
+
+// stub is a fake engine: it records requests and answers with handler.
+type stub struct {
+	name string
+	srv  *httptest.Server
+	hits atomic.Int64
+}
+
+func newStub(t *testing.T, name string, h http.HandlerFunc) *stub {
+	t.Helper()
+	s := &stub{name: name}
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			return
+		}
+		s.hits.Add(1)
+		w.Header().Set("X-Stub", name)
+		if h != nil {
+			h(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, `{"id":"x","object":"chat.completion","backend":%q}`, name)
+	}))
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+type harness struct {
+	p    *Proxy
+	url  string
+	reg  *prometheus.Registry
+	ring *ring.Ring
+}
+
+func startProxy(t *testing.T, pcfg Config, rcfg ring.Config, stubs ...*stub) *harness {
+	t.Helper()
+	var bs []ring.Backend
+	for _, s := range stubs {
+		tg, err := ParseTarget(s.srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs = append(bs, ring.Backend{ID: tg.HostPort, Addr: s.srv.URL})
+	}
+	return startProxyBackends(t, pcfg, rcfg, bs)
+}
+
+func startProxyBackends(t *testing.T, pcfg Config, rcfg ring.Config, bs []ring.Backend) *harness {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	pcfg.Registry = reg
+	p, err := New(pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := ring.New(rcfg, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.SetRing(r, 7); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		p.Shutdown(ctx)
+		<-done
+	})
+	return &harness{p: p, url: "http://" + ln.Addr().String(), reg: reg, ring: r}
+}
+
+func testProxyConfig() Config {
+	c := DefaultConfig()
+	c.ProbeInterval = 50 * time.Millisecond
+	c.ProbeTimeout = 500 * time.Millisecond
+	c.EjectFor = time.Minute
+	return c
+}
+
+func chatReq(prompt string, extra string) string {
+	return fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]%s}`, prompt, extra)
+}
+
+func post(t *testing.T, url, body string, hdr ...string) (*http.Response, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
+func TestForwardAndHeaders(t *testing.T) {
+	a := newStub(t, "a", nil)
+	h := startProxy(t, testProxyConfig(), ring.DefaultConfig(), a)
+	resp, body := post(t, h.url+"/v1/chat/completions", chatReq("hello", ""))
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	if !strings.Contains(string(body), `"backend":"a"`) {
+		t.Fatalf("body %s", body)
+	}
+	if got := resp.Header.Get(HeaderBackend); got != strings.TrimPrefix(a.srv.URL, "http://") {
+		t.Errorf("%s = %q", HeaderBackend, got)
+	}
+	if got := resp.Header.Get(HeaderDecision); got != "affinity" {
+		t.Errorf("%s = %q", HeaderDecision, got)
+	}
+	if got := resp.Header.Get(HeaderEpoch); got != "7" {
+		t.Errorf("%s = %q", HeaderEpoch, got)
+	}
+	if resp.Header.Get("X-Stub") != "a" {
+		t.Error("backend headers not passed through")
+	}
+	if n := testutil.ToFloat64(h.p.m.requests.WithLabelValues("chat", "affinity", strings.TrimPrefix(a.srv.URL, "http://"), "200")); n != 1 {
+		t.Errorf("requests_total = %v", n)
+	}
+}
+
+func TestBackendErrorsPassThrough(t *testing.T) {
+	a := newStub(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(429)
+		io.WriteString(w, `{"error":{"message":"slow down","type":"rate_limit_error","code":"x"}}`)
+	})
+	h := startProxy(t, testProxyConfig(), ring.DefaultConfig(), a)
+	resp, body := post(t, h.url+"/v1/completions", `{"model":"m","prompt":"x"}`)
+	if resp.StatusCode != 429 || string(body) != `{"error":{"message":"slow down","type":"rate_limit_error","code":"x"}}` {
+		t.Fatalf("got %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestStreamingIsUnbuffered(t *testing.T) {
+	release := make(chan struct{})
+	a := newStub(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		io.WriteString(w, "data: {\"n\":1}\n\n")
+		fl.Flush()
+		select { // the second event only after the client saw the first
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+		for i := 2; i <= 5; i++ {
+			fmt.Fprintf(w, "data: {\"n\":%d}\n\n", i)
+			fl.Flush()
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+	})
+	h := startProxy(t, testProxyConfig(), ring.DefaultConfig(), a)
+	req, _ := http.NewRequest("POST", h.url+"/v1/chat/completions", strings.NewReader(chatReq("stream me", `,"stream":true`)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Errorf("content type %q", ct)
+	}
+	br := bufio.NewReader(resp.Body)
+	got := make(chan string, 1)
+	go func() {
+		line, _ := br.ReadString('\n')
+		got <- line
+	}()
+	select {
+	case line := <-got:
+		if line != "data: {\"n\":1}\n" {
+			t.Fatalf("first line %q", line)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("first SSE event did not arrive before the stream ended: the proxy buffers")
+	}
+	close(release)
+	rest, _ := io.ReadAll(br)
+	if !strings.HasSuffix(string(rest), "data: [DONE]\n\n") || strings.Count(string(rest), "data: ") != 5 {
+		t.Fatalf("rest of stream %q", rest)
+	}
+	waitFor(t, func() bool { return h.p.Status()[0].InFlight == 0 }, "in-flight back to 0")
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestAffinity(t *testing.T) {
+	stubs := []*stub{newStub(t, "a", nil), newStub(t, "b", nil), newStub(t, "c", nil), newStub(t, "d", nil)}
+	h := startProxy(t, testProxyConfig(), ring.DefaultConfig(), stubs...)
+	seen := map[string]string{}
+	for i := 0; i < 40; i++ {
+		prompt := fmt.Sprintf("conversation %d", i%8)
+		// different sampling fields and suffix-free bodies: same key
+		resp, _ := post(t, h.url+"/v1/chat/completions", chatReq(prompt, fmt.Sprintf(`,"temperature":0.%d`, i%10)))
+		be := resp.Header.Get(HeaderBackend)
+		if prev, ok := seen[prompt]; ok && prev != be {
+			t.Fatalf("prompt %q went to %s then %s", prompt, prev, be)
+		}
+		seen[prompt] = be
+	}
+	distinct := map[string]bool{}
+	for _, b := range seen {
+		distinct[b] = true
+	}
+	if len(distinct) < 2 {
+		t.Errorf("8 prompts all on %d backend(s)", len(distinct))
+	}
+}
+
+// holdStub answers after release is closed; it counts concurrent requests.
+func holdStub(t *testing.T, name string, release chan struct{}, cur *atomic.Int64) *stub {
+	return newStub(t, name, func(w http.ResponseWriter, r *http.Request) {
+		cur.Add(1)
+		defer cur.Add(-1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		io.WriteString(w, `{}`)
+	})
+}
+
+func TestOverflowAtThreshold(t *testing.T) {
+	release := make(chan struct{})
+	var curs [3]atomic.Int64
+	stubs := []*stub{holdStub(t, "a", release, &curs[0]), holdStub(t, "b", release, &curs[1]), holdStub(t, "c", release, &curs[2])}
+	rcfg := ring.DefaultConfig()
+	rcfg.ConcurrencyThreshold = 2
+	h := startProxy(t, testProxyConfig(), rcfg, stubs...)
+	body := chatReq("the shared prefix", "")
+
+	type result struct{ backend, decision string }
+	results := make(chan result, 4)
+	var wg sync.WaitGroup
+	send := func() {
+		defer wg.Done()
+		resp, _ := post(t, h.url+"/v1/chat/completions", body)
+		results <- result{resp.Header.Get(HeaderBackend), resp.Header.Get(HeaderDecision)}
+	}
+	owner := func() (int, int64) {
+		for i, s := range h.p.Status() {
+			if s.InFlight > 0 {
+				return i, s.InFlight
+			}
+		}
+		return -1, 0
+	}
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go send()
+	}
+	waitFor(t, func() bool { _, n := owner(); return n == 2 }, "2 in flight on the owner")
+	ownerIdx, _ := owner()
+	ownerID := h.p.Status()[ownerIdx].ID
+	wg.Add(1)
+	go send()
+	waitFor(t, func() bool {
+		n := int64(0)
+		for _, s := range h.p.Status() {
+			n += s.InFlight
+		}
+		return n == 3
+	}, "third request in flight")
+	if st := h.p.Status()[ownerIdx]; st.InFlight != 2 {
+		t.Fatalf("owner has %d in flight, want 2 (threshold)", st.InFlight)
+	}
+	close(release)
+	wg.Wait()
+	close(results)
+	var aff, over int
+	for r := range results {
+		switch {
+		case r.backend == ownerID && r.decision == "affinity":
+			aff++
+		case r.backend != ownerID && r.decision == "overflow":
+			over++
+		default:
+			t.Errorf("unexpected result %+v (owner %s)", r, ownerID)
+		}
+	}
+	if aff != 2 || over != 1 {
+		t.Fatalf("affinity %d overflow %d, want 2 and 1", aff, over)
+	}
+}
+
+func TestDeadBackendSkipped(t *testing.T) {
+	a := newStub(t, "a", nil)
+	b := newStub(t, "b", nil)
+	c := newStub(t, "c", nil)
+	cfg := testProxyConfig()
+	cfg.ProbePath = "" // passive ejection only
+	cfg.EjectAfter = 1
+	h := startProxy(t, cfg, ring.DefaultConfig(), a, b, c)
+	dead := strings.TrimPrefix(b.srv.URL, "http://")
+	b.srv.Close()
+	for i := 0; i < 60; i++ {
+		resp, body := post(t, h.url+"/v1/chat/completions", chatReq(fmt.Sprintf("prompt %d", i), ""))
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+		if resp.Header.Get(HeaderBackend) == dead {
+			t.Fatal("routed to the dead backend")
+		}
+	}
+	for _, s := range h.p.Status() {
+		if s.ID == dead && !s.Ejected {
+			t.Error("dead backend not ejected")
+		}
+	}
+	if n := testutil.ToFloat64(h.p.m.retries.WithLabelValues(dead)); n < 1 {
+		t.Errorf("retries on the dead backend = %v, want >= 1", n)
+	}
+}
+
+func TestActiveHealthCheck(t *testing.T) {
+	var healthy atomic.Bool
+	healthy.Store(true)
+	a := newStub(t, "a", nil)
+	b := &stub{name: "b"}
+	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" && !healthy.Load() {
+			w.WriteHeader(503)
+			return
+		}
+		b.hits.Add(1)
+		io.WriteString(w, `{}`)
+	}))
+	defer b.srv.Close()
+	h := startProxy(t, testProxyConfig(), ring.DefaultConfig(), a, b)
+	bid := strings.TrimPrefix(b.srv.URL, "http://")
+	healthy.Store(false)
+	waitFor(t, func() bool {
+		for _, s := range h.p.Status() {
+			if s.ID == bid {
+				return s.ProbeDown
+			}
+		}
+		return false
+	}, "probe to mark b down")
+	b.hits.Store(0)
+	for i := 0; i < 30; i++ {
+		if resp, _ := post(t, h.url+"/v1/chat/completions", chatReq(fmt.Sprintf("p%d", i), "")); resp.StatusCode != 200 {
+			t.Fatal(resp.StatusCode)
+		}
+	}
+	if b.hits.Load() != 0 {
+		t.Fatalf("unhealthy backend got %d requests", b.hits.Load())
+	}
+	healthy.Store(true)
+	waitFor(t, func() bool {
+		for _, s := range h.p.Status() {
+			if s.ID == bid {
+				return !s.ProbeDown
+			}
+		}
+		return false
+	}, "probe to mark b up")
+}
+
+func TestClientDisconnectStopsUpstream(t *testing.T) {
+	upstreamDone := make(chan struct{})
+	a := newStub(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		defer close(upstreamDone)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		for i := 0; i < 100000; i++ {
+			if _, err := fmt.Fprintf(w, "data: {\"token\":%d}\n\n", i); err != nil {
+				return
+			}
+			fl.Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		t.Error("upstream stream ran to the end: the client disconnect did not reach it")
+	})
+	h := startProxy(t, testProxyConfig(), ring.DefaultConfig(), a)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := chatReq("long generation", `,"stream":true`)
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	br := bufio.NewReader(conn)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(line, "data: ") {
+			break
+		}
+	}
+	conn.Close()
+	select {
+	case <-upstreamDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("upstream kept streaming after the client left")
+	}
+	id := strings.TrimPrefix(a.srv.URL, "http://")
+	waitFor(t, func() bool { return testutil.ToFloat64(h.p.m.aborts.WithLabelValues(id)) == 1 }, "client abort counted")
+	waitFor(t, func() bool { return h.p.Status()[0].InFlight == 0 }, "in-flight back to 0")
+}
+
+func decodeError(t *testing.T, body []byte) apiErrorBody {
+	t.Helper()
+	var e apiError
+	if err := json.Unmarshal(body, &e); err != nil || e.Error.Message == "" || e.Error.Type == "" {
+		t.Fatalf("not an OpenAI error: %s (%v)", body, err)
+	}
+	return e.Error
+}
+
+func TestErrors(t *testing.T) {
+	a := newStub(t, "a", nil)
+	cfg := testProxyConfig()
+	cfg.MaxRequestBodySize = 64 << 10
+	h := startProxy(t, cfg, ring.DefaultConfig(), a)
+	cases := []struct {
+		method, path, body string
+		hdr                []string
+		status             int
+		code               string
+	}{
+		{"POST", "/v1/chat/completions", `{"model":`, nil, 400, "invalid_json"},
+		{"POST", "/v1/chat/completions", `{"model":"m","messages":"x"}`, nil, 400, "invalid_request"},
+		{"POST", "/v1/chat/completions", chatReq("x", ""), []string{HeaderTenant, strings.Repeat("t", 65)}, 400, "invalid_prefix_aware_id"},
+		{"GET", "/v1/chat/completions", "", nil, 405, "method_not_allowed"},
+		{"POST", "/v1/nope", "{}", nil, 404, "not_found"},
+		{"POST", "/v1/chat/completions", chatReq(strings.Repeat("x", 70<<10), ""), nil, 413, "body_too_large"},
+	}
+	for _, c := range cases {
+		req, _ := http.NewRequest(c.method, h.url+c.path, strings.NewReader(c.body))
+		for i := 0; i+1 < len(c.hdr); i += 2 {
+			req.Header.Set(c.hdr[i], c.hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", c.method, c.path, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status {
+			t.Errorf("%s %s: status %d, want %d (%s)", c.method, c.path, resp.StatusCode, c.status, body)
+			continue
+		}
+		if e := decodeError(t, body); e.Code != c.code {
+			t.Errorf("%s %s: code %q, want %q", c.method, c.path, e.Code, c.code)
+		}
+		if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("%s %s: content type %q", c.method, c.path, ct)
+		}
+	}
+	if a.hits.Load() != 0 {
+		t.Errorf("bad requests reached the backend %d times", a.hits.Load())
+	}
+}
+
+func TestNoBackendAndUnreachable(t *testing.T) {
+	h := startProxyBackends(t, testProxyConfig(), ring.DefaultConfig(), nil)
+	resp, body := post(t, h.url+"/v1/chat/completions", chatReq("x", ""))
+	if resp.StatusCode != 503 || decodeError(t, body).Code != "no_healthy_backend" {
+		t.Fatalf("empty ring: %d %s", resp.StatusCode, body)
+	}
+	if r, _ := http.Get(h.url + "/readyz"); r.StatusCode != 503 {
+		t.Errorf("readyz with no backend: %d", r.StatusCode)
+	}
+	if r, _ := http.Get(h.url + "/ping"); r.StatusCode != 503 {
+		t.Errorf("ping with no backend: %d", r.StatusCode)
+	}
+
+	// Two backends that refuse connections: 502 after trying both.
+	var bs []ring.Backend
+	for i := 0; i < 2; i++ {
+		ln, _ := net.Listen("tcp", "127.0.0.1:0")
+		addr := ln.Addr().String()
+		ln.Close()
+		bs = append(bs, ring.Backend{ID: addr, Addr: "http://" + addr})
+	}
+	cfg := testProxyConfig()
+	cfg.ProbePath = ""
+	h2 := startProxyBackends(t, cfg, ring.DefaultConfig(), bs)
+	resp, body = post(t, h2.url+"/v1/chat/completions", chatReq("x", ""))
+	if resp.StatusCode != 502 || decodeError(t, body).Code != "backend_unreachable" {
+		t.Fatalf("unreachable: %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestFirstByteTimeout(t *testing.T) {
+	a := newStub(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body) // net/http notices a closed client only after the body was read
+		select {
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second):
+		}
+	})
+	cfg := testProxyConfig()
+	cfg.FirstByteTimeout = 200 * time.Millisecond
+	cfg.ProbePath = ""
+	h := startProxy(t, cfg, ring.DefaultConfig(), a)
+	resp, body := post(t, h.url+"/v1/chat/completions", chatReq("x", ""))
+	if resp.StatusCode != 504 || decodeError(t, body).Code != "upstream_timeout" {
+		t.Fatalf("got %d %s", resp.StatusCode, body)
+	}
+	if a.hits.Load() != 1 {
+		t.Fatalf("a timed-out request was retried: %d hits", a.hits.Load())
+	}
+}
+
+func TestHealthEndpoints(t *testing.T) {
+	a := newStub(t, "a", nil)
+	h := startProxy(t, testProxyConfig(), ring.DefaultConfig(), a)
+	for path, want := range map[string]int{"/healthz": 200, "/readyz": 200, "/ping": 200} {
+		r, err := http.Get(h.url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		if r.StatusCode != want {
+			t.Errorf("%s: %d", path, r.StatusCode)
+		}
+		if path == "/ping" && len(b) != 0 {
+			t.Errorf("/ping body %q, want empty", b)
+		}
+	}
+	r, err := http.Get(h.url + "/v1/models")
+	if err != nil || r.StatusCode != 200 || r.Header.Get(HeaderBackend) == "" {
+		t.Fatalf("/v1/models: %v %v", err, r)
+	}
+}
+
+func TestParseTarget(t *testing.T) {
+	for in, want := range map[string]Target{
+		"http://10.0.0.1:8000": {HostPort: "10.0.0.1:8000"},
+		"10.0.0.1:8000":        {HostPort: "10.0.0.1:8000"},
+		"https://gpu.example":  {HostPort: "gpu.example:443", TLS: true},
+		"http://[::1]:9000/":   {HostPort: "[::1]:9000"},
+		" http://h:1 ":         {HostPort: "h:1"},
+	} {
+		got, err := ParseTarget(in)
+		if err != nil || got != want {
+			t.Errorf("ParseTarget(%q) = %+v, %v", in, got, err)
+		}
+	}
+	for _, bad := range []string{"", "ftp://x:1", "http://", "http://h:1/v1", "http://h:bad"} {
+		if _, err := ParseTarget(bad); err == nil {
+			t.Errorf("ParseTarget(%q) accepted", bad)
+		}
+	}
+}
