@@ -1,0 +1,11 @@
+// Package fleet starts a local fleet as child processes of one executable:
+// a gpusim process serving N simulated GPU instances on consecutive
+// loopback ports, and K router processes in front of them. It is how a
+// comparison gets a cold fleet for every run, and how `warmroute demo`
+// runs without any set-up.
+//
+// Children run in their own process groups (so a Ctrl-C in the terminal
+// reaches only the parent, which then stops them in order) and, on Linux,
+// die with the parent if it is killed. Close sends SIGTERM to each group,
+// then SIGKILL after a grace period, and waits: no child outlives a Fleet.
+package fleet
