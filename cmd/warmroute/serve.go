@@ -3,10 +3,194 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"os"
+	"strings"
+
+	"github.com/warmroute/warmroute/node"
 )
 
-// TODO: placeholder until the serve subcommand is built.
-func cmdServe(_ context.Context, _ []string, _, _ io.Writer) error {
-	return errors.New("serve: not built yet")
+// backendsFlag parses --backends: a comma-separated list of
+// "[id=]url[;zone=z][;weight=n]".
+type backendsFlag struct{ dst *[]node.BackendSpec }
+
+func (f backendsFlag) String() string {
+	if f.dst == nil {
+		return ""
+	}
+	var parts []string
+	for _, b := range *f.dst {
+		parts = append(parts, b.URL)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (f backendsFlag) Set(v string) error {
+	var out []node.BackendSpec
+	for _, s := range strings.Split(v, ",") {
+		if strings.TrimSpace(s) == "" {
+			continue
+		}
+		b, err := node.ParseBackendSpec(s)
+		if err != nil {
+			return err
+		}
+		out = append(out, b)
+	}
+	*f.dst = out
+	return nil
+}
+
+// serveFlags binds every serve flag to cfg. It is the one table flags,
+// environment variables (WARMROUTE_<FLAG>, '-' as '_') and --help come from;
+// YAML keys are listed in docs/configuration.md.
+func serveFlags(fs *flag.FlagSet, cfg *node.Config) (configPath *string) {
+	configPath = fs.String("config", "", "YAML config file (flags and WARMROUTE_* variables override it)")
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing listen address (OpenAI API, /invocations, /ping)")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin listen address: /metrics, /status, /debug/route")
+	fs.Var(backendsFlag{&cfg.Backends}, "backends", "comma-separated backend base URLs, each `[id=]url[;zone=z][;weight=n]` (id defaults to host:port)")
+
+	r := &cfg.Routing
+	fs.TextVar(&r.Strategy, "strategy", r.Strategy, "routing strategy: PREFIX_AWARE, RANDOM, LEAST_OUTSTANDING_REQUESTS, ROUND_ROBIN, CONSISTENT_HASH")
+	fs.TextVar(&r.Strategy, "RoutingStrategy", r.Strategy, "SageMaker name for --strategy")
+	fs.IntVar(&r.PrefixLength, "prefix-length", r.PrefixLength, "bytes of prompt text that form the routing key (1024-65536)")
+	fs.IntVar(&r.PrefixLength, "PrefixLength", r.PrefixLength, "SageMaker name for --prefix-length")
+	fs.IntVar(&r.ConcurrencyThreshold, "concurrency-threshold", r.ConcurrencyThreshold, "in-flight requests per backend at which PREFIX_AWARE overflows (1-1024)")
+	fs.IntVar(&r.ConcurrencyThreshold, "ConcurrencyThreshold", r.ConcurrencyThreshold, "SageMaker name for --concurrency-threshold")
+	fs.Float64Var(&r.LoadFactor, "load-factor", r.LoadFactor, "also cap a backend at this multiple of the fleet's average in-flight (bounded loads); 0 = off, else >= 1")
+	fs.BoolVar(&r.InvocationsJSON, "invocations-json", r.InvocationsJSON, "/invocations: key on prompt fields of JSON bodies (messages, prompt, inputs) instead of the raw body")
+	fs.BoolVar(&r.BusyIsFull, "busy-is-full", r.BusyIsFull, "treat a backend whose engine reports queued requests as over its limit")
+	fs.IntVar(&r.OverflowDepth, "overflow-depth", r.OverflowDepth, "backends in each partition's overflow order before falling back to least-loaded")
+	fs.IntVar(&r.PartitionCount, "partition-count", r.PartitionCount, "ring partitions; 0 = chosen from the backend count")
+
+	l := &cfg.Limits
+	fs.TextVar(&l.MaxBodySize, "max-body-size", l.MaxBodySize, "largest request body accepted (413 above)")
+	fs.TextVar(&l.MaxHeaderSize, "max-header-size", l.MaxHeaderSize, "largest request header block accepted (431 above)")
+	fs.DurationVar(&l.ReadTimeout, "read-timeout", l.ReadTimeout, "time allowed to read a request's headers and body")
+	fs.DurationVar(&l.IdleTimeout, "idle-timeout", l.IdleTimeout, "close client keep-alive connections idle this long")
+	fs.IntVar(&l.MaxConns, "max-conns", l.MaxConns, "concurrent client connections")
+
+	u := &cfg.Upstream
+	fs.DurationVar(&u.ConnectTimeout, "connect-timeout", u.ConnectTimeout, "time allowed to connect to a backend")
+	fs.DurationVar(&u.FirstByteTimeout, "first-byte-timeout", u.FirstByteTimeout, "time allowed for a backend to start answering (504 after)")
+	fs.DurationVar(&u.StreamIdleTimeout, "stream-idle-timeout", u.StreamIdleTimeout, "longest gap allowed between chunks of a streamed response")
+	fs.IntVar(&u.MaxConnsPerBackend, "max-conns-per-backend", u.MaxConnsPerBackend, "upstream connections per backend")
+	fs.DurationVar(&u.MaxConnWait, "max-conn-wait", u.MaxConnWait, "wait for a free upstream connection before trying another backend")
+	fs.DurationVar(&u.IdleConnTimeout, "upstream-idle-conn-timeout", u.IdleConnTimeout, "close idle upstream connections after this (keep below the engine's keep-alive, 5s for vLLM)")
+	fs.IntVar(&u.Retries, "retries", u.Retries, "other backends to try when a request could not reach one")
+
+	h := &cfg.Health
+	fs.StringVar(&h.ProbePath, "probe-path", h.ProbePath, "health-check path on backends (empty disables active checks)")
+	fs.DurationVar(&h.ProbeInterval, "probe-interval", h.ProbeInterval, "active health-check interval")
+	fs.DurationVar(&h.ProbeTimeout, "probe-timeout", h.ProbeTimeout, "active health-check timeout")
+	fs.IntVar(&h.FailThreshold, "probe-fail-threshold", h.FailThreshold, "consecutive failed checks that mark a backend down")
+	fs.IntVar(&h.RiseThreshold, "probe-rise-threshold", h.RiseThreshold, "consecutive passed checks that mark it up again")
+	fs.IntVar(&h.EjectAfter, "eject-after", h.EjectAfter, "consecutive connect failures that eject a backend (0 = never)")
+	fs.DurationVar(&h.EjectFor, "eject-for", h.EjectFor, "how long an ejected backend is skipped")
+
+	fs.StringVar(&cfg.Log.Level, "log-level", cfg.Log.Level, "debug, info, warn or error")
+	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "text or json")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "time open streams get to finish on shutdown")
+	return configPath
+}
+
+// sageMakerAliases are flag names that take no environment variable.
+var sageMakerAliases = map[string]bool{"RoutingStrategy": true, "PrefixLength": true, "ConcurrencyThreshold": true}
+
+func envName(flagName string) string {
+	return "WARMROUTE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// findConfigPath finds --config before flags are parsed, so the file can be
+// loaded under the environment and the flags.
+func findConfigPath(args []string) string {
+	for i, a := range args {
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "config" {
+			continue
+		}
+		if hasVal {
+			return val
+		}
+		if i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return os.Getenv(envName("config"))
+}
+
+// loadServeConfig applies defaults, the config file, WARMROUTE_* variables
+// and flags, in that order.
+func loadServeConfig(args []string, stderr io.Writer) (node.Config, error) {
+	cfg := node.DefaultConfig()
+	fs := flag.NewFlagSet("warmroute serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are returned, not printed twice
+	if wantsHelp(args) {
+		serveFlags(fs, &cfg)
+		fs.SetOutput(stderr)
+		fmt.Fprintf(stderr, "usage: warmroute serve [flags]\n\nRun a router node. Every flag can also be set as WARMROUTE_<FLAG> (e.g. WARMROUTE_PREFIX_LENGTH=8192)\nor in the --config YAML file; flags win over variables, variables over the file.\n\n")
+		fs.PrintDefaults()
+		return cfg, flag.ErrHelp
+	}
+	if path := findConfigPath(args); path != "" {
+		if err := cfg.LoadFile(path); err != nil {
+			return cfg, err
+		}
+	}
+	serveFlags(fs, &cfg)
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if sageMakerAliases[f.Name] || f.Name == "config" {
+			return
+		}
+		if v, ok := os.LookupEnv(envName(f.Name)); ok {
+			if err := fs.Set(f.Name, v); err != nil {
+				envErr = errors.Join(envErr, fmt.Errorf("%s=%q: %w", envName(f.Name), v, err))
+			}
+		}
+	})
+	if envErr != nil {
+		return cfg, envErr
+	}
+	if err := fs.Parse(args); err != nil {
+		return cfg, fmt.Errorf("%w (see 'warmroute serve --help')", err)
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	return cfg, nil
+}
+
+func cmdServe(ctx context.Context, args []string, _, stderr io.Writer) error {
+	cfg, err := loadServeConfig(args, stderr)
+	if err != nil {
+		return err
+	}
+	log := node.NewLogger(cfg.Log, os.Stderr)
+	if len(cfg.Backends) == 0 {
+		log.Warn("no backends configured: every request will get 503 until backends are added")
+	}
+	n, err := node.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	return n.Run(ctx)
+}
+
+// wantsHelp reports whether args ask for --help.
+func wantsHelp(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "-h", "-help", "--help", "--h":
+			return true
+		case "--":
+			return false
+		}
+	}
+	return false
 }

@@ -1,0 +1,368 @@
+package node
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/warmroute/warmroute/proxy"
+	"github.com/warmroute/warmroute/ring"
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is one router node's configuration: defaults, then the YAML file,
+// then WARMROUTE_* environment variables, then flags.
+type Config struct {
+	// Listen is the client-facing address (OpenAI API, /invocations).
+	Listen string `yaml:"listen"`
+	// AdminListen serves /metrics, /status and /debug/route. Loopback by
+	// default.
+	AdminListen string `yaml:"admin_listen"`
+	// Backends seeds the backend set.
+	Backends []BackendSpec `yaml:"backends"`
+	Routing  Routing       `yaml:"routing"`
+	Limits   Limits        `yaml:"limits"`
+	Upstream Upstream      `yaml:"upstream"`
+	Health   Health        `yaml:"health"`
+	Log      Log           `yaml:"log"`
+	// ShutdownTimeout is how long open streams may finish on shutdown.
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+
+	// SageMaker accepts SageMaker's RoutingConfig block verbatim.
+	SageMaker *SageMakerRouting `yaml:"RoutingConfig,omitempty"`
+}
+
+// Routing is the routing config (ring.Config's user-facing knobs).
+type Routing struct {
+	Strategy             ring.Strategy `yaml:"strategy"`
+	PrefixLength         int           `yaml:"prefix_length"`
+	ConcurrencyThreshold int           `yaml:"concurrency_threshold"`
+	LoadFactor           float64       `yaml:"load_factor"`
+	InvocationsJSON      bool          `yaml:"invocations_json"`
+	BusyIsFull           bool          `yaml:"busy_is_full"`
+	OverflowDepth        int           `yaml:"overflow_depth"`
+	PartitionCount       int           `yaml:"partition_count"`
+}
+
+// SageMakerRouting is SageMaker's RoutingConfig shape.
+type SageMakerRouting struct {
+	RoutingStrategy          string `yaml:"RoutingStrategy"`
+	PrefixAwareRoutingConfig struct {
+		PrefixLength         int `yaml:"PrefixLength"`
+		ConcurrencyThreshold int `yaml:"ConcurrencyThreshold"`
+	} `yaml:"PrefixAwareRoutingConfig"`
+}
+
+// Limits bound what clients may send.
+type Limits struct {
+	MaxBodySize   Size          `yaml:"max_body_size"`
+	MaxHeaderSize Size          `yaml:"max_header_size"`
+	ReadTimeout   time.Duration `yaml:"read_timeout"`
+	IdleTimeout   time.Duration `yaml:"idle_timeout"`
+	MaxConns      int           `yaml:"max_conns"`
+}
+
+// Upstream bounds what the node does with backends.
+type Upstream struct {
+	ConnectTimeout     time.Duration `yaml:"connect_timeout"`
+	FirstByteTimeout   time.Duration `yaml:"first_byte_timeout"`
+	StreamIdleTimeout  time.Duration `yaml:"stream_idle_timeout"`
+	MaxConnsPerBackend int           `yaml:"max_conns_per_backend"`
+	MaxConnWait        time.Duration `yaml:"max_conn_wait"`
+	IdleConnTimeout    time.Duration `yaml:"idle_conn_timeout"`
+	Retries            int           `yaml:"retries"`
+}
+
+// Health configures active and passive health checking.
+type Health struct {
+	ProbePath     string        `yaml:"probe_path"`
+	ProbeInterval time.Duration `yaml:"probe_interval"`
+	ProbeTimeout  time.Duration `yaml:"probe_timeout"`
+	FailThreshold int           `yaml:"fail_threshold"`
+	RiseThreshold int           `yaml:"rise_threshold"`
+	EjectAfter    int           `yaml:"eject_after"`
+	EjectFor      time.Duration `yaml:"eject_for"`
+}
+
+// Log configures logging.
+type Log struct {
+	Level  string `yaml:"level"`
+	Format string `yaml:"format"`
+}
+
+// DefaultConfig returns the defaults every knob documents.
+func DefaultConfig() Config {
+	rc := ring.DefaultConfig()
+	pc := proxy.DefaultConfig()
+	return Config{
+		Listen:      ":8080",
+		AdminListen: "127.0.0.1:9090",
+		Routing: Routing{
+			Strategy:             rc.Strategy,
+			PrefixLength:         rc.PrefixLength,
+			ConcurrencyThreshold: rc.ConcurrencyThreshold,
+			LoadFactor:           rc.LoadFactor,
+			InvocationsJSON:      rc.InvocationsJSON,
+			BusyIsFull:           rc.BusyIsFull,
+			OverflowDepth:        rc.OverflowDepth,
+			PartitionCount:       rc.PartitionCount,
+		},
+		Limits: Limits{
+			MaxBodySize:   Size(pc.MaxRequestBodySize),
+			MaxHeaderSize: Size(pc.MaxHeaderBytes),
+			ReadTimeout:   pc.ReadTimeout,
+			IdleTimeout:   pc.IdleTimeout,
+			MaxConns:      pc.MaxConns,
+		},
+		Upstream: Upstream{
+			ConnectTimeout:     pc.ConnectTimeout,
+			FirstByteTimeout:   pc.FirstByteTimeout,
+			StreamIdleTimeout:  pc.StreamIdleTimeout,
+			MaxConnsPerBackend: pc.MaxConnsPerBackend,
+			MaxConnWait:        pc.MaxConnWait,
+			IdleConnTimeout:    pc.UpstreamIdleConn,
+			Retries:            pc.Retries,
+		},
+		Health: Health{
+			ProbePath:     pc.ProbePath,
+			ProbeInterval: pc.ProbeInterval,
+			ProbeTimeout:  pc.ProbeTimeout,
+			FailThreshold: pc.ProbeFailThreshold,
+			RiseThreshold: pc.ProbeRiseThreshold,
+			EjectAfter:    pc.EjectAfter,
+			EjectFor:      pc.EjectFor,
+		},
+		Log:             Log{Level: "info", Format: "text"},
+		ShutdownTimeout: 30 * time.Second,
+	}
+}
+
+// LoadFile reads a YAML config file over c. Unknown keys are errors, so a
+// typo never silently falls back to a default.
+func (c *Config) LoadFile(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("config file: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) { // io.EOF: an empty file
+		return fmt.Errorf("config file %s: %w", path, err)
+	}
+	return c.applySageMaker()
+}
+
+func (c *Config) applySageMaker() error {
+	sm := c.SageMaker
+	if sm == nil {
+		return nil
+	}
+	if sm.RoutingStrategy != "" {
+		s, err := ring.ParseStrategy(sm.RoutingStrategy)
+		if err != nil {
+			return fmt.Errorf("RoutingConfig.RoutingStrategy: %w", err)
+		}
+		c.Routing.Strategy = s
+	}
+	if v := sm.PrefixAwareRoutingConfig.PrefixLength; v != 0 {
+		c.Routing.PrefixLength = v
+	}
+	if v := sm.PrefixAwareRoutingConfig.ConcurrencyThreshold; v != 0 {
+		c.Routing.ConcurrencyThreshold = v
+	}
+	c.SageMaker = nil
+	return nil
+}
+
+// RingConfig is the ring.Config the routing settings describe.
+func (c *Config) RingConfig() ring.Config {
+	rc := ring.DefaultConfig()
+	rc.Strategy = c.Routing.Strategy
+	rc.PrefixLength = c.Routing.PrefixLength
+	rc.ConcurrencyThreshold = c.Routing.ConcurrencyThreshold
+	rc.LoadFactor = c.Routing.LoadFactor
+	rc.InvocationsJSON = c.Routing.InvocationsJSON
+	rc.BusyIsFull = c.Routing.BusyIsFull
+	rc.OverflowDepth = c.Routing.OverflowDepth
+	rc.PartitionCount = c.Routing.PartitionCount
+	return rc
+}
+
+// ProxyConfig is the proxy.Config the limits, upstream and health settings
+// describe.
+func (c *Config) ProxyConfig() proxy.Config {
+	pc := proxy.DefaultConfig()
+	pc.MaxRequestBodySize = int(c.Limits.MaxBodySize)
+	pc.MaxHeaderBytes = int(c.Limits.MaxHeaderSize)
+	pc.ReadTimeout = c.Limits.ReadTimeout
+	pc.IdleTimeout = c.Limits.IdleTimeout
+	pc.MaxConns = c.Limits.MaxConns
+	pc.ConnectTimeout = c.Upstream.ConnectTimeout
+	pc.FirstByteTimeout = c.Upstream.FirstByteTimeout
+	pc.StreamIdleTimeout = c.Upstream.StreamIdleTimeout
+	pc.MaxConnsPerBackend = c.Upstream.MaxConnsPerBackend
+	pc.MaxConnWait = c.Upstream.MaxConnWait
+	pc.UpstreamIdleConn = c.Upstream.IdleConnTimeout
+	pc.Retries = c.Upstream.Retries
+	pc.ProbePath = c.Health.ProbePath
+	pc.ProbeInterval = c.Health.ProbeInterval
+	pc.ProbeTimeout = c.Health.ProbeTimeout
+	pc.ProbeFailThreshold = c.Health.FailThreshold
+	pc.ProbeRiseThreshold = c.Health.RiseThreshold
+	pc.EjectAfter = c.Health.EjectAfter
+	pc.EjectFor = c.Health.EjectFor
+	return pc
+}
+
+// Validate reports every problem at once, naming the setting.
+func (c *Config) Validate() error {
+	var errs []error
+	if err := checkListen(c.Listen); err != nil {
+		errs = append(errs, fmt.Errorf("listen: %w", err))
+	}
+	if err := checkListen(c.AdminListen); err != nil {
+		errs = append(errs, fmt.Errorf("admin-listen: %w", err))
+	}
+	rc := c.RingConfig()
+	if err := rc.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	pc := c.ProxyConfig()
+	if err := pc.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.RingBackends(); err != nil {
+		errs = append(errs, err)
+	}
+	switch strings.ToLower(c.Log.Level) {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("log level %q: want debug, info, warn or error", c.Log.Level))
+	}
+	switch strings.ToLower(c.Log.Format) {
+	case "text", "json":
+	default:
+		errs = append(errs, fmt.Errorf("log format %q: want text or json", c.Log.Format))
+	}
+	if c.ShutdownTimeout < 0 {
+		errs = append(errs, fmt.Errorf("shutdown timeout must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+func checkListen(addr string) error {
+	if _, port, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("%q is not host:port: %w", addr, err)
+	} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("%q: bad port", addr)
+	}
+	return nil
+}
+
+// RingBackends converts the backend specs to ring backends, checking
+// addresses and IDs.
+func (c *Config) RingBackends() ([]ring.Backend, error) {
+	out := make([]ring.Backend, 0, len(c.Backends))
+	seen := map[string]bool{}
+	for _, s := range c.Backends {
+		b, err := s.RingBackend()
+		if err != nil {
+			return nil, err
+		}
+		if seen[b.ID] {
+			return nil, fmt.Errorf("backend %q listed twice", b.ID)
+		}
+		seen[b.ID] = true
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// BackendSpec describes one backend. In YAML it is a mapping or a string
+// "[id=]url[;zone=z][;weight=n]"; the --backends flag takes a comma-separated
+// list of such strings. The ID defaults to the URL's host:port.
+type BackendSpec struct {
+	ID     string `yaml:"id"`
+	URL    string `yaml:"url"`
+	Zone   string `yaml:"zone"`
+	Weight int    `yaml:"weight"`
+}
+
+// ParseBackendSpec parses "[id=]url[;zone=z][;weight=n]".
+func ParseBackendSpec(s string) (BackendSpec, error) {
+	var b BackendSpec
+	parts := strings.Split(strings.TrimSpace(s), ";")
+	main := parts[0]
+	if i := strings.Index(main, "="); i >= 0 && !strings.Contains(main[:i], "/") {
+		b.ID, main = strings.TrimSpace(main[:i]), main[i+1:]
+	}
+	b.URL = strings.TrimSpace(main)
+	for _, kv := range parts[1:] {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return b, fmt.Errorf("backend %q: option %q is not key=value", s, kv)
+		}
+		switch strings.TrimSpace(k) {
+		case "zone":
+			b.Zone = strings.TrimSpace(v)
+		case "weight":
+			w, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil || w < 1 || w > 1000 {
+				return b, fmt.Errorf("backend %q: weight %q must be an integer in [1, 1000]", s, v)
+			}
+			b.Weight = w
+		default:
+			return b, fmt.Errorf("backend %q: unknown option %q (want zone or weight)", s, k)
+		}
+	}
+	_, err := b.RingBackend()
+	return b, err
+}
+
+// UnmarshalYAML accepts a mapping or a spec string.
+func (b *BackendSpec) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		v, err := ParseBackendSpec(n.Value)
+		if err != nil {
+			return err
+		}
+		*b = v
+		return nil
+	}
+	type plain BackendSpec
+	var p plain
+	if err := n.Decode(&p); err != nil {
+		return err
+	}
+	*b = BackendSpec(p)
+	return nil
+}
+
+// RingBackend checks the spec and returns the ring's view of it.
+func (b BackendSpec) RingBackend() (ring.Backend, error) {
+	t, err := proxy.ParseTarget(b.URL)
+	if err != nil {
+		return ring.Backend{}, err
+	}
+	id := b.ID
+	if id == "" {
+		id = t.HostPort
+	}
+	if len(id) > 253 || strings.ContainsAny(id, " \t\r\n,") {
+		return ring.Backend{}, fmt.Errorf("backend id %q: at most 253 characters, no spaces or commas", id)
+	}
+	if b.Weight < 0 || b.Weight > 1000 {
+		return ring.Backend{}, fmt.Errorf("backend %s: weight %d must be in [1, 1000]", id, b.Weight)
+	}
+	scheme := "http://"
+	if t.TLS {
+		scheme = "https://"
+	}
+	return ring.Backend{ID: id, Addr: scheme + t.HostPort, Zone: b.Zone, Weight: b.Weight}, nil
+}
