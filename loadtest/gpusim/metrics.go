@@ -88,13 +88,13 @@ func newMetrics(cfg *Config, c *counters) *metrics {
 		func() float64 { return float64(c.waiting.Load()) })
 	gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
 		func() float64 { return math.Float64frombits(c.kvUsage.Load()) })
-	counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", labels, &c.cacheQueries)
-	counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", labels, &c.cacheHits)
-	counter("vllm:prompt_tokens", "Number of prefill tokens processed.", labels, &c.promptTokens)
-	counter("vllm:generation_tokens", "Number of generation tokens processed.", labels, &c.generationTokens)
+	counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", labels, &c.cacheQueries)
+	counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", labels, &c.cacheHits)
+	counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", labels, &c.promptTokens)
+	counter("vllm:generation_tokens_total", "Number of generation tokens processed.", labels, &c.generationTokens)
 	var never atomic.Uint64 // aborted requests are not successes
 	for reason, v := range map[string]*atomic.Uint64{"stop": &c.successStop, "length": &c.successLength, "abort": &never} {
-		counter("vllm:request_success", "Count of successfully processed requests.", with("finished_reason", reason), v)
+		counter("vllm:request_success_total", "Count of successfully processed requests.", with("finished_reason", reason), v)
 	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
@@ -104,10 +104,10 @@ func newMetrics(cfg *Config, c *counters) *metrics {
 		},
 	}, func() float64 { return 1 }))
 
-	counter("gpusim_requests_aborted", "Requests abandoned by their client before the last token.", nil, &c.aborted)
-	counter("gpusim_requests_failed", "Requests answered with an injected 500.", nil, &c.failed)
-	counter("gpusim_requests_stalled", "Requests delayed by an injected stall.", nil, &c.stalled)
-	counter("gpusim_kv_evicted_blocks", "Cached KV blocks evicted to make room.", nil, &c.kvEvictions)
+	counter("gpusim_requests_aborted_total", "Requests abandoned by their client before the last token.", nil, &c.aborted)
+	counter("gpusim_requests_failed_total", "Requests answered with an injected 500.", nil, &c.failed)
+	counter("gpusim_requests_stalled_total", "Requests delayed by an injected stall.", nil, &c.stalled)
+	counter("gpusim_kv_evicted_blocks_total", "Cached KV blocks evicted to make room.", nil, &c.kvEvictions)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "gpusim_kv_cached_blocks", Help: "KV blocks holding a cached prefix (held or free).",
 	}, func() float64 { return float64(c.kvCachedBlocks.Load()) }))
