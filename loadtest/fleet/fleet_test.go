@@ -13,16 +13,27 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/warmroute/warmroute/loadtest"
 	"github.com/warmroute/warmroute/loadtest/gpusim"
+	"github.com/warmroute/warmroute/loadtest/internal/fakefleet"
 	"github.com/warmroute/warmroute/loadtest/workload"
 )
+
+// The test binary doubles as the children (see fakefleet).
+func TestMain(m *testing.M) {
+	if os.Getenv(fakefleet.Env) != "" {
+		os.Exit(fakefleet.Main(os.Args[1:]))
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func testConfig(t *testing.T, mode string) Config {
 	t.Helper()
 	c := DefaultConfig()
 	c.Exe = os.Args[0]
-	c.Env = []string{childEnv + "=" + mode}
+	c.Env = []string{fakefleet.Env + "=" + mode}
 	c.Instances = 3
 	c.Routers = 0
 	c.LogDir = t.TempDir()
@@ -185,7 +196,7 @@ func TestCloseStopsStubbornChildrenAndGrandchildren(t *testing.T) {
 			cfg := testConfig(t, mode)
 			cfg.Instances = 1
 			pidFile := filepath.Join(t.TempDir(), "grandchild.pid")
-			cfg.Env = append(cfg.Env, grandPIDFile+"="+pidFile)
+			cfg.Env = append(cfg.Env, fakefleet.GrandchildPIDFile+"="+pidFile)
 			cfg.StopTimeout = 300 * time.Millisecond
 			f, err := Start(context.Background(), cfg)
 			if err != nil {

@@ -123,9 +123,8 @@ type message struct {
 
 // appendChatBody renders a /v1/chat/completions body.
 func appendChatBody(b []byte, c *Config, msgs []message, tenant string) []byte {
-	b = append(b, `{"model":`...)
-	b = appendJSONString(b, c.Model)
-	b = append(b, `,"messages":[`...)
+	b = appendModel(b, c)
+	b = append(b, `"messages":[`...)
 	for i, m := range msgs {
 		if i > 0 {
 			b = append(b, ',')
@@ -144,14 +143,24 @@ func appendChatBody(b []byte, c *Config, msgs []message, tenant string) []byte {
 
 // appendCompletionBody renders a /v1/completions body.
 func appendCompletionBody(b []byte, c *Config, parts []string, tenant string) []byte {
-	b = append(b, `{"model":`...)
-	b = appendJSONString(b, c.Model)
-	b = append(b, `,"prompt":"`...)
+	b = appendModel(b, c)
+	b = append(b, `"prompt":"`...)
 	for _, p := range parts {
 		b = appendJSONEscaped(b, p)
 	}
 	b = append(b, '"')
 	return appendTail(b, c, tenant)
+}
+
+// appendModel opens the body with the model, if any.
+func appendModel(b []byte, c *Config) []byte {
+	b = append(b, '{')
+	if c.Model != "" {
+		b = append(b, `"model":`...)
+		b = appendJSONString(b, c.Model)
+		b = append(b, ',')
+	}
+	return b
 }
 
 func appendTail(b []byte, c *Config, tenant string) []byte {

@@ -140,6 +140,9 @@ func TestBodiesCarryConfig(t *testing.T) {
 		if s.body.Stream || s.body.StreamOptions != nil {
 			t.Fatal("stream set though Stream is false")
 		}
+		if bytes.Contains(s.req.Body, []byte(`"model"`)) {
+			t.Fatal("model field present though Model is empty")
+		}
 	}
 }
 
@@ -398,7 +401,6 @@ func TestMixWeights(t *testing.T) {
 func TestValidate(t *testing.T) {
 	bad := []func(*Config){
 		func(c *Config) { c.Kind = "nope" },
-		func(c *Config) { c.Model = "" },
 		func(c *Config) { c.MaxTokens = 0 },
 		func(c *Config) { c.Tenants = -1 },
 		func(c *Config) { c.Zipf = -0.5 },

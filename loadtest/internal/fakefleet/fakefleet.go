@@ -1,9 +1,24 @@
-package fleet
+// Package fakefleet lets a test binary stand in for `warmroute gpusim` and
+// `warmroute serve`, so the process handling of loadtest/fleet and the
+// comparisons of loadtest/compare can be tested as real child processes.
+//
+// A test's TestMain calls Main when the Env variable is set. The router
+// stand-in is a plain reverse proxy implementing RANDOM, ROUND_ROBIN,
+// LEAST_OUTSTANDING_REQUESTS and a simple PREFIX_AWARE (hash of the body's
+// first PrefixLength bytes, overflow to the least loaded backend at the
+// concurrency threshold); it sets the X-Warmroute-Backend and
+// X-Warmroute-Decision headers as the real router does.
+package fakefleet
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
+	"hash/fnv"
+	"io"
+	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -13,30 +28,27 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
-	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 
 	"github.com/warmroute/warmroute/loadtest/gpusim"
 )
 
-// The test binary doubles as the children: with childEnv set it acts as
-// `warmroute gpusim` or `warmroute serve` (a round-robin stand-in for the
-// router) instead of running tests.
+// Environment variables read by Main.
 const (
-	childEnv     = "FLEET_TEST_CHILD"
-	grandPIDFile = "FLEET_TEST_GRANDCHILD_PID"
+	// Env selects the behaviour: "ok", "fail" (exit at once with a flag
+	// error), "ignore-term" (ignore SIGTERM), "grandchild" (gpusim starts a
+	// `sleep` in its process group), "never-ready" (the router's /readyz
+	// answers 503), "sim" (gpusim flags are those of the real model rather
+	// than a fast one).
+	Env = "FAKEFLEET_MODE"
+	// GrandchildPIDFile names the file the grandchild's pid is written to.
+	GrandchildPIDFile = "FAKEFLEET_GRANDCHILD_PID"
 )
 
-func TestMain(m *testing.M) {
-	if mode := os.Getenv(childEnv); mode != "" {
-		os.Exit(child(mode, os.Args[1:]))
-	}
-	goleak.VerifyTestMain(m)
-}
-
-func child(mode string, args []string) int {
+// Main runs the child named by args[0] ("gpusim" or "serve") and returns
+// its exit code. It prints "pid N" first so tests can check it is gone.
+func Main(args []string) int {
+	mode := os.Getenv(Env)
 	if len(args) == 0 {
 		return 2
 	}
@@ -52,25 +64,28 @@ func child(mode string, args []string) int {
 	defer stop()
 	switch args[0] {
 	case "gpusim":
-		return childGpusim(ctx, mode, args[1:])
+		return gpusimMain(ctx, mode, args[1:])
 	case "serve":
-		return childRouter(ctx, mode, args[1:])
+		return routerMain(ctx, mode, args[1:])
 	}
 	return 2
 }
 
-func childGpusim(ctx context.Context, mode string, args []string) int {
+func gpusimMain(ctx context.Context, mode string, args []string) int {
+	cfg := gpusim.DefaultConfig()
+	if mode != "sim" {
+		cfg.Overhead, cfg.ITLBase, cfg.ITLPerSeq, cfg.PrefillTokensPerSec = time.Millisecond, time.Millisecond, 0, 1e6
+	}
 	fs := flag.NewFlagSet("gpusim", flag.ContinueOnError)
 	n := fs.Int("instances", 1, "")
 	listen := fs.String("listen", "", "")
-	if fs.Parse(args) != nil {
+	cfg.BindFlags(fs)
+	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	host, port, _ := strings.Cut(*listen, ":")
 	var first int
 	fmt.Sscan(port, &first)
-	cfg := gpusim.DefaultConfig()
-	cfg.Overhead, cfg.ITLBase, cfg.ITLPerSeq, cfg.PrefillTokensPerSec = time.Millisecond, time.Millisecond, 0, 1e6
 	f, err := gpusim.StartFleet(ctx, gpusim.FleetConfig{N: *n, ListenHost: host, FirstPort: first, Instance: cfg})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -78,13 +93,12 @@ func childGpusim(ctx context.Context, mode string, args []string) int {
 	}
 	defer f.Close()
 	if mode == "grandchild" {
-		// a grandchild in the same process group, which Close must also stop
 		c := exec.Command("sleep", "120")
 		if err := c.Start(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		_ = os.WriteFile(os.Getenv(grandPIDFile), []byte(fmt.Sprint(c.Process.Pid)), 0o644)
+		_ = os.WriteFile(os.Getenv(GrandchildPIDFile), []byte(fmt.Sprint(c.Process.Pid)), 0o644)
 	}
 	fmt.Println("gpusim serving", f.URLs())
 	<-ctx.Done()
@@ -94,39 +108,91 @@ func childGpusim(ctx context.Context, mode string, args []string) int {
 	return 0
 }
 
-func childRouter(ctx context.Context, mode string, args []string) int {
+type backend struct {
+	url      *url.URL
+	id       string
+	inFlight atomic.Int64
+}
+
+type router struct {
+	backends  []*backend
+	strategy  string
+	prefixLen int
+	threshold int64
+	rr        atomic.Uint64
+}
+
+type ctxKey struct{}
+
+func (rt *router) pick(body []byte) (*backend, string) {
+	n := len(rt.backends)
+	least := func() *backend {
+		best := rt.backends[0]
+		for _, b := range rt.backends[1:] {
+			if b.inFlight.Load() < best.inFlight.Load() {
+				best = b
+			}
+		}
+		return best
+	}
+	switch rt.strategy {
+	case "ROUND_ROBIN":
+		return rt.backends[rt.rr.Add(1)%uint64(n)], "round_robin"
+	case "LEAST_OUTSTANDING_REQUESTS":
+		return least(), "least_outstanding"
+	case "PREFIX_AWARE", "CONSISTENT_HASH":
+		key := body
+		if i := bytes.Index(key, []byte(`"messages":`)); i >= 0 {
+			key = key[i:]
+		} else if i := bytes.Index(key, []byte(`"prompt":`)); i >= 0 {
+			key = key[i:]
+		}
+		if len(key) > rt.prefixLen {
+			key = key[:rt.prefixLen]
+		}
+		h := fnv.New64a()
+		h.Write(key)
+		owner := rt.backends[h.Sum64()%uint64(n)]
+		if rt.strategy == "CONSISTENT_HASH" {
+			return owner, "consistent_hash"
+		}
+		if owner.inFlight.Load() < rt.threshold {
+			return owner, "affinity"
+		}
+		if l := least(); l.inFlight.Load() < rt.threshold {
+			return l, "overflow"
+		}
+		return least(), "fallback"
+	default:
+		return rt.backends[rand.IntN(n)], "random"
+	}
+}
+
+func routerMain(ctx context.Context, mode string, args []string) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	listen := fs.String("listen", "", "")
-	fs.String("admin-listen", "", "")
+	admin := fs.String("admin-listen", "", "")
 	backends := fs.String("backends", "", "")
-	strategy := fs.String("strategy", "", "")
-	fs.Int("prefix-length", 0, "")
-	fs.Int("concurrency-threshold", 0, "")
+	strategy := fs.String("strategy", "RANDOM", "")
+	prefixLen := fs.Int("prefix-length", 1024, "")
+	threshold := fs.Int("concurrency-threshold", 8, "")
 	fs.Float64("load-factor", 0, "")
-	peers := fs.String("peers", "", "")
-	if fs.Parse(args) != nil {
+	fs.String("peers", "", "")
+	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	var targets []*url.URL
+	rt := &router{strategy: *strategy, prefixLen: *prefixLen, threshold: int64(*threshold)}
 	for _, b := range strings.Split(*backends, ",") {
 		u, err := url.Parse(b)
 		if err != nil {
 			return 2
 		}
-		targets = append(targets, u)
+		rt.backends = append(rt.backends, &backend{url: u, id: u.Host})
 	}
-	var next atomic.Uint64
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
-			i := next.Add(1) % uint64(len(targets))
-			r.SetURL(targets[i])
-			r.Out.Header.Set("X-Chosen", targets[i].Host)
-		},
-		ModifyResponse: func(resp *http.Response) error {
-			resp.Header.Set("X-Warmroute-Backend", resp.Request.Header.Get("X-Chosen"))
-			resp.Header.Set("X-Warmroute-Decision", strings.ToLower(*strategy))
-			resp.Header.Set("X-Test-Peers", *peers)
-			return nil
+			b := r.In.Context().Value(ctxKey{}).(*backend)
+			r.SetURL(b.url)
 		},
 		FlushInterval: -1,
 	}
@@ -136,10 +202,43 @@ func childRouter(ctx context.Context, mode string, args []string) int {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 	})
-	mux.Handle("/", proxy)
-	srv := &http.Server{Addr: *listen, Handler: mux}
-	go func() { <-ctx.Done(); _ = srv.Close() }()
-	if err := srv.ListenAndServe(); err != http.ErrServerClosed {
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return
+		}
+		b, decision := rt.pick(body)
+		b.inFlight.Add(1)
+		defer b.inFlight.Add(-1)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		w.Header().Set("X-Warmroute-Backend", b.id)
+		w.Header().Set("X-Warmroute-Decision", decision)
+		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, b)))
+	})
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	srv := &http.Server{Handler: mux}
+	var adminSrv *http.Server
+	if *admin != "" {
+		aln, err := net.Listen("tcp", *admin)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		adminSrv = &http.Server{Handler: http.NotFoundHandler()}
+		go func() { _ = adminSrv.Serve(aln) }()
+	}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+		if adminSrv != nil {
+			_ = adminSrv.Close()
+		}
+	}()
+	if err := srv.Serve(ln); err != http.ErrServerClosed {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

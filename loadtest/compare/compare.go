@@ -1,0 +1,171 @@
+package compare
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/warmroute/warmroute/loadtest"
+	"github.com/warmroute/warmroute/loadtest/fleet"
+	"github.com/warmroute/warmroute/loadtest/stats"
+	"github.com/warmroute/warmroute/loadtest/workload"
+)
+
+// ErrBadPlan wraps an invalid Plan.
+var ErrBadPlan = errors.New("compare: invalid plan")
+
+// Direct labels the runs of a fleet without routers.
+const Direct = "DIRECT"
+
+// Case is one workload and the load to offer with it.
+type Case struct {
+	// Name labels the workload in the report ("rag", "chat", ...).
+	Name     string
+	Workload workload.Config
+	// Load is the arrival model and duration; Targets, MetricsURLs,
+	// Backends, Label and Workload are filled for each run.
+	Load loadtest.Config
+}
+
+// Plan is a comparison: every case under every strategy.
+type Plan struct {
+	Cases      []Case
+	Strategies []string
+	// Fleet is started afresh for every run with Strategy replaced.
+	Fleet fleet.Config
+	// Progress receives status lines (nil: silent).
+	Progress io.Writer
+	// OnResult, when set, is called after every run (for incremental
+	// output).
+	OnResult func(stats.Summary)
+}
+
+// Validate reports the first problem with p.
+func (p Plan) Validate() error {
+	if len(p.Cases) == 0 {
+		return fmt.Errorf("%w: no workloads", ErrBadPlan)
+	}
+	if p.Fleet.Routers > 0 && len(p.Strategies) == 0 {
+		return fmt.Errorf("%w: no strategies", ErrBadPlan)
+	}
+	for _, s := range p.Strategies {
+		f := p.Fleet
+		f.Strategy = s
+		if err := f.Validate(); err != nil {
+			return err
+		}
+	}
+	for _, c := range p.Cases {
+		w := c.Workload
+		if w.Model == "" {
+			w.Model = "placeholder" // resolved from the fleet
+		}
+		if err := w.Validate(); err != nil {
+			return fmt.Errorf("workload %s: %w", c.Name, err)
+		}
+	}
+	return nil
+}
+
+func (p *Plan) logf(format string, a ...any) {
+	if p.Progress != nil {
+		fmt.Fprintf(p.Progress, format+"\n", a...)
+	}
+}
+
+// Execute runs the plan. When ctx is cancelled it stops the current run,
+// stops its fleet and returns the runs so far (the last one partial) with an
+// error wrapping loadtest.ErrInterrupted. Any other error ends the
+// comparison with the runs completed before it.
+func Execute(ctx context.Context, p Plan) ([]stats.Summary, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	strategies := p.Strategies
+	if p.Fleet.Routers == 0 {
+		strategies = []string{Direct}
+	}
+	var out []stats.Summary
+	for _, c := range p.Cases {
+		for _, s := range strategies {
+			sum, err := p.one(ctx, c, s)
+			if err != nil && !errors.Is(err, loadtest.ErrInterrupted) {
+				return out, fmt.Errorf("%s under %s: %w", c.Name, s, err)
+			}
+			if sum != nil {
+				out = append(out, *sum)
+				if p.OnResult != nil {
+					p.OnResult(*sum)
+				}
+			}
+			if err != nil {
+				return out, err
+			}
+		}
+	}
+	return out, nil
+}
+
+// one runs case c under strategy s against a fresh fleet.
+func (p *Plan) one(ctx context.Context, c Case, s string) (*stats.Summary, error) {
+	fc := p.Fleet
+	if s != Direct {
+		fc.Strategy = s
+	}
+	p.logf("%s / %s: starting a cold fleet (%d instances, %d router(s))", c.Name, s, fc.Instances, fc.Routers)
+	t0 := time.Now()
+	f, err := fleet.Start(ctx, fc)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w while starting the fleet", loadtest.ErrInterrupted)
+		}
+		return nil, err
+	}
+	defer func() {
+		if err := f.Close(); err != nil {
+			p.logf("%s / %s: stopping the fleet: %v", c.Name, s, err)
+		}
+	}()
+	w := c.Workload
+	if w.Model == "" {
+		ids, err := loadtest.Models(ctx, f.Targets()[0])
+		if err != nil || len(ids) == 0 {
+			return nil, fmt.Errorf("finding the served model: %v", err)
+		}
+		w.Model = ids[0]
+	}
+	gen, err := workload.New(w)
+	if err != nil {
+		return nil, err
+	}
+	lc := c.Load
+	lc.Targets = f.Targets()
+	lc.MetricsURLs = f.MetricsURLs()
+	lc.Backends = f.BackendIDs()
+	lc.Label = s
+	lc.Workload = c.Name
+	p.logf("%s / %s: fleet ready in %.1fs, running %s", c.Name, s, time.Since(t0).Seconds(), describeLoad(lc))
+	sum, err := loadtest.Run(ctx, lc, gen)
+	if err != nil && !errors.Is(err, loadtest.ErrInterrupted) {
+		return nil, err
+	}
+	return &sum, err
+}
+
+func describeLoad(c loadtest.Config) string {
+	var d string
+	if c.Mode == loadtest.ClosedLoop {
+		d = fmt.Sprintf("closed loop, %d concurrent", c.Concurrency)
+	} else {
+		d = fmt.Sprintf("open loop, %.1f req/s", c.Rate)
+	}
+	if c.Duration > 0 {
+		d += fmt.Sprintf(" for %s", c.Duration)
+	}
+	if c.Requests > 0 {
+		d += fmt.Sprintf(", at most %d requests", c.Requests)
+	}
+	return d
+}
