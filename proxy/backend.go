@@ -100,6 +100,7 @@ func newBackend(id string, target Target, cfg *Config, m *metrics) *backend {
 		DisableHeaderNamesNormalizing: true,
 		Dial:                          newDialer(cfg),
 	}
+	b.client.RetryIfErr = retryUnsent(b.client)
 	b.m = m.forBackend(id)
 	return b
 }
@@ -152,7 +153,8 @@ func (e *DialError) Is(target error) bool {
 
 // newDialer dials with ConnectTimeout and wraps the connection so reads time
 // out after FirstByteTimeout while waiting for a response and after
-// StreamIdleTimeout between reads of one.
+// StreamIdleTimeout between reads of one, and so a pooled connection the
+// backend has closed is detected before a request is written to it.
 func newDialer(cfg *Config) fasthttp.DialFunc {
 	d := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
 	first, idle := cfg.FirstByteTimeout, cfg.StreamIdleTimeout
@@ -164,25 +166,55 @@ func newDialer(cfg *Config) fasthttp.DialFunc {
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true)
 		}
-		return &deadlineConn{Conn: c, first: first, idle: idle}, nil
+		return &upstreamConn{Conn: c, first: first, idle: idle}, nil
 	}
 }
 
-// deadlineConn applies the first-byte deadline to the first read after a
-// write (a request was sent) and the idle deadline to later reads. fasthttp
-// uses one connection for one request at a time, so the phases cannot mix.
-type deadlineConn struct {
-	net.Conn
-	first, idle time.Duration
-	waiting     bool // a request was written and no byte came back yet
+// errStaleConn: a pooled connection was closed by the backend while idle.
+// Nothing was written to it, so the request may go out on another
+// connection (retryUnsent tells fasthttp so).
+var errStaleConn = errors.New("pooled upstream connection closed by the backend")
+
+// retryUnsent is fasthttp's RetryIfErr: retry only requests that were never
+// written. A stale connection usually means the backend restarted or died,
+// so every idle connection to it is dropped and the retry dials afresh.
+func retryUnsent(hc *fasthttp.HostClient) fasthttp.RetryIfErrFunc {
+	return func(_ *fasthttp.Request, attempts int, err error) (bool, bool) {
+		if !errors.Is(err, errStaleConn) {
+			return false, false
+		}
+		hc.CloseIdleConnections()
+		return false, attempts < 3
+	}
 }
 
-func (c *deadlineConn) Write(p []byte) (int, error) {
+// upstreamConn applies the first-byte deadline to the first read after a
+// request was written and the idle deadline to later reads. fasthttp uses
+// one connection for one request at a time, so the phases cannot mix.
+type upstreamConn struct {
+	net.Conn
+	first, idle time.Duration
+	sending     bool // a request is being written; no response byte read yet
+	waiting     bool // a request was written and no byte came back yet
+	used        bool // a response was read on this connection before
+}
+
+func (c *upstreamConn) Write(p []byte) (int, error) {
+	if !c.sending {
+		c.sending = true
+		// The backend may have closed this pooled connection while it sat
+		// idle (a restart, a crash, its keep-alive timeout). Writing would
+		// look like a request lost in flight; look first.
+		if c.used && peerClosed(c.Conn) {
+			return 0, errStaleConn
+		}
+	}
 	c.waiting = true
 	return c.Conn.Write(p)
 }
 
-func (c *deadlineConn) Read(p []byte) (int, error) {
+func (c *upstreamConn) Read(p []byte) (int, error) {
+	c.sending = false
 	d := c.idle
 	if c.waiting {
 		d = c.first
@@ -195,6 +227,7 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		c.waiting = false
+		c.used = true
 	}
 	return n, err
 }

@@ -236,7 +236,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, t *table, b *backend, d ring.D
 // request never left this node.
 func (p *Proxy) upstreamFailed(ctx *fasthttp.RequestCtx, b *backend, d ring.Decision, rt route, err error) (bool, error) {
 	switch {
-	case errors.Is(err, ErrDial) || errors.Is(err, fasthttp.ErrDialTimeout):
+	case errors.Is(err, ErrDial) || errors.Is(err, fasthttp.ErrDialTimeout) || errors.Is(err, errStaleConn):
 		b.m.upErrors["dial"].Inc()
 		if b.connFailed(&p.cfg, time.Now()) {
 			b.m.ejects.Inc()

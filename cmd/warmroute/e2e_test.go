@@ -1,0 +1,415 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The end-to-end tests run the real binary against stub engines on
+// loopback. Set WARMROUTE_SKIP_E2E=1 to skip them.
+
+var binPath string
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		if os.Getenv("WARMROUTE_SKIP_E2E") != "" {
+			return m.Run()
+		}
+		dir, err := os.MkdirTemp("", "warmroute-e2e")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		binPath = filepath.Join(dir, "warmroute")
+		cmd := exec.Command("go", "build", "-o", binPath, ".")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "building warmroute: %v\n%s", err, out)
+			return 1
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+func needBinary(t *testing.T) {
+	t.Helper()
+	if binPath == "" {
+		t.Skip("WARMROUTE_SKIP_E2E is set")
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+type router struct {
+	url, admin string
+	cmd        *exec.Cmd
+	logs       *strings.Builder
+}
+
+// startRouter runs `warmroute serve` and waits until it is ready.
+func startRouter(t *testing.T, backends []string, extra ...string) *router {
+	t.Helper()
+	listen, admin := freeAddr(t), freeAddr(t)
+	args := append([]string{"serve", "--listen", listen, "--admin-listen", admin,
+		"--backends", strings.Join(backends, ","), "--probe-interval", "100ms", "--shutdown-timeout", "2s"}, extra...)
+	cmd := exec.Command(binPath, args...)
+	logs := &strings.Builder{}
+	var mu sync.Mutex
+	cmd.Stderr = writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return logs.Write(p) })
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r := &router{url: "http://" + listen, admin: "http://" + admin, cmd: cmd, logs: logs}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("router exited with %v\n%s", err, logs.String())
+			}
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			t.Errorf("router did not stop on SIGTERM")
+		}
+	})
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := http.Get(r.url + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return r
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("router not ready: %v\n%s", err, logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// sseEngine is a stub engine: after firstDelay it streams n SSE events gap
+// apart. It reports finished and cancelled streams.
+type sseEngine struct {
+	srv                 *httptest.Server
+	firstDelay, gap     time.Duration
+	n                   int
+	hits, done, aborted atomic.Int64
+	hold                chan struct{} // when non-nil, answers wait for it
+	cur, peak           atomic.Int64
+}
+
+func newEngine(t *testing.T, firstDelay, gap time.Duration, n int) *sseEngine {
+	e := &sseEngine{firstDelay: firstDelay, gap: gap, n: n}
+	e.srv = httptest.NewServer(http.HandlerFunc(e.serve))
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+func (e *sseEngine) addr() string { return strings.TrimPrefix(e.srv.URL, "http://") }
+
+func (e *sseEngine) serve(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/health" {
+		return
+	}
+	e.hits.Add(1)
+	if c := e.cur.Add(1); c > e.peak.Load() {
+		e.peak.Store(c)
+	}
+	defer e.cur.Add(-1)
+	body, _ := io.ReadAll(r.Body)
+	if e.hold != nil {
+		select {
+		case <-e.hold:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	if !strings.Contains(string(body), `"stream":true`) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"object":"chat.completion","choices":[{"message":{"content":"ok"}}]}`)
+		e.done.Add(1)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	fl := w.(http.Flusher)
+	select {
+	case <-time.After(e.firstDelay):
+	case <-r.Context().Done():
+		e.aborted.Add(1)
+		return
+	}
+	for i := 0; i < e.n; i++ {
+		if i > 0 {
+			select {
+			case <-time.After(e.gap):
+			case <-r.Context().Done():
+				e.aborted.Add(1)
+				return
+			}
+		}
+		if _, err := fmt.Fprintf(w, "data: {\"choices\":[{\"delta\":{\"content\":\"t%d\"}}]}\n\n", i); err != nil {
+			e.aborted.Add(1)
+			return
+		}
+		fl.Flush()
+	}
+	io.WriteString(w, "data: [DONE]\n\n")
+	e.done.Add(1)
+}
+
+func chatBody(prompt string, stream bool) string {
+	return fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":%q}]}`, stream, prompt)
+}
+
+// firstChunk sends a streamed request and returns the time to the first
+// SSE event, the events' arrival times and the response headers.
+func firstChunk(t *testing.T, url, prompt string) (time.Duration, []time.Duration, http.Header) {
+	t.Helper()
+	start := time.Now()
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(prompt, true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	}
+	var arrivals []time.Duration
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "data: ") {
+			arrivals = append(arrivals, time.Since(start))
+		}
+	}
+	return arrivals[0], arrivals, resp.Header
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func TestE2EStreamingThroughRouter(t *testing.T) {
+	needBinary(t)
+	e := newEngine(t, 40*time.Millisecond, 20*time.Millisecond, 10)
+	r := startRouter(t, []string{e.srv.URL})
+	var direct, routed []time.Duration
+	for i := 0; i < 15; i++ {
+		d, _, _ := firstChunk(t, e.srv.URL, fmt.Sprintf("prompt %d", i))
+		direct = append(direct, d)
+		f, arrivals, hdr := firstChunk(t, r.url, fmt.Sprintf("prompt %d", i))
+		routed = append(routed, f)
+		if hdr.Get("X-Warmroute-Backend") != e.addr() {
+			t.Fatalf("backend header %q", hdr.Get("X-Warmroute-Backend"))
+		}
+		// Chunk by chunk: events arrive spread over the stream, not at once.
+		if len(arrivals) != 11 || arrivals[len(arrivals)-1]-arrivals[0] < 150*time.Millisecond {
+			t.Fatalf("events arrived together (buffered): %v", arrivals)
+		}
+	}
+	dm, rm := median(direct), median(routed)
+	t.Logf("first SSE event: direct p50 %v, through the router p50 %v (delta %v)", dm, rm, rm-dm)
+	if rm-dm > 5*time.Millisecond {
+		t.Errorf("router adds %v to the first chunk, want < 5ms", rm-dm)
+	}
+}
+
+func TestE2EAffinityOverflowAndFailover(t *testing.T) {
+	needBinary(t)
+	var engines []*sseEngine
+	var urls []string
+	for i := 0; i < 4; i++ {
+		e := newEngine(t, 0, 0, 1)
+		engines = append(engines, e)
+		urls = append(urls, e.srv.URL)
+	}
+	r := startRouter(t, urls, "--concurrency-threshold", "3")
+
+	// Affinity: each prompt always lands on the same backend, whatever the
+	// sampling fields.
+	where := map[string]string{}
+	for round := 0; round < 3; round++ {
+		for p := 0; p < 16; p++ {
+			prompt := fmt.Sprintf("shared document %d", p)
+			body := fmt.Sprintf(`{"temperature":0.%d,"messages":[{"role":"user","content":%q}],"model":"m"}`, round, prompt)
+			resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			b := resp.Header.Get("X-Warmroute-Backend")
+			if prev, ok := where[prompt]; ok && prev != b {
+				t.Fatalf("%q moved from %s to %s", prompt, prev, b)
+			}
+			where[prompt] = b
+			if d := resp.Header.Get("X-Warmroute-Decision"); d != "affinity" {
+				t.Fatalf("decision %q on an idle fleet", d)
+			}
+		}
+	}
+
+	// Overflow: hold requests open; the owner takes exactly the threshold.
+	hold := make(chan struct{})
+	for _, e := range engines {
+		e.hold = hold
+	}
+	prompt := "shared document 0"
+	owner := where[prompt]
+	type res struct{ backend, decision string }
+	results := make(chan res, 6)
+	var wg sync.WaitGroup
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(prompt, false)))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			results <- res{resp.Header.Get("X-Warmroute-Backend"), resp.Header.Get("X-Warmroute-Decision")}
+		}()
+		// wait until this request is held by an engine
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var n int64
+			for _, e := range engines {
+				n += e.cur.Load()
+			}
+			if n == int64(i+1) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("request not held")
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	for _, e := range engines {
+		if e.addr() == owner && e.cur.Load() != 3 {
+			t.Errorf("owner holds %d requests, want the threshold 3", e.cur.Load())
+		}
+	}
+	close(hold)
+	wg.Wait()
+	close(results)
+	counts := map[string]int{}
+	for x := range results {
+		switch {
+		case x.backend == owner && x.decision == "affinity":
+			counts["affinity"]++
+		case x.backend != owner && x.decision == "overflow":
+			counts["overflow"]++
+		default:
+			t.Errorf("unexpected %+v", x)
+		}
+	}
+	if counts["affinity"] != 3 || counts["overflow"] != 3 {
+		t.Errorf("decisions %v, want 3 affinity and 3 overflow", counts)
+	}
+	for _, e := range engines {
+		e.hold = nil
+	}
+
+	// Failover: kill the owner; every request still succeeds elsewhere.
+	for _, e := range engines {
+		if e.addr() == owner {
+			e.srv.Close()
+		}
+	}
+	for i := 0; i < 40; i++ {
+		resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(fmt.Sprintf("shared document %d", i%16), false)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("after killing a backend: %d %s", resp.StatusCode, b)
+		}
+		if resp.Header.Get("X-Warmroute-Backend") == owner {
+			t.Fatal("routed to the killed backend")
+		}
+	}
+}
+
+func TestE2EClientDisconnectStopsUpstream(t *testing.T) {
+	needBinary(t)
+	e := newEngine(t, 0, 20*time.Millisecond, 100000)
+	r := startRouter(t, []string{e.srv.URL})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", r.url+"/v1/chat/completions", strings.NewReader(chatBody("endless", true)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	for i := 0; i < 3; i++ {
+		if _, err := br.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancel()
+	resp.Body.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for e.aborted.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the engine kept streaming after the client left")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The router counted it.
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		m, err := http.Get(r.admin + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(m.Body)
+		m.Body.Close()
+		if strings.Contains(string(b), fmt.Sprintf(`warmroute_client_aborts_total{backend=%q} 1`, e.addr())) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("abort not counted:\n%s", b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
