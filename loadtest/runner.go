@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,7 +30,7 @@ func Models(ctx context.Context, target string) ([]string, error) {
 	hc := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, target, err)
+		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, target, rootCause(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -48,6 +50,20 @@ func Models(ctx context.Context, target string) ([]string, error) {
 		ids = append(ids, d.ID)
 	}
 	return ids, nil
+}
+
+// rootCause returns the system error under a transport error ("connection
+// refused"), or err itself.
+func rootCause(err error) error {
+	var se *os.SyscallError
+	if errors.As(err, &se) {
+		return se.Err
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return errors.New("timed out")
+	}
+	return err
 }
 
 // Run drives cfg.Targets with the requests of gen until cfg.Duration has

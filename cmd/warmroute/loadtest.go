@@ -3,10 +3,185 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/warmroute/warmroute/loadtest"
+	"github.com/warmroute/warmroute/loadtest/report"
+	"github.com/warmroute/warmroute/loadtest/stats"
+	"github.com/warmroute/warmroute/loadtest/workload"
 )
 
-// TODO: placeholder until the loadtest subcommand is built.
-func cmdLoadtest(_ context.Context, _ []string, _, _ io.Writer) error {
-	return errors.New("loadtest: not built yet")
+// csvFlag is a comma-separated list of strings.
+type csvFlag []string
+
+func (l *csvFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *csvFlag) Set(s string) error {
+	*l = (*l)[:0]
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*l = append(*l, p)
+		}
+	}
+	return nil
+}
+
+// cmdLoadtest drives one OpenAI-compatible endpoint with one workload and
+// prints the results.
+func cmdLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	lc := loadtest.DefaultConfig()
+	wc := workload.DefaultConfig()
+	targets := csvFlag(lc.Targets)
+	var metrics, backends csvFlag
+	mode := string(lc.Mode)
+	fs.Var(&targets, "target", "base URL(s) of the endpoint, comma-separated; requests go to them in turn")
+	fs.StringVar(&mode, "mode", mode, "open (Poisson arrivals at --rate) or closed (--concurrency workers)")
+	fs.Float64Var(&lc.Rate, "rate", lc.Rate, "open loop: arrivals per second")
+	fs.IntVar(&lc.Concurrency, "concurrency", lc.Concurrency, "closed loop: concurrent requests")
+	fs.IntVar(&lc.MaxInFlight, "max-in-flight", lc.MaxInFlight, "open loop: most requests in flight (later ones are late, and timed from their schedule)")
+	fs.DurationVar(&lc.Duration, "duration", lc.Duration, "stop sending after this long (0: only --requests)")
+	fs.IntVar(&lc.Requests, "requests", lc.Requests, "stop after this many requests (0: only --duration)")
+	fs.DurationVar(&lc.Timeout, "timeout", lc.Timeout, "per-request timeout")
+	fs.DurationVar(&lc.Drain, "drain", lc.Drain, "wait this long for requests in flight at the end")
+	seed := fs.Uint64("seed", 1, "seed of the workload and the arrival times (same seed, same requests)")
+	fs.Var(&metrics, "metrics", "backends' Prometheus /metrics URLs, comma-separated, for the KV-cache hit rate")
+	fs.DurationVar(&lc.MetricsInterval, "metrics-interval", lc.MetricsInterval, "period of the hit-rate-over-time samples")
+	fs.Var(&backends, "backends", "backend ids expected to get traffic, for max/min share (default: host:port of each --metrics URL)")
+	fs.StringVar(&lc.BackendHeader, "backend-header", lc.BackendHeader, "response header naming the backend (X-Gpusim-Instance is the fallback)")
+	fs.StringVar(&lc.DecisionHeader, "decision-header", lc.DecisionHeader, "response header naming the router's decision")
+	fs.BoolVar(&lc.AllowRemote, "allow-remote", false, "allow targets outside 127.0.0.0/8")
+	fs.StringVar(&lc.Label, "label", "", "name of this run in the output (e.g. the strategy)")
+	jsonPath := fs.String("json", "", "write the summary as JSON to this file (- for stdout)")
+	htmlPath := fs.String("html", "", "write an HTML report to this file")
+	fs.DurationVar(&lc.ProgressInterval, "progress-interval", lc.ProgressInterval, "period of the progress line on stderr")
+	quiet := fs.Bool("quiet", false, "no progress line")
+	wc.BindFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: warmroute loadtest [flags]\n\n"+
+			"Drives an OpenAI-compatible endpoint (a warmroute router, one backend, or another\n"+
+			"router) with a seeded workload and reports TTFT, inter-token and end-to-end latency\n"+
+			"(p50/p90/p99), throughput, errors by kind, traffic share per backend, the router's\n"+
+			"decisions and, with --metrics, the backends' KV-cache hit rate.\n"+
+			"To compare routing strategies on a local fleet, see 'warmroute demo'.\n"+
+			"See docs/loadtest.md.\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	lc.Targets, lc.MetricsURLs, lc.Backends = targets, metrics, backends
+	lc.Mode = loadtest.Mode(mode)
+	lc.Seed, wc.Seed = *seed, *seed
+	lc.Workload = string(wc.Kind)
+	if !*quiet {
+		lc.Progress = stderr
+	}
+	if err := lc.Validate(); err != nil {
+		return err
+	}
+	if err := wc.Validate(); err != nil {
+		return err
+	}
+	if wc.Model == "" {
+		ids, err := loadtest.Models(ctx, lc.Targets[0])
+		switch {
+		case err != nil:
+			return err
+		case len(ids) == 0:
+			return fmt.Errorf("%s/v1/models lists no model: set --model", lc.Targets[0])
+		}
+		wc.Model = ids[0]
+	}
+	gen, err := workload.New(wc)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "loadtest: %s workload (model %s, seed %d) against %s, %s\n",
+		wc.Kind, wc.Model, wc.Seed, strings.Join(lc.Targets, ","), describeLoad(&lc))
+	s, runErr := loadtest.Run(ctx, lc, gen)
+	if runErr != nil && !errors.Is(runErr, loadtest.ErrInterrupted) {
+		return runErr
+	}
+	if s.Label == "" {
+		s.Label = "-"
+	}
+	if err := report.WriteTable(stdout, []stats.Summary{s}); err != nil {
+		return err
+	}
+	rep := &report.Report{
+		Title:       "warmroute load test",
+		GeneratedAt: time.Now(),
+		Command:     "warmroute loadtest " + strings.Join(args, " "),
+		Setup:       []string{fmt.Sprintf("%s workload, %s, targets %s", wc.Kind, describeLoad(&lc), strings.Join(lc.Targets, ","))},
+		Partial:     s.Partial,
+		Runs:        []stats.Summary{s},
+	}
+	if err := writeReports(rep, *jsonPath, *htmlPath, stdout, stderr); err != nil {
+		return err
+	}
+	return runErr
+}
+
+func describeLoad(c *loadtest.Config) string {
+	d := fmt.Sprintf("open loop at %g req/s", c.Rate)
+	if c.Mode == loadtest.ClosedLoop {
+		d = fmt.Sprintf("closed loop with %d workers", c.Concurrency)
+	}
+	if c.Duration > 0 {
+		d += " for " + c.Duration.String()
+	}
+	if c.Requests > 0 {
+		d += fmt.Sprintf(", at most %d requests", c.Requests)
+	}
+	return d
+}
+
+// writeOutputs writes the JSON and HTML reports where asked.
+func writeReports(rep *report.Report, jsonPath, htmlPath string, stdout, stderr io.Writer) error {
+	if jsonPath == "-" {
+		if err := report.WriteJSON(stdout, rep); err != nil {
+			return err
+		}
+	} else if jsonPath != "" {
+		if err := writeReportFile(jsonPath, func(w io.Writer) error { return report.WriteJSON(w, rep) }); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "JSON: %s\n", jsonPath)
+	}
+	if htmlPath != "" {
+		if err := writeReportFile(htmlPath, func(w io.Writer) error { return report.WriteHTML(w, rep) }); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "HTML report: %s\n", htmlPath)
+	}
+	return nil
+}
+
+func writeReportFile(path string, write func(io.Writer) error) error {
+	if dir := filepath.Dir(path); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"encoding/xml"
+	"fmt"
 	"io"
 	"math"
 	"regexp"
@@ -155,6 +156,21 @@ func TestEmptyCharts(t *testing.T) {
 	} {
 		if !strings.Contains(s, "no data") || !strings.HasSuffix(s, "</svg>") {
 			t.Fatalf("empty chart %q", s)
+		}
+	}
+}
+
+func TestBarsStayInsideThePlot(t *testing.T) {
+	// 0.336 would overflow an axis ending at the 0.3 tick
+	svg := barChart("t", "y", []string{"a", "b", "c"},
+		[]bars{{Name: "s", Colour: "#000", Values: []float64{0.336, 0.336, 0.328}}}, 1.0/3)
+	for _, m := range regexp.MustCompile(`<rect x="[^"]+" y="([-0-9.]+)"`).FindAllStringSubmatch(svg, -1) {
+		var y float64
+		if _, err := fmt.Sscan(m[1], &y); err != nil {
+			t.Fatal(err)
+		}
+		if y < padT {
+			t.Fatalf("bar top at y=%g, above the plot (%d)", y, padT)
 		}
 	}
 }

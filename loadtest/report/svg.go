@@ -202,6 +202,10 @@ func barChart(title, yLabel string, categories []string, bs []bars, ref float64)
 	}
 	ticks := niceTicks(0, hi*1.05, 5)
 	yHi := ticks[len(ticks)-1]
+	if yHi < hi*1.05 && len(ticks) > 1 {
+		yHi += ticks[1] - ticks[0]
+		ticks = append(ticks, yHi)
+	}
 	pw := float64(chartW - padL - padR)
 	ph := float64(chartH - padT - padB)
 	py := func(y float64) float64 { return float64(padT) + ph*(1-y/yHi) }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"flag"
+	"io"
 	"math"
 	"strings"
 	"testing"
@@ -500,3 +502,28 @@ func BenchmarkNext(b *testing.B) {
 }
 
 func (c Config) withKind(k Kind) Config { c.Kind = k; return c }
+
+func TestBindFlags(t *testing.T) {
+	c := DefaultConfig()
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	c.BindFlags(fs)
+	err := fs.Parse([]string{"--workload", "mix", "--mix", "rag=1,code=2", "--rag-docs", "9", "--zipf", "0.8",
+		"--chat-turns", "3", "--code-min-cursor", "0.25", "--stream=false", "--tenants", "2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Kind != KindMix || FormatMix(c.Mix) != "code=2,rag=1" || c.RAG.Documents != 9 || c.Zipf != 0.8 ||
+		c.Chat.Turns != 3 || c.Code.MinCursor != 0.25 || c.Stream || c.Tenants != 2 {
+		t.Fatalf("flags not applied: %+v", c)
+	}
+	for _, bad := range [][]string{{"--workload", "poems"}, {"--mix", "rag"}} {
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		d := DefaultConfig()
+		d.BindFlags(fs)
+		if err := fs.Parse(bad); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+}
