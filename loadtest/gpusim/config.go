@@ -44,6 +44,11 @@ type Config struct {
 	// MaxNumSeqs is the most requests running at once (vLLM
 	// --max-num-seqs); later requests wait in a FIFO queue.
 	MaxNumSeqs int
+	// MaxNumBatchedTokens is vLLM's per-step token budget
+	// (--max-num-batched-tokens): a waiting request starts its prefill
+	// only while the prefills in progress have fewer tokens than this left
+	// to compute (a request alone may exceed it).
+	MaxNumBatchedTokens int
 
 	// PrefillTokensPerSec is the instance's prefill throughput, shared
 	// equally among the requests prefilling at the same time.
@@ -51,6 +56,11 @@ type Config struct {
 	// Overhead is the fixed part of time-to-first-token (API server,
 	// tokenization, scheduling, the first forward pass).
 	Overhead time.Duration
+	// StreamInterval is vLLM's --stream-interval: a stream sends its
+	// tokens in chunks of this many (the first token at once). Tokens
+	// that pile up while a client reads slowly are merged into one chunk
+	// whatever the interval, as vLLM's output collector merges them.
+	StreamInterval int
 	// ITLBase and ITLPerSeq give the inter-token latency of a decode step:
 	// ITLBase + ITLPerSeq x (requests running).
 	ITLBase   time.Duration
@@ -91,6 +101,8 @@ func DefaultConfig() Config {
 		KVCacheBlocks:       84000,
 		KVAdmissionCheck:    true,
 		MaxNumSeqs:          1024,
+		MaxNumBatchedTokens: 8192,
+		StreamInterval:      1,
 		PrefillTokensPerSec: 15000,
 		Overhead:            50 * time.Millisecond,
 		ITLBase:             12 * time.Millisecond,
@@ -123,6 +135,10 @@ func (c Config) Validate() error {
 		return bad("kv cache blocks %d < 1", c.KVCacheBlocks)
 	case c.MaxNumSeqs < 1:
 		return bad("max num seqs %d < 1", c.MaxNumSeqs)
+	case c.MaxNumBatchedTokens < 1:
+		return bad("max num batched tokens %d < 1", c.MaxNumBatchedTokens)
+	case c.StreamInterval < 1:
+		return bad("stream interval %d < 1", c.StreamInterval)
 	case !(c.PrefillTokensPerSec > 0):
 		return bad("prefill tokens/s %v must be > 0", c.PrefillTokensPerSec)
 	case c.Overhead < 0 || c.ITLBase < 0 || c.ITLPerSeq < 0:
@@ -160,6 +176,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.KVCacheBlocks, "kv-blocks", c.KVCacheBlocks, "KV-cache capacity in blocks")
 	fs.BoolVar(&c.KVAdmissionCheck, "kv-admission", c.KVAdmissionCheck, "queue requests whose KV blocks do not fit")
 	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, "most requests running at once; more wait in a FIFO queue")
+	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", c.MaxNumBatchedTokens, "prefill token budget: waiting requests start prefill while fewer tokens are left in progress")
+	fs.IntVar(&c.StreamInterval, "stream-interval", c.StreamInterval, "tokens per streamed chunk (the first token is sent at once)")
 	fs.Float64Var(&c.PrefillTokensPerSec, "prefill-tokens-per-sec", c.PrefillTokensPerSec, "prefill throughput, shared by concurrent prefills")
 	fs.DurationVar(&c.Overhead, "overhead", c.Overhead, "fixed part of time-to-first-token")
 	fs.DurationVar(&c.ITLBase, "itl-base", c.ITLBase, "inter-token latency of a decode step with no load")

@@ -33,8 +33,9 @@ type seq struct {
 
 	// Engine-private.
 	state     seqState
-	hitBlocks int
-	remaining float64 // prefill tokens still to compute
+	work      int     // prefill tokens to compute (the uncached ones)
+	remaining float64 // of which still to compute
+	nextBlock int     // first prompt block not yet registered in the cache
 	blocks    []*kvBlock
 	anon      int
 	generated int
@@ -50,9 +51,13 @@ func newSeq(shape promptShape, maxTokens int, limited bool, arrival time.Time) *
 // waiting queue, the running requests and the KV pool, and advances
 // simulated time from event to event (arrival, abort, prefill completion,
 // decode step). Prefill is processor-shared: the prefill throughput is
-// split equally among the requests prefilling at the same moment. Decode
-// runs in steps: every step gives each decoding request one token and lasts
-// ITLBase + ITLPerSeq x running.
+// split equally among the requests prefilling at the same moment, and, as
+// vLLM's per-step token budget (max_num_batched_tokens) does, a waiting
+// request starts its prefill only while the prefills in progress have
+// fewer than MaxNumBatchedTokens tokens left (or none is in progress).
+// Computed prompt blocks enter the cache as prefill progresses, as vLLM
+// caches each chunk's full blocks. Decode runs in steps: every step gives
+// each decoding request one token and lasts ITLBase + ITLPerSeq x running.
 type engine struct {
 	cfg *Config
 	c   *counters
@@ -171,6 +176,7 @@ func (e *engine) advance(now time.Time) {
 			work := dt * e.prefillRate / float64(n)
 			for _, s := range e.prefilling {
 				s.remaining -= work
+				e.cacheComputed(s, s.work-int(math.Ceil(s.remaining-prefillEpsilon)))
 			}
 		}
 	}
@@ -180,6 +186,19 @@ func (e *engine) advance(now time.Time) {
 // prefillEpsilon absorbs float rounding in the processor-sharing clock.
 const prefillEpsilon = 1e-3
 
+// cacheComputed registers the full prompt blocks covered once computed of
+// s's uncached tokens are done.
+func (e *engine) cacheComputed(s *seq, computed int) {
+	b := e.cfg.BlockSize
+	upTo := min(len(s.shape.hashes), (s.shape.tokens-s.work+max(0, computed))/b)
+	for ; s.nextBlock < upTo && s.anon > 0; s.nextBlock++ {
+		if blk := e.kv.promote(s.shape.hashes[s.nextBlock]); blk != nil {
+			s.blocks = append(s.blocks, blk)
+			s.anon--
+		}
+	}
+}
+
 func (e *engine) running() int { return len(e.prefilling) + len(e.decoding) }
 
 // itl is the wall-clock length of a decode step at the current load.
@@ -188,9 +207,14 @@ func (e *engine) itl() time.Duration {
 }
 
 // admit moves waiting requests (FIFO) into prefill while a sequence slot
-// is free and, with the admission check, their KV blocks fit.
+// is free, the prefill token budget has room and, with the admission check,
+// their KV blocks fit.
 func (e *engine) admit(now time.Time) {
 	b := e.cfg.BlockSize
+	pending := 0.0 // prefill tokens left in the prefills in progress
+	for _, s := range e.prefilling {
+		pending += max(0, s.remaining)
+	}
 	n := 0
 	for _, s := range e.waiting {
 		if e.running() >= e.cfg.MaxNumSeqs {
@@ -199,16 +223,22 @@ func (e *engine) admit(now time.Time) {
 		p := s.shape.tokens
 		// At least the last prompt token is always computed.
 		hits := e.kv.longestPrefix(s.shape.hashes, (p-1)/b)
+		work := p - hits*b
+		if len(e.prefilling) > 0 && pending+float64(work) > float64(e.cfg.MaxNumBatchedTokens) {
+			break
+		}
 		need := (p+s.maxTokens+b-1)/b - hits
 		if e.cfg.KVAdmissionCheck && !e.kv.canAllocate(need, s.shape.hashes[:hits]) {
 			break
 		}
 		n++
+		pending += float64(work)
 		s.blocks = e.kv.acquire(s.blocks, s.shape.hashes[:hits])
 		s.anon = e.kv.allocate(need)
-		s.hitBlocks = hits
+		s.nextBlock = hits
 		s.cachedTokens = hits * b
-		s.remaining = float64(p - hits*b)
+		s.work = work
+		s.remaining = float64(work)
 		s.state = statePrefill
 		e.prefilling = append(e.prefilling, s)
 		e.c.cacheQueries.Add(uint64(p))
@@ -230,12 +260,7 @@ func (e *engine) finishPrefills(now time.Time) {
 			keep = append(keep, s)
 			continue
 		}
-		for k := s.hitBlocks; k < len(s.shape.hashes) && s.anon > 0; k++ {
-			if blk := e.kv.promote(s.shape.hashes[k]); blk != nil {
-				s.blocks = append(s.blocks, blk)
-				s.anon--
-			}
-		}
+		e.cacheComputed(s, s.work)
 		e.c.promptTokens.Add(uint64(s.shape.tokens))
 		e.m.ttft.Observe(now.Sub(s.arrival).Seconds())
 		s.state = stateDecode

@@ -64,9 +64,10 @@ func (rs *response) waitToken(ctx context.Context) bool {
 }
 
 // stream writes Server-Sent Events as vLLM does: for chat a first chunk
-// with the assistant role, then one chunk per token (the last carrying the
-// finish_reason), an optional usage chunk, and "data: [DONE]". Every batch
-// of tokens available at once is written and flushed together.
+// with the assistant role, then chunks of tokens (the last carrying the
+// finish_reason), an optional usage chunk, and "data: [DONE]". The first
+// token goes out at once, later ones every StreamInterval tokens; tokens
+// that pile up while the client reads slowly are merged into one chunk.
 func (rs *response) stream(ctx context.Context, w http.ResponseWriter) {
 	rc := http.NewResponseController(w)
 	h := w.Header()
@@ -83,16 +84,16 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter) {
 	}
 	head := append([]byte("data: "), rs.appendBase(nil, object)...)
 	head = append(head, `"choices":[{"index":0,`...)
-	last := rs.s.maxTokens - 1
+	total, interval := rs.s.maxTokens, rs.in.cfg.StreamInterval
 	buf := make([]byte, 0, 1024)
 	got, sent := 0, 0
-	for got <= last {
+	for got < total {
 		if !rs.waitToken(ctx) {
 			return
 		}
 		got++
 	drain:
-		for got <= last {
+		for got < total {
 			select {
 			case <-rs.s.tokens:
 				got++
@@ -100,33 +101,33 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter) {
 				break drain
 			}
 		}
+		if sent > 0 && got < total && got-sent < interval {
+			continue
+		}
 		buf = buf[:0]
 		if sent == 0 && rs.p.chat {
 			buf = append(buf, head...)
 			buf = append(buf, `"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
 		}
-		for ; sent < got; sent++ {
-			buf = append(buf, head...)
-			if rs.p.chat {
-				buf = append(buf, `"delta":{"content":"`...)
-				buf = append(buf, rs.in.fill.token(rs.s.shape.seed, sent)...)
-				buf = append(buf, `"},"logprobs":null,"finish_reason":`...)
-			} else {
-				buf = append(buf, `"text":"`...)
-				buf = append(buf, rs.in.fill.token(rs.s.shape.seed, sent)...)
-				buf = append(buf, `","logprobs":null,"finish_reason":`...)
-			}
-			if sent == last {
-				buf = append(buf, '"')
-				buf = append(buf, rs.finishReason()...)
-				buf = append(buf, `","stop_reason":null}]}`+"\n\n"...)
-			} else if rs.p.chat {
-				buf = append(buf, `null}]}`+"\n\n"...)
-			} else {
-				buf = append(buf, `null,"stop_reason":null}]}`+"\n\n"...)
-			}
+		buf = append(buf, head...)
+		if rs.p.chat {
+			buf = append(buf, `"delta":{"content":"`...)
+		} else {
+			buf = append(buf, `"text":"`...)
 		}
-		if got > last {
+		for ; sent < got; sent++ {
+			buf = append(buf, rs.in.fill.token(rs.s.shape.seed, sent)...)
+		}
+		if rs.p.chat {
+			buf = append(buf, `"},"logprobs":null,"finish_reason":`...)
+		} else {
+			buf = append(buf, `","logprobs":null,"finish_reason":`...)
+		}
+		switch {
+		case got == total:
+			buf = append(buf, '"')
+			buf = append(buf, rs.finishReason()...)
+			buf = append(buf, `","stop_reason":null}]}`+"\n\n"...)
 			if rs.p.includeUsage {
 				buf = append(buf, "data: "...)
 				buf = rs.appendBase(buf, object)
@@ -135,9 +136,13 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter) {
 				buf = append(buf, "}\n\n"...)
 			}
 			buf = append(buf, "data: [DONE]\n\n"...)
+		case rs.p.chat:
+			buf = append(buf, `null}]}`+"\n\n"...)
+		default:
+			buf = append(buf, `null,"stop_reason":null}]}`+"\n\n"...)
 		}
 		if _, err := w.Write(buf); err != nil || rc.Flush() != nil {
-			if got <= last {
+			if got < total {
 				rs.in.eng.abort(rs.s)
 			}
 			return

@@ -500,3 +500,69 @@ func TestResetPrefixCacheEndpoint(t *testing.T) {
 		t.Fatalf("after reset: cached %d, want 0", got)
 	}
 }
+
+func TestStreamIntervalBatchesTokens(t *testing.T) {
+	cfg := fastConfig()
+	cfg.StreamInterval = 4
+	cfg.ITLBase = 5 * time.Millisecond
+	ts := startInstance(t, cfg)
+	r := ts.stream(t, t.Context(), "/v1/chat/completions", chatBody("count", `,"max_tokens":10,"stream":true`))
+	want := ts.postJSON(t, "/v1/chat/completions", chatBody("count", `,"max_tokens":10`)).Choices[0].Message.Content
+	if r.text != want || r.finish != "length" {
+		t.Fatalf("streamed %q (%s), want %q", r.text, r.finish, want)
+	}
+	var contents []string
+	for _, c := range r.chunks {
+		if len(c.Choices) == 1 && c.Choices[0].Delta.Content != "" {
+			contents = append(contents, c.Choices[0].Delta.Content)
+		}
+	}
+	// Tokens 1, 2-5, 6-9, 10 at most; only pile-ups merge chunks further.
+	if len(contents) > 4 {
+		t.Fatalf("%d content chunks for 10 tokens at interval 4: %q", len(contents), contents)
+	}
+	for i, c := range contents[1 : len(contents)-1] {
+		if n := len(strings.Fields(c)); n < 4 {
+			t.Fatalf("chunk %d has %d tokens, want at least 4: %q", i+1, n, contents)
+		}
+	}
+}
+
+func TestPrefillTokenBudgetQueuesPrefills(t *testing.T) {
+	cfg := fastConfig()
+	cfg.PrefillTokensPerSec = 1000 // 1,000 tokens: 1 s
+	cfg.MaxNumBatchedTokens = 1500
+	ts := startInstance(t, cfg)
+	var wg sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ts.postJSON(t, "/v1/completions", tokenIDsBody(seqIDs(i*10000, 1000), `,"max_tokens":1`))
+		}()
+	}
+	waitFor(t, "one prefilling and one waiting for the token budget", func() bool {
+		st := ts.in.Stats()
+		return st.Running == 1 && st.Waiting == 1
+	})
+	wg.Wait()
+}
+
+func TestPrefillCachesBlocksAsItGoes(t *testing.T) {
+	cfg := fastConfig()
+	cfg.PrefillTokensPerSec = 1000 // 2,000 tokens: 2 s
+	ts := startInstance(t, cfg)
+	body := tokenIDsBody(seqIDs(0, 2000), `,"max_tokens":1`)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ts.postJSON(t, "/v1/completions", body)
+	}()
+	waitFor(t, "the first request prefilling", func() bool { return ts.in.Stats().Running == 1 })
+	time.Sleep(500 * time.Millisecond) // at 1,000 tokens/s: >= 500 tokens computed
+	got := ts.postJSON(t, "/v1/completions", body).Usage.PromptTokensDetails.CachedTokens
+	if got < 496 {
+		t.Fatalf("request arriving mid-prefill cached %d tokens, want >= 496 (31 blocks computed)", got)
+	}
+	<-done
+}
