@@ -30,8 +30,9 @@ import (
 //
 //	GPUSIM_LOAD=1 go test -run TestLoadCPUPerRequest -v ./loadtest/gpusim
 //
-// GPUSIM_LOAD_RATE (requests/s, default 200) and GPUSIM_LOAD_SECONDS
-// (default 20) change the run.
+// GPUSIM_LOAD_RATE (requests/s, default 200), GPUSIM_LOAD_SECONDS (default
+// 20) and GPUSIM_LOAD_STREAM_INTERVAL (tokens per chunk, default 1) change
+// the run; GPUSIM_LOAD_CPUPROFILE=FILE profiles the serving process.
 func TestLoadCPUPerRequest(t *testing.T) {
 	if os.Getenv("GPUSIM_LOAD") == "" {
 		t.Skip("set GPUSIM_LOAD=1 to run the load benchmark")
@@ -240,7 +241,9 @@ func TestLoadChildServer(t *testing.T) {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	f, err := StartFleet(t.Context(), FleetConfig{N: 7, Instance: DefaultConfig()})
+	cfg := DefaultConfig()
+	cfg.StreamInterval = envInt("GPUSIM_LOAD_STREAM_INTERVAL", 1)
+	f, err := StartFleet(t.Context(), FleetConfig{N: 7, Instance: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,7 +42,7 @@ func validationError(format string, a ...any) *apiError {
 // that gpusim reads. Unknown fields are ignored, as vLLM does.
 type wireRequest struct {
 	Model               string          `json:"model"`
-	Messages            json.RawMessage `json:"messages"`
+	Messages            *[]chatMessage  `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
 	MaxTokens           *int64          `json:"max_tokens"`
 	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
@@ -80,7 +80,7 @@ func parseRequest(body []byte, ep endpoint, bytesPerToken int, buf []byte) (pars
 	if err := json.Unmarshal(body, &w); err != nil {
 		return parsedRequest{}, validationError("JSON decode error: %v", err)
 	}
-	hasMessages := isPresent(w.Messages)
+	hasMessages := w.Messages != nil
 	hasPrompt := isPresent(w.Prompt)
 	if ep == endpointInvocations {
 		switch {
@@ -99,10 +99,7 @@ func parseRequest(body []byte, ep endpoint, bytesPerToken int, buf []byte) (pars
 		if !hasMessages {
 			return parsedRequest{}, validationError("messages: Field required")
 		}
-		var msgs []chatMessage
-		if err := json.Unmarshal(w.Messages, &msgs); err != nil {
-			return parsedRequest{}, validationError("messages: %v", err)
-		}
+		msgs := *w.Messages
 		for i := range msgs {
 			if msgs[i].Role == "" {
 				return parsedRequest{}, validationError("messages.%d.role: Field required", i)
@@ -207,6 +204,11 @@ func (c *chatContent) UnmarshalJSON(b []byte) error {
 	}
 	switch b[0] {
 	case '"':
+		// The decoder has validated b; without escapes it is the text.
+		if len(b) >= 2 && bytes.IndexByte(b[1:len(b)-1], '\\') < 0 {
+			c.text = string(b[1 : len(b)-1])
+			return nil
+		}
 		return json.Unmarshal(b, &c.text)
 	case 'n':
 		if string(b) != "null" {
