@@ -444,9 +444,16 @@ func (w *prefixWriter) raw(p []byte) {
 func (w *prefixWriter) json(raw []byte) error {
 	var buf [utf8.UTFMax]byte
 	for len(raw) > 0 && w.left > 0 {
-		i := bytes.IndexByte(raw, '\\')
+		// Escapes only shorten text, so nothing past left+1 raw bytes can
+		// be written (raw needs the byte at the cut to find a rune start):
+		// the search for an escape stops there.
+		win := raw
+		if len(win) > w.left+1 {
+			win = win[:w.left+1]
+		}
+		i := bytes.IndexByte(win, '\\')
 		if i < 0 {
-			w.raw(raw)
+			w.raw(win)
 			return nil
 		}
 		w.raw(raw[:i])
