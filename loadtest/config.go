@@ -57,6 +57,10 @@ type Config struct {
 	// requests (0: no limit). At least one must be set.
 	Duration time.Duration
 	Requests int
+	// Warmup is sent before the measured Duration: its requests are not
+	// recorded and the hit rate counts from its end (steady state rather
+	// than cold start). 0: measure from the first request.
+	Warmup time.Duration
 	// Timeout bounds one request, headers to last byte.
 	Timeout time.Duration
 	// Drain bounds the wait for requests in flight once sending stops;
@@ -147,6 +151,9 @@ func (c Config) Validate() error {
 	}
 	if c.Duration < 0 || c.Requests < 0 {
 		return bad("negative duration or request count")
+	}
+	if c.Warmup < 0 {
+		return bad("negative warm-up")
 	}
 	if c.Timeout <= 0 || c.Drain < 0 {
 		return bad("timeout must be > 0 and drain >= 0")

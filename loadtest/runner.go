@@ -100,7 +100,11 @@ func Run(ctx context.Context, cfg Config, gen workload.Generator) (stats.Summary
 		if err != nil {
 			return stats.Summary{}, err
 		}
-		r.kvStart, r.kvPrev = first, first
+		r.kvPrev = first
+		r.kvStart = make(map[string]stats.CacheCounters, len(first))
+		for k, v := range first {
+			r.kvStart[k] = v
+		}
 		r.client.aliases = r.scraper.aliasMap()
 	}
 	return r.execute(ctx)
@@ -114,7 +118,9 @@ type run struct {
 	scraper *scraper
 
 	start    time.Time
+	measure  time.Time // start + Warmup: outcomes before it are not recorded
 	sent     atomic.Int64
+	warmed   atomic.Int64 // warm-up requests finished (not recorded)
 	inFlight atomic.Int64
 	canceled atomic.Int64
 	lastDone atomic.Int64 // unix nanos of the latest answer
@@ -141,10 +147,15 @@ func (r *run) execute(ctx context.Context) (stats.Summary, error) {
 	var bg sync.WaitGroup
 
 	r.start = time.Now()
-	r.lastDone.Store(r.start.UnixNano())
+	r.measure = r.start.Add(r.cfg.Warmup)
+	r.lastDone.Store(r.measure.UnixNano())
 	if r.scraper != nil {
 		bg.Add(1)
 		go func() { defer bg.Done(); r.sample(bgCtx) }()
+		if r.cfg.Warmup > 0 {
+			bg.Add(1)
+			go func() { defer bg.Done(); r.warmupScrape(bgCtx) }()
+		}
 	}
 	if r.cfg.Progress != nil {
 		bg.Add(1)
@@ -175,7 +186,7 @@ func (r *run) execute(ctx context.Context) (stats.Summary, error) {
 
 	interrupted := ctx.Err() != nil
 	end := time.Unix(0, r.lastDone.Load())
-	s := r.rec.Summarize(end.Sub(r.start), r.expected())
+	s := r.rec.Summarize(max(end.Sub(r.measure), 0), r.expected())
 	s.Label = r.cfg.Label
 	s.Workload = r.cfg.Workload
 	if len(r.cfg.Targets) == 1 {
@@ -186,6 +197,8 @@ func (r *run) execute(ctx context.Context) (stats.Summary, error) {
 	s.StartedAt = r.start.UTC()
 	s.Sent = r.sent.Load()
 	s.Canceled = r.canceled.Load()
+	s.WarmupSeconds = r.cfg.Warmup.Seconds()
+	s.WarmupRequests = r.warmed.Load()
 	s.Partial = interrupted
 	if r.scraper != nil {
 		// a fresh context: the final scrape must run even after Ctrl-C
@@ -193,7 +206,9 @@ func (r *run) execute(ctx context.Context) (stats.Summary, error) {
 		last, _ := r.scraper.scrape(sctx)
 		cancel()
 		r.addSample(last, time.Since(r.start))
+		r.kvMu.Lock()
 		kv := stats.HitRate(r.kvStart, last)
+		r.kvMu.Unlock()
 		s.KV = &kv
 		s.KVSeries = r.kvSeries
 	}
@@ -222,7 +237,7 @@ func (r *run) openLoop(ctx, reqCtx context.Context, wg *sync.WaitGroup) {
 	<-timer.C
 	intended := r.start
 	for i := 0; r.cfg.Requests == 0 || i < r.cfg.Requests; i++ {
-		if r.cfg.Duration > 0 && intended.Sub(r.start) >= r.cfg.Duration {
+		if r.cfg.Duration > 0 && intended.Sub(r.measure) >= r.cfg.Duration {
 			return
 		}
 		if d := time.Until(intended); d > 0 {
@@ -259,7 +274,7 @@ func (r *run) closedLoop(ctx, reqCtx context.Context, wg *sync.WaitGroup) {
 		mu sync.Mutex
 		n  int
 	)
-	deadline := r.start.Add(r.cfg.Duration)
+	deadline := r.measure.Add(r.cfg.Duration)
 	// next hands out the next request, or nil when the run is over.
 	next := func() (*workload.Request, string) {
 		mu.Lock()
@@ -300,9 +315,12 @@ func (r *run) send(reqCtx context.Context, target string, req *workload.Request,
 	r.client.do(ctx, reqCtx, target, req, intended, o)
 	cancel()
 	r.inFlight.Add(-1)
-	if o.Err == ErrKindCanceled {
+	switch {
+	case o.Err == ErrKindCanceled:
 		r.canceled.Add(1)
-	} else {
+	case intended.Before(r.measure):
+		r.warmed.Add(1)
+	default:
 		r.rec.Record(o)
 		now := time.Now().UnixNano()
 		for {
@@ -314,6 +332,24 @@ func (r *run) send(reqCtx context.Context, target string, req *workload.Request,
 	}
 	r.outPool.Put(o)
 	r.reqPool.Put(req)
+}
+
+// warmupScrape takes the counters the hit rate starts from at the end of
+// the warm-up.
+func (r *run) warmupScrape(ctx context.Context) {
+	t := time.NewTimer(time.Until(r.measure))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-t.C:
+	}
+	cur, _ := r.scraper.scrape(ctx)
+	r.kvMu.Lock()
+	defer r.kvMu.Unlock()
+	for k, v := range cur {
+		r.kvStart[k] = v
+	}
 }
 
 // sample scrapes the backends every MetricsInterval for the hit rate over

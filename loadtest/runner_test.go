@@ -85,7 +85,9 @@ func TestOpenLoopAgainstGpusim(t *testing.T) {
 	if s.Sent != 60 || s.OK != 60 || s.Failed != 0 || s.Partial {
 		t.Fatalf("sent %d ok %d failed %d (%v) partial %v", s.Sent, s.OK, s.Failed, s.Errors, s.Partial)
 	}
-	if s.TTFT.Count != 60 || s.TTFT.P50Ms <= 0 || s.E2E.P50Ms < s.TTFT.P50Ms || s.ITL.Count != 60*7 {
+	// 8 tokens: at most 7 gaps per request (fewer when the server merges
+	// tokens that piled up into one chunk)
+	if s.TTFT.Count != 60 || s.TTFT.P50Ms <= 0 || s.E2E.P50Ms < s.TTFT.P50Ms || s.ITL.Count == 0 || s.ITL.Count > 60*7 {
 		t.Fatalf("latencies: ttft %+v e2e %+v itl %+v", s.TTFT, s.E2E, s.ITL)
 	}
 	if s.CompletionTokens != 60*8 {
@@ -372,5 +374,32 @@ func TestModels(t *testing.T) {
 	ids, err := Models(context.Background(), f.URLs()[0])
 	if err != nil || len(ids) != 1 || ids[0] != sim.Model {
 		t.Fatalf("models %v, %v", ids, err)
+	}
+}
+
+func TestWarmupIsNotMeasured(t *testing.T) {
+	sim := fastSim()
+	f := startSim(t, 1, sim)
+	_, gen := ragWorkload(t, sim.Model)
+	cfg := DefaultConfig()
+	cfg.Targets = f.URLs()
+	cfg.MetricsURLs = metricsURLs(f.URLs())
+	cfg.Rate = 100
+	cfg.Warmup = 500 * time.Millisecond
+	cfg.Duration = 500 * time.Millisecond
+	s, err := Run(context.Background(), cfg, gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.WarmupRequests == 0 || s.OK == 0 || s.Sent != s.WarmupRequests+s.OK+s.Failed+s.Canceled {
+		t.Fatalf("sent %d = warm-up %d + ok %d + failed %d + canceled %d?", s.Sent, s.WarmupRequests, s.OK, s.Failed, s.Canceled)
+	}
+	// the four documents were first seen during the warm-up: what is
+	// measured afterwards hits
+	if s.KV.HitRate < 0.85 || s.UsageCachedRate < 0.85 {
+		t.Fatalf("hit rate after warm-up %.2f (usage %.2f)", s.KV.HitRate, s.UsageCachedRate)
+	}
+	if s.KV.QueriedTokens >= float64(s.PromptTokens)*1.5 {
+		t.Fatalf("queried tokens %g include the warm-up (measured prompt tokens %d)", s.KV.QueriedTokens, s.PromptTokens)
 	}
 }

@@ -3,10 +3,251 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/warmroute/warmroute/loadtest"
+	"github.com/warmroute/warmroute/loadtest/compare"
+	"github.com/warmroute/warmroute/loadtest/fleet"
+	"github.com/warmroute/warmroute/loadtest/report"
+	"github.com/warmroute/warmroute/loadtest/workload"
 )
 
-// TODO: placeholder until the demo subcommand is built.
-func cmdDemo(_ context.Context, _ []string, _, _ io.Writer) error {
-	return errors.New("demo: not built yet")
+// The demo's fleet and workloads. docs/loadtest.md explains the sizing: the
+// working set of every workload (about 96k tokens) is several times one
+// instance's KV cache (demoKVBlocks x 16 = 38,400 tokens) but fits in the
+// seven instances' caches together.
+const (
+	demoInstances     = 7
+	demoKVBlocks      = 2400
+	demoPrefixLength  = 2048
+	demoThreshold     = 6
+	demoLoadFactor    = 1.25
+	demoMaxTokens     = 96
+	demoDuration      = 20 * time.Second
+	demoNoReuseLength = 10 * time.Second
+)
+
+// demoCase returns the calibrated workload and load of one demo workload.
+func demoCase(name string, seed uint64, duration time.Duration, rateScale float64) (compare.Case, error) {
+	w := workload.DefaultConfig()
+	w.Seed = seed
+	w.MaxTokens = demoMaxTokens
+	l := loadtest.DefaultConfig()
+	l.Mode = loadtest.OpenLoop
+	l.Seed = seed
+	l.Duration = duration
+	l.Drain = 20 * time.Second
+	l.Timeout = 60 * time.Second
+	l.MetricsInterval = time.Second
+	switch name {
+	case "rag":
+		// 48 documents of 2,000 tokens: 96,000 tokens of documents
+		w.Kind = workload.KindRAG
+		w.RAG = workload.RAGConfig{Documents: 48, DocumentTokens: 2000, QuestionsPerDoc: 8, QuestionTokens: 24}
+		l.Rate = 20
+	case "chat":
+		// 40 open conversations of 10 turns, 1,500-token openings and 200
+		// tokens more per turn: about 100,000 tokens of history
+		w.Kind = workload.KindChat
+		w.Chat = workload.ChatConfig{Active: 40, Turns: 10, SystemTokens: 40, FirstUserTokens: 1500, UserTokens: 50, AssistantTokens: 150}
+		l.Rate = 20
+	case "noreuse":
+		w.Kind = workload.KindNoReuse
+		w.NoReuse.PromptTokens = 2000
+		l.Rate = 10
+		if duration == demoDuration {
+			l.Duration = demoNoReuseLength
+		}
+	case "bot":
+		w.Kind = workload.KindBot
+		w.Bot = workload.BotConfig{Templates: 12, PolicyTokens: 8000, UserTokens: 60}
+		l.Rate = 12
+	case "code":
+		w.Kind = workload.KindCode
+		w.Code = workload.CodeConfig{Files: 32, FileTokens: 3000, EditTokens: 12, MinCursor: 0.5}
+		l.Rate = 16
+	case "mix":
+		w.Kind = workload.KindMix
+		w.RAG = workload.RAGConfig{Documents: 16, DocumentTokens: 2000, QuestionsPerDoc: 8, QuestionTokens: 24}
+		w.Chat = workload.ChatConfig{Active: 12, Turns: 10, SystemTokens: 40, FirstUserTokens: 1500, UserTokens: 50, AssistantTokens: 150}
+		w.Bot = workload.BotConfig{Templates: 3, PolicyTokens: 8000, UserTokens: 60}
+		w.Code = workload.CodeConfig{Files: 8, FileTokens: 3000, EditTokens: 12, MinCursor: 0.5}
+		l.Rate = 16
+	default:
+		return compare.Case{}, fmt.Errorf("unknown workload %q (want rag, chat, bot, code, noreuse or mix)", name)
+	}
+	l.Rate *= rateScale
+	return compare.Case{Name: name, Workload: w, Load: l}, nil
+}
+
+// demoRouterArgs returns extra flags for router i of a demo fleet; the
+// place where clustered routers get their peers.
+func demoRouterArgs(int, []fleet.Router) []string { return nil }
+
+// cmdDemo compares routing strategies on a local fleet of simulated GPU
+// instances and writes a report.
+func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	strategies := csvFlag{"RANDOM", "PREFIX_AWARE"}
+	workloads := csvFlag{"rag", "chat", "noreuse"}
+	fs.Var(&strategies, "strategies", "routing strategies to compare, comma-separated, or 'all' ("+strings.Join(fleet.Strategies, ", ")+")")
+	fs.Var(&workloads, "workloads", "workloads, comma-separated: rag, chat, noreuse, bot, code, mix")
+	duration := fs.Duration("duration", demoDuration, "load per run (noreuse runs half as long by default)")
+	rateScale := fs.Float64("rate-scale", 1, "multiply every workload's calibrated arrival rate")
+	seed := fs.Uint64("seed", 1, "seed of the workloads and arrivals")
+	instances := fs.Int("instances", demoInstances, "simulated GPU instances")
+	routers := fs.Int("routers", 1, "router processes; clients spread requests over them in turn (0: no router)")
+	prefixLen := fs.Int("prefix-length", demoPrefixLength, "router --prefix-length")
+	threshold := fs.Int("concurrency-threshold", demoThreshold, "router --concurrency-threshold")
+	loadFactor := fs.Float64("load-factor", demoLoadFactor, "router --load-factor")
+	kvBlocks := fs.Int("kv-blocks", demoKVBlocks, "gpusim --kv-blocks: KV-cache blocks of 16 tokens per instance")
+	timeScale := fs.Float64("time-scale", 1, "gpusim --time-scale")
+	var gpusimArgs, routerArgs csvFlag
+	fs.Var(&gpusimArgs, "gpusim-args", "extra gpusim flags, comma-separated (e.g. --itl-base=20ms)")
+	fs.Var(&routerArgs, "router-args", "extra router flags, comma-separated")
+	out := fs.String("out", "", "directory for report.html, report.json and the fleet's logs (default out/demo-TIMESTAMP)")
+	quiet := fs.Bool("quiet", false, "no progress lines")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: warmroute demo [flags]\n\n"+
+			"Starts a local fleet (gpusim instances behind warmroute routers, all child processes\n"+
+			"of this executable on free loopback ports), runs each workload under each routing\n"+
+			"strategy against a cold fleet, prints one table and writes an HTML and a JSON report.\n"+
+			"Everything it starts is stopped on exit, including on Ctrl-C.\n"+
+			"See docs/loadtest.md for the sizing.\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if len(strategies) == 1 && strings.EqualFold(strategies[0], "all") {
+		strategies = append(csvFlag(nil), fleet.Strategies...)
+	}
+	for i, s := range strategies {
+		strategies[i] = strings.ToUpper(s)
+	}
+	if *rateScale <= 0 {
+		return fmt.Errorf("--rate-scale %g must be > 0", *rateScale)
+	}
+
+	fc := fleet.DefaultConfig()
+	fc.Instances = *instances
+	fc.Routers = *routers
+	fc.PrefixLength = *prefixLen
+	fc.ConcurrencyThreshold = *threshold
+	fc.LoadFactor = *loadFactor
+	fc.GpusimArgs = append([]string{
+		"--kv-blocks", strconv.Itoa(*kvBlocks),
+		"--time-scale", strconv.FormatFloat(*timeScale, 'g', -1, 64),
+	}, gpusimArgs...)
+	extra := append([]string(nil), routerArgs...)
+	fc.RouterArgs = func(i int, rs []fleet.Router) []string {
+		return append(demoRouterArgs(i, rs), extra...)
+	}
+	dir := *out
+	if dir == "" {
+		dir = filepath.Join("out", "demo-"+time.Now().Format("20060102-150405"))
+	}
+	fc.LogDir = filepath.Join(dir, "logs")
+
+	plan := compare.Plan{Strategies: strategies, Fleet: fc}
+	for _, name := range workloads {
+		c, err := demoCase(name, *seed, *duration, *rateScale)
+		if err != nil {
+			return err
+		}
+		plan.Cases = append(plan.Cases, c)
+	}
+	if err := plan.Validate(); err != nil {
+		return err
+	}
+	if !*quiet {
+		plan.Progress = stderr
+		for i := range plan.Cases {
+			plan.Cases[i].Load.Progress = stderr
+			plan.Cases[i].Load.ProgressInterval = 5 * time.Second
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	setup := demoSetup(&plan, *kvBlocks)
+	if !*quiet {
+		for _, s := range setup {
+			fmt.Fprintln(stderr, "demo:", s)
+		}
+	}
+
+	started := time.Now()
+	runs, runErr := compare.Execute(ctx, plan)
+	interrupted := errors.Is(runErr, loadtest.ErrInterrupted)
+	if runErr != nil && !interrupted && len(runs) == 0 {
+		return runErr
+	}
+	if len(runs) > 0 {
+		fmt.Fprintln(stdout)
+		if err := report.WriteTable(stdout, runs); err != nil {
+			return err
+		}
+	}
+	rep := &report.Report{
+		Title:       "warmroute routing strategy comparison",
+		GeneratedAt: time.Now(),
+		Command:     strings.TrimSpace("warmroute demo " + strings.Join(args, " ")),
+		Setup:       setup,
+		Partial:     interrupted,
+		Runs:        runs,
+	}
+	htmlPath := filepath.Join(dir, "report.html")
+	jsonPath := filepath.Join(dir, "report.json")
+	if err := writeReportFile(jsonPath, func(w io.Writer) error { return report.WriteJSON(w, rep) }); err != nil {
+		return err
+	}
+	if err := writeReportFile(htmlPath, func(w io.Writer) error { return report.WriteHTML(w, rep) }); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nreport: %s (JSON: %s)\n", htmlPath, jsonPath)
+	fmt.Fprintf(stdout, "%d runs in %.0fs\n", len(runs), time.Since(started).Seconds())
+	return runErr
+}
+
+// demoSetup describes the fleet and the workloads for the report.
+func demoSetup(p *compare.Plan, kvBlocks int) []string {
+	f := p.Fleet
+	s := []string{fmt.Sprintf("fleet: %d gpusim instances (%s), KV cache %d blocks x 16 = %d tokens each, %d tokens in all; %d router(s), prefix length %d, concurrency threshold %d, load factor %g",
+		f.Instances, strings.Join(f.GpusimArgs, " "), kvBlocks, kvBlocks*16, kvBlocks*16*f.Instances,
+		f.Routers, f.PrefixLength, f.ConcurrencyThreshold, f.LoadFactor)}
+	for _, c := range p.Cases {
+		s = append(s, fmt.Sprintf("%s: %s; working set ~%d tokens; open loop %.1f req/s for %s, seed %d, max_tokens %d",
+			c.Name, describeWorkload(c.Workload), c.Workload.SharedTokens(), c.Load.Rate, c.Load.Duration, c.Workload.Seed, c.Workload.MaxTokens))
+	}
+	return s
+}
+
+func describeWorkload(w workload.Config) string {
+	switch w.Kind {
+	case workload.KindRAG:
+		return fmt.Sprintf("%d documents of %d tokens, %d questions each", w.RAG.Documents, w.RAG.DocumentTokens, w.RAG.QuestionsPerDoc)
+	case workload.KindChat:
+		return fmt.Sprintf("%d open conversations of %d turns, first message %d tokens, +%d tokens per turn",
+			w.Chat.Active, w.Chat.Turns, w.Chat.FirstUserTokens, w.Chat.UserTokens+w.Chat.AssistantTokens)
+	case workload.KindNoReuse:
+		return fmt.Sprintf("unrelated prompts of %d tokens", w.NoReuse.PromptTokens)
+	case workload.KindBot:
+		return fmt.Sprintf("%d templates with %d-token policies", w.Bot.Templates, w.Bot.PolicyTokens)
+	case workload.KindCode:
+		return fmt.Sprintf("%d files of %d tokens", w.Code.Files, w.Code.FileTokens)
+	}
+	return string(w.Kind)
 }

@@ -49,6 +49,7 @@ func cmdLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&lc.MaxInFlight, "max-in-flight", lc.MaxInFlight, "open loop: most requests in flight (later ones are late, and timed from their schedule)")
 	fs.DurationVar(&lc.Duration, "duration", lc.Duration, "stop sending after this long (0: only --requests)")
 	fs.IntVar(&lc.Requests, "requests", lc.Requests, "stop after this many requests (0: only --duration)")
+	fs.DurationVar(&lc.Warmup, "warmup", lc.Warmup, "send this long before --duration without measuring (the hit rate then counts from its end)")
 	fs.DurationVar(&lc.Timeout, "timeout", lc.Timeout, "per-request timeout")
 	fs.DurationVar(&lc.Drain, "drain", lc.Drain, "wait this long for requests in flight at the end")
 	seed := fs.Uint64("seed", 1, "seed of the workload and the arrival times (same seed, same requests)")
@@ -138,6 +139,9 @@ func describeLoad(c *loadtest.Config) string {
 	d := fmt.Sprintf("open loop at %g req/s", c.Rate)
 	if c.Mode == loadtest.ClosedLoop {
 		d = fmt.Sprintf("closed loop with %d workers", c.Concurrency)
+	}
+	if c.Warmup > 0 {
+		d += " after a " + c.Warmup.String() + " warm-up"
 	}
 	if c.Duration > 0 {
 		d += " for " + c.Duration.String()

@@ -165,8 +165,13 @@ type Summary struct {
 	// Partial is set when the run was interrupted.
 	Partial   bool      `json:"partial,omitempty"`
 	StartedAt time.Time `json:"started_at"`
-	// Seconds is the measured window (first intended send to last answer).
+	// Seconds is the measured window (first intended send after the
+	// warm-up to last answer).
 	Seconds float64 `json:"seconds"`
+	// WarmupSeconds of traffic came first; its WarmupRequests are not in
+	// any figure below.
+	WarmupSeconds  float64 `json:"warmup_seconds,omitempty"`
+	WarmupRequests int64   `json:"warmup_requests,omitempty"`
 
 	// Sent counts requests sent; Requests those that finished (OK +
 	// Failed); Canceled those still running when the run stopped.
