@@ -17,7 +17,9 @@
 //
 // Time-to-first-token is Overhead + queueing + uncached tokens /
 // PrefillTokensPerSec, the prefill throughput being shared equally among
-// concurrent prefills. Decode runs in steps of ITLBase + ITLPerSeq x
+// concurrent prefills, and a waiting request starts its prefill only while
+// those in progress have fewer than MaxNumBatchedTokens tokens left. Decode
+// runs in steps of ITLBase + ITLPerSeq x
 // running requests, each giving every running request one token. At most
 // MaxNumSeqs requests run; later ones wait in a FIFO queue, as do requests
 // whose KV blocks do not fit (KVAdmissionCheck). TimeScale multiplies every
@@ -48,7 +50,8 @@
 //
 //	in, err := gpusim.New(cfg)
 //	srv := httptest.NewServer(in.Handler())
-//	defer in.Close() // after srv.Close
+//	defer srv.Close()
+//	defer in.Close() // runs first: aborts in-flight requests, so srv.Close need not wait for them
 //
 // Instance.SetFaults makes a fraction of requests fail (500) or stall;
 // Instance.Stats reports running, waiting, completed, aborted (client went

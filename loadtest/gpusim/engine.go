@@ -75,6 +75,10 @@ type engine struct {
 	decoding    []*seq
 	lastAdvance time.Time
 	nextStep    time.Time // zero when no decode step is scheduled
+	// lastTokens holds finished requests whose last token is sent only
+	// after the state is published, so that a client that has its whole
+	// answer sees the request completed in /metrics and Stats.
+	lastTokens []*seq
 	prefillRate float64   // tokens per wall-clock second
 }
 
@@ -160,6 +164,11 @@ func (e *engine) run() {
 		}
 		e.admit(now)
 		e.publish()
+		for i, s := range e.lastTokens {
+			s.tokens <- struct{}{}
+			e.lastTokens[i] = nil
+		}
+		e.lastTokens = e.lastTokens[:0]
 		if at, ok := e.nextEvent(now); ok {
 			timer.Reset(at.Sub(now))
 		} else {
@@ -311,6 +320,10 @@ func (e *engine) emit(s *seq, now time.Time) {
 	s.generated++
 	s.lastToken = now
 	e.c.generationTokens.Add(1)
+	if s.generated >= s.maxTokens {
+		e.lastTokens = append(e.lastTokens, s) // sent after publish
+		return
+	}
 	s.tokens <- struct{}{} // never blocks: capacity is maxTokens
 }
 
