@@ -78,8 +78,8 @@ type engine struct {
 	// lastTokens holds finished requests whose last token is sent only
 	// after the state is published, so that a client that has its whole
 	// answer sees the request completed in /metrics and Stats.
-	lastTokens []*seq
-	prefillRate float64   // tokens per wall-clock second
+	lastTokens  []*seq
+	prefillRate float64 // tokens per wall-clock second
 }
 
 func newEngine(cfg *Config, c *counters, m *metrics) *engine {
