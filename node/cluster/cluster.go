@@ -1,0 +1,523 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	wal "github.com/hashicorp/raft-wal"
+	"github.com/hashicorp/raft-wal/metadb"
+)
+
+// Cluster is one node's membership in the Raft group that agrees on
+// backends and routing config. Routing reads State, which never waits on
+// Raft: with no leader, or in a minority partition, it keeps returning the
+// last applied state.
+type Cluster struct {
+	cfg      Config
+	log      *slog.Logger
+	members  Membership
+	validate func(State) error
+
+	raft  *raft.Raft
+	trans raft.Transport
+	addr  string
+	fsm   *fsm
+
+	wal  *wal.WAL
+	meta *metadb.BoltMetaDB
+
+	notifyCh   chan bool
+	observer   *raft.Observer
+	observerCh chan raft.Observation
+	shutdownCh chan struct{}
+	wg         sync.WaitGroup
+	closeOnce  sync.Once
+	closeErr   error
+	closed     atomic.Bool
+
+	view          atomic.Pointer[memberView]
+	bootstrapWake chan struct{}
+	leaderWake    chan struct{}
+	healthWake    chan struct{}
+
+	// writeSem serializes writes on the leader: each is validated against
+	// the state all earlier writes produced.
+	writeSem chan struct{}
+	// ready is closed once this node, as leader, has passed a barrier and
+	// seeded the state; Apply waits for it. Replaced when leadership ends.
+	readyMu sync.Mutex
+	ready   chan struct{}
+
+	health *healthTracker
+
+	subMu      sync.Mutex
+	subs       map[uint64]chan struct{}
+	nextSub    uint64
+	subsClosed bool
+
+	met *metrics
+}
+
+// Open starts this node's Raft member. members is the gossip view (nil for
+// a single node without gossip: it bootstraps alone when BootstrapExpect is
+// 1, and nothing is reconciled). validate, when non-nil, is called on the
+// leader with the state a write would produce; an error rejects the write
+// before it reaches the log (the node passes a function that builds a
+// ring).
+func Open(cfg Config, members Membership, validate func(State) error) (c *Cluster, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	lg := cfg.Logger
+	if lg == nil {
+		lg = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	lg = lg.With("component", "cluster", "node", cfg.NodeID)
+	c = &Cluster{
+		cfg:           cfg,
+		log:           lg,
+		members:       members,
+		validate:      validate,
+		notifyCh:      make(chan bool, 8),
+		observerCh:    make(chan raft.Observation, 64),
+		shutdownCh:    make(chan struct{}),
+		bootstrapWake: make(chan struct{}, 1),
+		leaderWake:    make(chan struct{}, 1),
+		healthWake:    make(chan struct{}, 1),
+		writeSem:      make(chan struct{}, 1),
+		ready:         make(chan struct{}),
+		subs:          map[uint64]chan struct{}{},
+	}
+	c.health = newHealthTracker(cfg.HealthFailThreshold, cfg.HealthRiseThreshold, cfg.HealthReportTTL)
+	c.fsm = newFSM(c.notifySubs)
+
+	var cleanup []func()
+	defer func() {
+		if err != nil {
+			for i := len(cleanup) - 1; i >= 0; i-- {
+				cleanup[i]()
+			}
+		}
+	}()
+
+	hl := newHclog(libLogger(&cfg), "raft")
+	var (
+		logs   raft.LogStore
+		stable raft.StableStore
+		snaps  raft.SnapshotStore
+	)
+	if cfg.DataDir == "" {
+		s := raft.NewInmemStore()
+		logs, stable, snaps = s, s, raft.NewInmemSnapshotStore()
+	} else {
+		if err := claimDataDir(cfg.DataDir, cfg.NodeID); err != nil {
+			return nil, err
+		}
+		c.meta = &metadb.BoltMetaDB{}
+		c.wal, err = wal.Open(filepath.Join(cfg.DataDir, "wal"), wal.WithMetaStore(c.meta), wal.WithLogger(newHclog(libLogger(&cfg), "raft-wal")))
+		if err != nil {
+			_ = c.meta.Close()
+			return nil, fmt.Errorf("cluster: open raft log: %w", err)
+		}
+		cleanup = append(cleanup, c.closeStores)
+		fs, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotRetain, hl.Named("snapshot"))
+		if err != nil {
+			return nil, fmt.Errorf("cluster: snapshot store: %w", err)
+		}
+		logs, stable, snaps = c.wal, c.wal, fs
+	}
+
+	if cfg.Network != nil {
+		t := cfg.Network.join(cfg.NodeID)
+		c.trans, c.addr = t, cfg.NodeID
+		cleanup = append(cleanup, func() { cfg.Network.leave(cfg.NodeID); _ = t.Close() })
+	} else {
+		nt, err := c.tcpTransport(hl)
+		if err != nil {
+			return nil, err
+		}
+		c.trans, c.addr = nt, string(nt.LocalAddr())
+		cleanup = append(cleanup, func() { _ = nt.Close() })
+	}
+	// The view must exist before Raft dials anyone.
+	if members != nil {
+		c.view.Store(buildView(members.Members(), cfg.NodeID, c.addr))
+	} else {
+		c.view.Store(buildView(nil, cfg.NodeID, c.addr))
+	}
+
+	hasState, err := raft.HasExistingState(logs, stable, snaps)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: read raft state: %w", err)
+	}
+	rc := cfg.raftConfig()
+	rc.Logger = hl
+	rc.NotifyCh = c.notifyCh
+	c.raft, err = raft.NewRaft(rc, c.fsm, logs, stable, snaps, c.trans)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: start raft: %w", err)
+	}
+	c.observer = raft.NewObserver(c.observerCh, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	c.raft.RegisterObserver(c.observer)
+
+	c.met = newMetrics(c)
+	if cfg.Registry != nil {
+		if err := c.met.register(cfg.Registry); err != nil {
+			_ = c.raft.Shutdown().Error()
+			return nil, err
+		}
+	}
+
+	c.wg.Add(3)
+	go c.watchMembers()
+	go c.monitorLeadership()
+	go c.observe()
+	if !hasState && cfg.BootstrapExpect > 0 {
+		c.wg.Add(1)
+		go c.bootstrapLoop()
+	} else if hasState {
+		c.log.Info("raft state found; resuming", "epoch", c.fsm.load().epoch)
+	}
+	c.log.Info("raft started", "addr", c.addr, "bootstrap_expect", cfg.BootstrapExpect, "voters", cfg.Voters)
+	return c, nil
+}
+
+// libLogger is the logger for Raft's and raft-wal's own output.
+func libLogger(cfg *Config) *slog.Logger {
+	if cfg.Logger == nil {
+		return slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return cfg.Logger.With("node", cfg.NodeID)
+}
+
+func (c *Cluster) tcpTransport(hl hclog.Logger) (*raft.NetworkTransport, error) {
+	adv := c.cfg.RaftAdvertise
+	var advAddr net.Addr
+	if adv != "" {
+		a, err := net.ResolveTCPAddr("tcp", adv)
+		if err != nil {
+			return nil, fmt.Errorf("cluster: raft advertise address %q: %w", adv, err)
+		}
+		advAddr = a
+	}
+	nt, err := raft.NewTCPTransportWithConfig(c.cfg.RaftBind, advAddr, &raft.NetworkTransportConfig{
+		ServerAddressProvider: c,
+		MaxPool:               3,
+		Timeout:               10 * time.Second,
+		Logger:                hl.Named("transport"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: raft transport on %s: %w", c.cfg.RaftBind, err)
+	}
+	return nt, nil
+}
+
+// claimDataDir creates dir and records which node owns it, refusing a
+// directory that holds another node's state (a stable ServerID is what
+// keeps Raft membership right across restarts).
+func claimDataDir(dir, id string) error {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return fmt.Errorf("cluster: data dir: %w", err)
+	}
+	f := filepath.Join(dir, "node-id")
+	b, err := os.ReadFile(f)
+	switch {
+	case err == nil:
+		if got := strings.TrimSpace(string(b)); got != id {
+			return fmt.Errorf("%w: %s holds node %q, this node is %q", ErrDataDir, dir, got, id)
+		}
+		return nil
+	case errors.Is(err, os.ErrNotExist):
+		return os.WriteFile(f, []byte(id+"\n"), 0o640)
+	default:
+		return fmt.Errorf("cluster: data dir: %w", err)
+	}
+}
+
+func (c *Cluster) closeStores() {
+	if c.wal != nil {
+		_ = c.wal.Close()
+		c.wal = nil
+	}
+	if c.meta != nil {
+		_ = c.meta.Close()
+		c.meta = nil
+	}
+}
+
+// Close stops the leader loop, discovery, bootstrap and Raft, and closes the
+// log store. It is idempotent and waits for every goroutine it started.
+func (c *Cluster) Close() error {
+	c.closeOnce.Do(func() {
+		c.closed.Store(true)
+		close(c.shutdownCh)
+		var errs []error
+		if err := c.raft.Shutdown().Error(); err != nil {
+			errs = append(errs, fmt.Errorf("cluster: raft shutdown: %w", err))
+		}
+		c.wg.Wait()
+		c.raft.DeregisterObserver(c.observer)
+		if c.cfg.Network != nil {
+			c.cfg.Network.leave(c.cfg.NodeID)
+		}
+		if c.wal != nil {
+			if err := c.wal.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("cluster: close raft log: %w", err))
+			}
+			c.wal = nil
+		}
+		if c.meta != nil {
+			if err := c.meta.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("cluster: close raft meta db: %w", err))
+			}
+			c.meta = nil
+		}
+		if c.cfg.Registry != nil {
+			c.met.unregister(c.cfg.Registry)
+		}
+		c.subMu.Lock()
+		c.subsClosed = true
+		for id, ch := range c.subs {
+			close(ch)
+			delete(c.subs, id)
+		}
+		c.subMu.Unlock()
+		c.closeErr = errors.Join(errs...)
+		c.log.Info("raft stopped")
+	})
+	return c.closeErr
+}
+
+// Addr is the Raft address other nodes dial (advertise it as gossip
+// Meta.RaftAddr). On an InmemNetwork it is the NodeID.
+func (c *Cluster) Addr() string { return c.addr }
+
+// State returns the latest applied state and its epoch: the index of the
+// Raft log entry that produced it, the same on every node that applied it.
+// It never blocks. Before the first seed is applied the state is empty,
+// Seeded is false and the epoch 0: route on the config file then.
+func (c *Cluster) State() (State, uint64) {
+	p := c.fsm.load()
+	return p.state.Clone(), p.epoch
+}
+
+// Subscribe returns a channel that receives a value after the state
+// changes. Notifications are coalesced (buffer of one; the Cluster never
+// blocks on it): read State after each. The channel is closed by Close;
+// cancel unsubscribes.
+func (c *Cluster) Subscribe() (<-chan struct{}, func()) {
+	c.subMu.Lock()
+	defer c.subMu.Unlock()
+	ch := make(chan struct{}, 1)
+	if c.subsClosed {
+		close(ch)
+		return ch, func() {}
+	}
+	id := c.nextSub
+	c.nextSub++
+	c.subs[id] = ch
+	return ch, func() {
+		c.subMu.Lock()
+		defer c.subMu.Unlock()
+		if _, ok := c.subs[id]; ok {
+			delete(c.subs, id)
+		}
+	}
+}
+
+func (c *Cluster) notifySubs() {
+	c.subMu.Lock()
+	defer c.subMu.Unlock()
+	for _, ch := range c.subs {
+		wake(ch)
+	}
+}
+
+// Leader returns the leader's Raft server ID and address, or empty strings
+// when none is known. The node maps the ID to an admin address through
+// gossip metadata to forward writes.
+func (c *Cluster) Leader() (id, raftAddr string) {
+	addr, sid := c.raft.LeaderWithID()
+	return string(sid), string(addr)
+}
+
+// IsLeader reports whether this node is the Raft leader.
+func (c *Cluster) IsLeader() bool { return c.raft.State() == raft.Leader }
+
+// Apply commits cmd through Raft and returns the epoch of the resulting
+// state once this node has applied it. Only the leader accepts writes:
+// elsewhere it returns ErrNotLeader (a leader is known: forward to it) or
+// ErrNoLeader (retry later). A command that would leave the state as it is
+// commits nothing and returns the current epoch. An invalid command
+// (ErrInvalid, ErrUnknownBackend) changes nothing on any node.
+func (c *Cluster) Apply(ctx context.Context, cmd Command) (uint64, error) {
+	if c.closed.Load() {
+		return 0, ErrClosed
+	}
+	if err := c.leaderErr(); err != nil {
+		return 0, err
+	}
+	c.readyMu.Lock()
+	ready := c.ready
+	c.readyMu.Unlock()
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		return 0, fmt.Errorf("cluster: leader not ready: %w", ctx.Err())
+	case <-c.shutdownCh:
+		return 0, ErrClosed
+	}
+	return c.write(ctx, cmd)
+}
+
+func (c *Cluster) leaderErr() error {
+	if c.raft.State() == raft.Leader {
+		return nil
+	}
+	if id, _ := c.Leader(); id != "" {
+		return fmt.Errorf("%w (leader is %s)", ErrNotLeader, id)
+	}
+	return ErrNoLeader
+}
+
+// write validates cmd against the latest state and commits it. Writes are
+// serialized so each is validated against the state the previous produced.
+func (c *Cluster) write(ctx context.Context, cmd Command) (uint64, error) {
+	select {
+	case c.writeSem <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-c.shutdownCh:
+		return 0, ErrClosed
+	}
+	defer func() { <-c.writeSem }()
+	if err := c.leaderErr(); err != nil {
+		return 0, err
+	}
+	cur := c.fsm.load()
+	next, changed, err := apply(&cur.state, cmd)
+	if err != nil {
+		return 0, err
+	}
+	if !changed {
+		return cur.epoch, nil
+	}
+	if c.validate != nil {
+		if err := c.validate(next); err != nil {
+			return 0, fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+	}
+	data, err := encodeCommand(cmd)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	timeout := c.cfg.ApplyTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+		if timeout <= 0 {
+			return 0, context.DeadlineExceeded
+		}
+	}
+	start := time.Now()
+	f := c.raft.Apply(data, timeout)
+	if err := f.Error(); err != nil {
+		return 0, c.raftErr(err)
+	}
+	c.met.commitSeconds.Observe(time.Since(start).Seconds())
+	res, _ := f.Response().(applyResult)
+	if res.err != nil {
+		return 0, res.err
+	}
+	return res.epoch, nil
+}
+
+// raftErr maps Raft's errors to the package's sentinels.
+func (c *Cluster) raftErr(err error) error {
+	switch {
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
+		errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrNotVoter):
+		if id, _ := c.Leader(); id != "" {
+			return fmt.Errorf("%w: %v (leader is %s)", ErrNotLeader, err, id)
+		}
+		return fmt.Errorf("%w: %v", ErrNoLeader, err)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return ErrClosed
+	}
+	return fmt.Errorf("cluster: raft: %w", err)
+}
+
+// Server is one member of the Raft configuration.
+type Server struct {
+	ID     string `json:"id"`
+	Addr   string `json:"addr"`
+	Voter  bool   `json:"voter"`
+	Leader bool   `json:"leader,omitempty"`
+}
+
+// Status describes this node's view of the Raft group.
+type Status struct {
+	ID         string `json:"id"`
+	Addr       string `json:"addr"`
+	RaftState  string `json:"raft_state"` // Leader, Follower, Candidate, Shutdown
+	LeaderID   string `json:"leader_id,omitempty"`
+	LeaderAddr string `json:"leader_addr,omitempty"`
+	Term       uint64 `json:"term"`
+	// Epoch is the index of the entry that produced the current state (the
+	// ring epoch); AppliedIndex, CommitIndex and LastIndex are Raft's.
+	Epoch        uint64 `json:"epoch"`
+	AppliedIndex uint64 `json:"applied_index"`
+	CommitIndex  uint64 `json:"commit_index"`
+	LastIndex    uint64 `json:"last_index"`
+	// LastContact is when a follower last heard from the leader (zero on
+	// the leader and before any contact).
+	LastContact time.Time `json:"last_contact,omitzero"`
+	Servers     []Server  `json:"servers"`
+	Seeded      bool      `json:"seeded"`
+	Backends    int       `json:"backends"`
+}
+
+// Status returns this node's view of the group.
+func (c *Cluster) Status() Status {
+	p := c.fsm.load()
+	lid, laddr := c.Leader()
+	st := Status{
+		ID:           c.cfg.NodeID,
+		Addr:         c.addr,
+		RaftState:    c.raft.State().String(),
+		LeaderID:     lid,
+		LeaderAddr:   laddr,
+		Term:         c.raft.CurrentTerm(),
+		Epoch:        p.epoch,
+		AppliedIndex: c.raft.AppliedIndex(),
+		CommitIndex:  c.raft.CommitIndex(),
+		LastIndex:    c.raft.LastIndex(),
+		Seeded:       p.state.Seeded,
+		Backends:     len(p.state.Backends),
+	}
+	if c.raft.State() != raft.Leader {
+		st.LastContact = c.raft.LastContact()
+	}
+	if f := c.raft.GetConfiguration(); f.Error() == nil {
+		for _, s := range f.Configuration().Servers {
+			st.Servers = append(st.Servers, Server{
+				ID: string(s.ID), Addr: string(s.Address), Voter: s.Suffrage == raft.Voter, Leader: string(s.ID) == lid,
+			})
+		}
+	}
+	return st
+}

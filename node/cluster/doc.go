@@ -1,0 +1,33 @@
+// Package cluster puts a router fleet's backend membership and routing
+// config under Raft (hashicorp/raft), so every change is ordered and applied
+// on every node, and every node builds the same ring at the same epoch.
+//
+// The replicated State holds the backends (id, url, zone, weight, state
+// active/draining/down, labels, source) and the routing config. Each
+// applied change publishes a new immutable state; its epoch is the index of
+// the log entry that produced it. The node reads State (never blocking on
+// Raft), rebuilds its ring on every Subscribe notification and swaps it in
+// atomically. With no leader, or in a minority partition, State keeps
+// returning the last applied state, so routing never waits on Raft.
+//
+// Writes go through the leader: Apply returns ErrNotLeader elsewhere and
+// Leader names the node to forward to. Commands are validated on the leader
+// (including the node's validate function, which builds a ring) and again,
+// deterministically, by the state machine on every node, so an invalid
+// command changes nothing anywhere.
+//
+// Membership follows gossip, as in Consul: a new cluster forms by
+// bootstrap-expect (wait for N voter-eligible servers, bootstrap with the N
+// lowest IDs, after checking that none of them already belongs to a
+// cluster) or from a single seed (BootstrapExpect 1); other nodes join by
+// appearing in gossip. The leader reconciles gossip into the Raft
+// configuration: it adds joiners as non-voters, keeps Voters voters
+// (promoting and demoting, spreading zones), and removes servers that left
+// or stayed missing past DeadServerTimeout. It also commits backend health
+// (ReportHealth, with thresholds and hysteresis), seeds the state from the
+// config file once, and polls DNS discovery.
+//
+// Raft state persists in raft-wal with file snapshots; a Cluster reopens
+// from the same DataDir in the same process. InmemNetwork runs many nodes
+// in one test process with partitions.
+package cluster

@@ -1,0 +1,28 @@
+package cluster
+
+import "errors"
+
+// Sentinel errors, matched with errors.Is. Errors returned by Apply wrap one
+// of them.
+var (
+	// ErrNotLeader: this node is not the Raft leader. Forward the write to
+	// the leader named by Leader (its admin address is in gossip metadata).
+	// A write that fails with ErrNotLeader after it was handed to Raft may
+	// or may not have been committed; every command is idempotent, so
+	// retrying it on the new leader is safe.
+	ErrNotLeader = errors.New("cluster: not the leader")
+	// ErrNoLeader: no leader is known (election in progress, minority
+	// partition, or the cluster is not bootstrapped yet). Retry with jitter.
+	ErrNoLeader = errors.New("cluster: no leader")
+	// ErrUnknownBackend: the command names a backend that does not exist.
+	ErrUnknownBackend = errors.New("cluster: unknown backend")
+	// ErrInvalid: the command, or the state it would produce, is invalid.
+	// Nothing changed on any node.
+	ErrInvalid = errors.New("cluster: invalid command")
+	// ErrInvalidConfig: Config.Validate failed.
+	ErrInvalidConfig = errors.New("cluster: invalid config")
+	// ErrDataDir: the data directory holds another node's Raft state.
+	ErrDataDir = errors.New("cluster: data directory belongs to another node")
+	// ErrClosed: the Cluster was closed.
+	ErrClosed = errors.New("cluster: closed")
+)

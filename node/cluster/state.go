@@ -1,0 +1,446 @@
+package cluster
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/url"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/warmroute/warmroute/ring"
+)
+
+// Backend states, as stored in State and accepted by commands.
+const (
+	StateActive   = "active"
+	StateDraining = "draining"
+	StateDown     = "down"
+)
+
+// Backend sources: who added a backend. Discovery removes only what it
+// added.
+const (
+	SourceConfig = "config" // the seed (the config file)
+	SourceAdmin  = "admin"  // the admin API
+	SourceDNS    = "dns"    // DNS discovery
+)
+
+// Who set a backend's state last. Health commits never override a state
+// an operator set: they only move active to down, and down back to active
+// when health put it there.
+const (
+	ByAdmin  = "admin"
+	ByHealth = "health"
+)
+
+// Limits the state machine enforces on every node.
+const (
+	maxIDLen     = 253
+	maxZoneLen   = 64
+	maxWeight    = 1000
+	maxLabels    = 32
+	maxLabelSize = 256
+)
+
+// Backend is one GPU instance in the agreed state.
+type Backend struct {
+	// ID names the backend uniquely and stably (placement depends on it).
+	ID string `json:"id"`
+	// URL is the base URL the proxy connects to, http:// or https://.
+	URL string `json:"url"`
+	// Zone is the failure domain, for zone-aware overflow.
+	Zone string `json:"zone,omitempty"`
+	// Weight scales the backend's concurrency limit; 0 means 1.
+	Weight int `json:"weight,omitempty"`
+	// State is active, draining (open streams finish, no new requests) or
+	// down.
+	State string `json:"state"`
+	// StateBy is who set State last: admin or health.
+	StateBy string `json:"state_by,omitempty"`
+	// Labels are free-form operator labels.
+	Labels map[string]string `json:"labels,omitempty"`
+	// Source is who added the backend: config, admin or dns.
+	Source string `json:"source"`
+}
+
+// RingBackend is the ring's view of b. Addr is b.URL; the node converts it
+// to the proxy's address form.
+func (b Backend) RingBackend() ring.Backend {
+	st, _ := ring.ParseState(b.State) // validated on apply
+	return ring.Backend{ID: b.ID, Addr: b.URL, Zone: b.Zone, Weight: b.Weight, State: st}
+}
+
+// Routing is the agreed routing config. Field names and JSON keys match
+// the node's YAML routing block.
+type Routing struct {
+	// Strategy is a ring strategy name (PREFIX_AWARE, RANDOM, ...),
+	// stored in canonical form.
+	Strategy             string  `json:"strategy"`
+	PrefixLength         int     `json:"prefix_length"`
+	ConcurrencyThreshold int     `json:"concurrency_threshold"`
+	LoadFactor           float64 `json:"load_factor,omitempty"`
+	InvocationsJSON      bool    `json:"invocations_json,omitempty"`
+	BusyIsFull           bool    `json:"busy_is_full,omitempty"`
+	OverflowDepth        int     `json:"overflow_depth"`
+	PartitionCount       int     `json:"partition_count,omitempty"`
+	ZoneAware            bool    `json:"zone_aware,omitempty"`
+}
+
+// DefaultRouting is the ring's default routing config.
+func DefaultRouting() Routing {
+	rc := ring.DefaultConfig()
+	return Routing{
+		Strategy:             rc.Strategy.String(),
+		PrefixLength:         rc.PrefixLength,
+		ConcurrencyThreshold: rc.ConcurrencyThreshold,
+		LoadFactor:           rc.LoadFactor,
+		InvocationsJSON:      rc.InvocationsJSON,
+		BusyIsFull:           rc.BusyIsFull,
+		OverflowDepth:        rc.OverflowDepth,
+		PartitionCount:       rc.PartitionCount,
+	}
+}
+
+// RingConfig is the ring.Config r describes (ring defaults for the knobs
+// Routing does not carry). ZoneAware has no ring field yet; the node reads
+// it from Routing.
+func (r Routing) RingConfig() (ring.Config, error) {
+	rc := ring.DefaultConfig()
+	s, err := ring.ParseStrategy(r.Strategy)
+	if err != nil {
+		return rc, err
+	}
+	rc.Strategy = s
+	rc.PrefixLength = r.PrefixLength
+	rc.ConcurrencyThreshold = r.ConcurrencyThreshold
+	rc.LoadFactor = r.LoadFactor
+	rc.InvocationsJSON = r.InvocationsJSON
+	rc.BusyIsFull = r.BusyIsFull
+	rc.OverflowDepth = r.OverflowDepth
+	rc.PartitionCount = r.PartitionCount
+	if err := rc.Validate(); err != nil {
+		return rc, err
+	}
+	return rc, nil
+}
+
+// State is the replicated state: what every node builds its ring from.
+type State struct {
+	// Backends, sorted by ID.
+	Backends []Backend `json:"backends"`
+	Routing  Routing   `json:"routing"`
+	// Seeded is false until the first seed command; until then the node
+	// routes on its own config file.
+	Seeded bool `json:"seeded"`
+}
+
+// Backend returns the backend with the given ID.
+func (s *State) Backend(id string) (Backend, bool) {
+	i, ok := s.find(id)
+	if !ok {
+		return Backend{}, false
+	}
+	return s.Backends[i], true
+}
+
+func (s *State) find(id string) (int, bool) {
+	return slices.BinarySearchFunc(s.Backends, id, func(b Backend, id string) int { return strings.Compare(b.ID, id) })
+}
+
+// RingBackends is the ring's view of every backend.
+func (s *State) RingBackends() []ring.Backend {
+	out := make([]ring.Backend, len(s.Backends))
+	for i, b := range s.Backends {
+		out[i] = b.RingBackend()
+	}
+	return out
+}
+
+// Clone returns a deep copy.
+func (s State) Clone() State {
+	out := s
+	out.Backends = make([]Backend, len(s.Backends))
+	for i, b := range s.Backends {
+		b.Labels = maps.Clone(b.Labels)
+		out.Backends[i] = b
+	}
+	return out
+}
+
+func (s *State) equal(o *State) bool { return reflect.DeepEqual(s, o) }
+
+// Op names a command.
+type Op string
+
+// Commands.
+const (
+	// OpSeed sets the backends and routing config once: it does nothing
+	// when the state was seeded before.
+	OpSeed Op = "seed"
+	// OpUpsertBackend adds a backend or replaces one with the same ID. An
+	// empty State keeps the current state (active for a new backend).
+	OpUpsertBackend Op = "upsert_backend"
+	// OpRemoveBackend removes a backend.
+	OpRemoveBackend Op = "remove_backend"
+	// OpSetBackendState sets a backend's state.
+	OpSetBackendState Op = "set_backend_state"
+	// OpSetRouting replaces the routing config.
+	OpSetRouting Op = "set_routing"
+	// OpSyncDiscovered makes the DNS-discovered backends exactly the given
+	// ones, leaving backends from other sources alone.
+	OpSyncDiscovered Op = "sync_discovered"
+)
+
+// Command is one change to the state: a Raft log entry, JSON encoded. Build
+// one with the functions below.
+type Command struct {
+	Op       Op        `json:"op"`
+	Backend  *Backend  `json:"backend,omitempty"`
+	Backends []Backend `json:"backends,omitempty"`
+	ID       string    `json:"id,omitempty"`
+	State    string    `json:"state,omitempty"`
+	By       string    `json:"by,omitempty"`
+	Routing  *Routing  `json:"routing,omitempty"`
+}
+
+// Seed returns a seed command (see OpSeed).
+func Seed(backends []Backend, r Routing) Command {
+	return Command{Op: OpSeed, Backends: backends, Routing: &r}
+}
+
+// UpsertBackend returns an upsert command (see OpUpsertBackend).
+func UpsertBackend(b Backend) Command { return Command{Op: OpUpsertBackend, Backend: &b} }
+
+// RemoveBackend returns a remove command.
+func RemoveBackend(id string) Command { return Command{Op: OpRemoveBackend, ID: id} }
+
+// SetBackendState returns an operator's state change (active, draining,
+// down).
+func SetBackendState(id, state string) Command {
+	return Command{Op: OpSetBackendState, ID: id, State: state, By: ByAdmin}
+}
+
+// SetRouting returns a routing config change.
+func SetRouting(r Routing) Command { return Command{Op: OpSetRouting, Routing: &r} }
+
+func encodeCommand(c Command) ([]byte, error) { return json.Marshal(c) }
+
+func decodeCommand(b []byte) (Command, error) {
+	var c Command
+	if err := json.Unmarshal(b, &c); err != nil {
+		return c, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	return c, nil
+}
+
+// apply returns the state after cmd. It is pure and deterministic: every
+// node computes the same result from the same state and command. changed
+// is false when cmd leaves the state as it was; on error the state is
+// unchanged.
+func apply(cur *State, cmd Command) (next State, changed bool, err error) {
+	if cmd.Op != OpSeed && !cur.Seeded {
+		return *cur, false, fmt.Errorf("%w: %s before the state was seeded", ErrInvalid, cmd.Op)
+	}
+	next = cur.Clone()
+	switch cmd.Op {
+	case OpSeed:
+		if cur.Seeded {
+			return *cur, false, nil
+		}
+		if cmd.Routing == nil {
+			return *cur, false, fmt.Errorf("%w: seed without routing", ErrInvalid)
+		}
+		next.Routing = *cmd.Routing
+		next.Backends = next.Backends[:0]
+		for _, b := range cmd.Backends {
+			b, err := normBackend(b, Backend{}, false, SourceConfig)
+			if err != nil {
+				return *cur, false, err
+			}
+			next.Backends = append(next.Backends, b)
+		}
+		next.Seeded = true
+	case OpUpsertBackend:
+		if cmd.Backend == nil {
+			return *cur, false, fmt.Errorf("%w: upsert without a backend", ErrInvalid)
+		}
+		old, exists := cur.Backend(cmd.Backend.ID)
+		b, err := normBackend(*cmd.Backend, old, exists, SourceAdmin)
+		if err != nil {
+			return *cur, false, err
+		}
+		next.put(b)
+	case OpRemoveBackend:
+		i, ok := next.find(cmd.ID)
+		if !ok {
+			return *cur, false, fmt.Errorf("%w: %q", ErrUnknownBackend, cmd.ID)
+		}
+		next.Backends = slices.Delete(next.Backends, i, i+1)
+	case OpSetBackendState:
+		i, ok := next.find(cmd.ID)
+		if !ok {
+			return *cur, false, fmt.Errorf("%w: %q", ErrUnknownBackend, cmd.ID)
+		}
+		st, err := normState(cmd.State)
+		if err != nil {
+			return *cur, false, err
+		}
+		b := &next.Backends[i]
+		switch cmd.By {
+		case ByHealth:
+			// Health moves active->down and back only its own downs; an
+			// operator's draining or down stands.
+			switch {
+			case st == StateDown && b.State == StateActive,
+				st == StateActive && b.State == StateDown && b.StateBy == ByHealth:
+				b.State, b.StateBy = st, ByHealth
+			case st == StateDraining:
+				return *cur, false, fmt.Errorf("%w: health cannot drain a backend", ErrInvalid)
+			}
+		case ByAdmin, "":
+			b.State, b.StateBy = st, ByAdmin
+		default:
+			return *cur, false, fmt.Errorf("%w: unknown state setter %q", ErrInvalid, cmd.By)
+		}
+	case OpSetRouting:
+		if cmd.Routing == nil {
+			return *cur, false, fmt.Errorf("%w: set_routing without routing", ErrInvalid)
+		}
+		next.Routing = *cmd.Routing
+	case OpSyncDiscovered:
+		want := make(map[string]bool, len(cmd.Backends))
+		for _, d := range cmd.Backends {
+			old, exists := cur.Backend(d.ID)
+			if exists && old.Source != SourceDNS {
+				continue // an operator's backend with the same ID wins
+			}
+			d.Source = SourceDNS
+			d.State, d.StateBy = "", ""
+			b, err := normBackend(d, old, exists, SourceDNS)
+			if err != nil {
+				return *cur, false, err
+			}
+			if want[b.ID] {
+				return *cur, false, fmt.Errorf("%w: backend %q listed twice", ErrInvalid, b.ID)
+			}
+			want[b.ID] = true
+			next.put(b)
+		}
+		next.Backends = slices.DeleteFunc(next.Backends, func(b Backend) bool { return b.Source == SourceDNS && !want[b.ID] })
+	default:
+		return *cur, false, fmt.Errorf("%w: unknown op %q", ErrInvalid, cmd.Op)
+	}
+	if err := next.validate(); err != nil {
+		return *cur, false, err
+	}
+	if s, err := ring.ParseStrategy(next.Routing.Strategy); err == nil {
+		next.Routing.Strategy = s.String()
+	}
+	return next, !next.equal(cur), nil
+}
+
+// put inserts or replaces b, keeping Backends sorted.
+func (s *State) put(b Backend) {
+	i, ok := s.find(b.ID)
+	if ok {
+		s.Backends[i] = b
+		return
+	}
+	s.Backends = slices.Insert(s.Backends, i, b)
+}
+
+// normBackend fills defaults: an empty state keeps old's (active when new),
+// an empty source keeps old's (src when new), empty labels are nil.
+func normBackend(b, old Backend, exists bool, src string) (Backend, error) {
+	b.ID = strings.TrimSpace(b.ID)
+	if b.State == "" {
+		if exists {
+			b.State, b.StateBy = old.State, old.StateBy
+		} else {
+			b.State = StateActive
+		}
+	} else {
+		st, err := normState(b.State)
+		if err != nil {
+			return b, err
+		}
+		// Restating the current state keeps its setter; a new state is the
+		// operator's.
+		b.StateBy = ByAdmin
+		if exists && st == old.State {
+			b.StateBy = old.StateBy
+		}
+		b.State = st
+	}
+	if b.Source == "" {
+		b.Source = src
+		if exists {
+			b.Source = old.Source
+		}
+	}
+	if len(b.Labels) == 0 {
+		b.Labels = nil
+	}
+	return b, nil
+}
+
+func normState(s string) (string, error) {
+	st, err := ring.ParseState(s)
+	if err != nil || s == "" {
+		return "", fmt.Errorf("%w: backend state %q (want active, draining or down)", ErrInvalid, s)
+	}
+	return st.String(), nil
+}
+
+// validate checks what every ring build needs: unique, well-formed
+// backends and a routing config within the ring's ranges.
+func (s *State) validate() error {
+	if len(s.Backends) > ring.MaxBackends {
+		return fmt.Errorf("%w: %d backends, at most %d", ErrInvalid, len(s.Backends), ring.MaxBackends)
+	}
+	for i, b := range s.Backends {
+		if i > 0 && s.Backends[i-1].ID >= b.ID {
+			return fmt.Errorf("%w: backend %q listed twice", ErrInvalid, b.ID)
+		}
+		if err := b.validate(); err != nil {
+			return err
+		}
+	}
+	if s.Seeded {
+		if _, err := s.Routing.RingConfig(); err != nil {
+			return fmt.Errorf("%w: routing: %v", ErrInvalid, err)
+		}
+	}
+	return nil
+}
+
+func (b *Backend) validate() error {
+	switch {
+	case b.ID == "" || len(b.ID) > maxIDLen || strings.ContainsAny(b.ID, " \t\r\n,"):
+		return fmt.Errorf("%w: backend id %q: 1-%d characters, no spaces or commas", ErrInvalid, b.ID, maxIDLen)
+	case len(b.Zone) > maxZoneLen:
+		return fmt.Errorf("%w: backend %s: zone longer than %d", ErrInvalid, b.ID, maxZoneLen)
+	case b.Weight < 0 || b.Weight > maxWeight:
+		return fmt.Errorf("%w: backend %s: weight %d out of range [0, %d]", ErrInvalid, b.ID, b.Weight, maxWeight)
+	case b.State != StateActive && b.State != StateDraining && b.State != StateDown:
+		return fmt.Errorf("%w: backend %s: state %q", ErrInvalid, b.ID, b.State)
+	case b.StateBy != "" && b.StateBy != ByAdmin && b.StateBy != ByHealth:
+		return fmt.Errorf("%w: backend %s: state set by %q", ErrInvalid, b.ID, b.StateBy)
+	case b.Source != SourceConfig && b.Source != SourceAdmin && b.Source != SourceDNS:
+		return fmt.Errorf("%w: backend %s: source %q (want config, admin or dns)", ErrInvalid, b.ID, b.Source)
+	case len(b.Labels) > maxLabels:
+		return fmt.Errorf("%w: backend %s: more than %d labels", ErrInvalid, b.ID, maxLabels)
+	}
+	for k, v := range b.Labels {
+		if k == "" || len(k) > maxLabelSize || len(v) > maxLabelSize {
+			return fmt.Errorf("%w: backend %s: label %q: key 1-%d bytes, value at most %d", ErrInvalid, b.ID, k, maxLabelSize, maxLabelSize)
+		}
+	}
+	u, err := url.Parse(b.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" {
+		return fmt.Errorf("%w: backend %s: url %q must be http:// or https:// with a host", ErrInvalid, b.ID, b.URL)
+	}
+	return nil
+}
