@@ -126,6 +126,7 @@ type streamResult struct {
 	usage    *usage
 	done     bool
 	ttft     time.Duration // request sent -> first chunk with text
+	firstAt  time.Time     // when the first chunk with text arrived
 	finish   string
 	instance string
 }
@@ -181,7 +182,8 @@ func (ts *testServer) stream(t *testing.T, ctx context.Context, path, body strin
 		for _, ch := range c.Choices {
 			piece := ch.Text + ch.Delta.Content
 			if piece != "" && r.ttft == 0 {
-				r.ttft = time.Since(start)
+				r.firstAt = time.Now()
+				r.ttft = r.firstAt.Sub(start)
 			}
 			sb.WriteString(piece)
 			if ch.FinishReason != nil {
