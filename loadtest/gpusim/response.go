@@ -50,17 +50,19 @@ func (rs *response) appendUsage(dst []byte) []byte {
 	return append(dst, `}}`...)
 }
 
-// waitToken blocks until the engine emits a token (true) or the client or
-// the instance goes away (false, after aborting the request).
-func (rs *response) waitToken(ctx context.Context) bool {
+// waitToken blocks until the engine emits a token. If the client or the
+// instance goes away first it withdraws the request and drops the
+// connection (http.ErrAbortHandler), so that a response cut short by a
+// closing instance reaches its client as an error, not as a short answer.
+func (rs *response) waitToken(ctx context.Context) {
 	select {
 	case <-rs.s.tokens:
-		return true
+		return
 	case <-ctx.Done():
 	case <-rs.in.closing:
 	}
 	rs.in.eng.abort(rs.s)
-	return false
+	panic(http.ErrAbortHandler)
 }
 
 // stream writes Server-Sent Events as vLLM does: for chat a first chunk
@@ -88,9 +90,7 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter) {
 	buf := make([]byte, 0, 1024)
 	got, sent := 0, 0
 	for got < total {
-		if !rs.waitToken(ctx) {
-			return
-		}
+		rs.waitToken(ctx)
 		got++
 	drain:
 		for got < total {
@@ -153,9 +153,7 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter) {
 // full waits for the whole generation and writes one JSON response.
 func (rs *response) full(ctx context.Context, w http.ResponseWriter) {
 	for i := 0; i < rs.s.maxTokens; i++ {
-		if !rs.waitToken(ctx) {
-			return
-		}
+		rs.waitToken(ctx)
 	}
 	buf := make([]byte, 0, 512+rs.s.maxTokens*8)
 	if rs.p.chat {
