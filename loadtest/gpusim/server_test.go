@@ -491,7 +491,9 @@ func TestCloseAbortsInFlightRequests(t *testing.T) {
 	if err := in.Close(); err != nil {
 		t.Fatal(err)
 	}
-	<-done
+	if err := <-done; err == nil {
+		t.Fatal("a request cut short by Close got an answer; want the connection dropped")
+	}
 	if err := in.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
