@@ -238,10 +238,11 @@ func (c *Cluster) reconcile(ctx context.Context, gone map[string]time.Time) time
 // this order until there are `voters` of them: the leader, current voters
 // that are alive and eligible, current voters that are missing but not yet
 // timed out, eligible non-voters (spreading zones, then by ID), current
-// voters that no longer want a vote. A promotion that would leave an even
-// number of voters is skipped (an even count tolerates no more failures
-// than one fewer). Promotions come before demotions, so the voter count
-// never dips below what it was.
+// voters that no longer want a vote. When that makes an even number, the
+// lowest ranked is left out (an even count tolerates no more failures than
+// one fewer, and a clean split leaves neither half a majority). Promotions
+// come before demotions, and no step leaves the alive voters without a
+// majority (TestPlanNeverLosesQuorum).
 func plan(cfg []raft.Server, view *memberView, gone map[string]time.Time, now time.Time, self string, voters int, deadTimeout time.Duration) ([]action, time.Duration) {
 	var acts []action
 	var wait time.Duration
@@ -354,7 +355,10 @@ func plan(cfg []raft.Server, view *memberView, gone map[string]time.Time, now ti
 		ranked = append(ranked, group...)
 	}
 	chosen := ranked[:min(voters, len(ranked))]
-	if len(chosen)%2 == 0 && len(chosen) > 0 && tier(chosen[len(chosen)-1]) == 3 {
+	if len(chosen)%2 == 0 && len(chosen) > 0 {
+		// An even count tolerates no more failures than one fewer, and a
+		// clean split leaves neither side a majority: drop the lowest
+		// ranked (never the leader, which ranks first).
 		chosen = chosen[:len(chosen)-1]
 	}
 	want := map[string]bool{}

@@ -1,0 +1,323 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warmroute/warmroute/gossip"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// fakeGossip is a shared membership table standing in for memberlist: each
+// node gets a view of it (with its own Self flag).
+type fakeGossip struct {
+	mu      sync.Mutex
+	members map[string]gossip.Member
+	subs    map[int]chan struct{}
+	next    int
+}
+
+func newFakeGossip() *fakeGossip {
+	return &fakeGossip{members: map[string]gossip.Member{}, subs: map[int]chan struct{}{}}
+}
+
+func (g *fakeGossip) set(m gossip.Member) {
+	g.mu.Lock()
+	if m.State == "" {
+		m.State = "alive"
+	}
+	g.members[m.Name] = m
+	g.mu.Unlock()
+	g.notify()
+}
+
+func (g *fakeGossip) setState(name, state string) {
+	g.mu.Lock()
+	m := g.members[name]
+	m.State = state
+	g.members[name] = m
+	g.mu.Unlock()
+	g.notify()
+}
+
+func (g *fakeGossip) remove(name string) {
+	g.mu.Lock()
+	delete(g.members, name)
+	g.mu.Unlock()
+	g.notify()
+}
+
+func (g *fakeGossip) notify() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, ch := range g.subs {
+		wake(ch)
+	}
+}
+
+func (g *fakeGossip) view(self string) Membership { return gossipView{g, self} }
+
+type gossipView struct {
+	g    *fakeGossip
+	self string
+}
+
+func (v gossipView) Members() []gossip.Member {
+	v.g.mu.Lock()
+	defer v.g.mu.Unlock()
+	out := make([]gossip.Member, 0, len(v.g.members))
+	for _, m := range v.g.members {
+		m.Self = m.Name == v.self
+		out = append(out, m)
+	}
+	return out
+}
+
+func (v gossipView) Subscribe() (<-chan struct{}, func()) {
+	v.g.mu.Lock()
+	defer v.g.mu.Unlock()
+	ch := make(chan struct{}, 1)
+	id := v.g.next
+	v.g.next++
+	v.g.subs[id] = ch
+	return ch, func() {
+		v.g.mu.Lock()
+		defer v.g.mu.Unlock()
+		delete(v.g.subs, id)
+	}
+}
+
+// testLogger logs to stderr when WARMROUTE_TEST_LOG is set, else nowhere.
+func testLogger() *slog.Logger {
+	if os.Getenv("WARMROUTE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func testRouting() Routing {
+	r := DefaultRouting()
+	r.PrefixLength = 2048
+	return r
+}
+
+func testSeed() []Backend {
+	return []Backend{
+		{ID: "gpu-a/", URL: "http://127.0.0.1:9001", Zone: "z1"},
+		{ID: "gpu-b/", URL: "http://127.0.0.1:9002", Zone: "z2"},
+	}
+}
+
+// fastConfig is a test node's config: short Raft timeouts (elections in
+// ~100 ms) and a fast reconcile.
+func fastConfig(id string) Config {
+	cfg := DefaultConfig()
+	cfg.NodeID = id
+	cfg.RaftBind = "127.0.0.1:0"
+	cfg.HeartbeatTimeout = 100 * time.Millisecond
+	cfg.ElectionTimeout = 100 * time.Millisecond
+	cfg.LeaderLeaseTimeout = 100 * time.Millisecond
+	cfg.CommitTimeout = 5 * time.Millisecond
+	cfg.ReconcileInterval = 200 * time.Millisecond
+	cfg.BootstrapInterval = 20 * time.Millisecond
+	cfg.DeadServerTimeout = 2 * time.Second
+	cfg.SeedBackends = testSeed()
+	cfg.SeedRouting = testRouting()
+	cfg.Logger = testLogger()
+	return cfg
+}
+
+// tnode is one test node.
+type tnode struct {
+	id  string
+	cfg Config
+	c   *Cluster
+}
+
+// testNet is a set of nodes sharing fake gossip.
+type testNet struct {
+	t     *testing.T
+	g     *fakeGossip
+	net   *InmemNetwork // nil: TCP
+	nodes map[string]*tnode
+}
+
+func newTestNet(t *testing.T, inmem bool) *testNet {
+	tn := &testNet{t: t, g: newFakeGossip(), nodes: map[string]*tnode{}}
+	if inmem {
+		tn.net = NewInmemNetwork()
+	}
+	t.Cleanup(tn.closeAll)
+	return tn
+}
+
+func (tn *testNet) closeAll() {
+	for _, n := range tn.nodes {
+		if n.c != nil {
+			_ = n.c.Close()
+		}
+	}
+}
+
+// start opens a node and advertises it in gossip (after Open, as a node
+// with a port-0 Raft listener does with SetMeta).
+func (tn *testNet) start(id string, mod func(*Config)) *tnode {
+	tn.t.Helper()
+	cfg := fastConfig(id)
+	cfg.Network = tn.net
+	if mod != nil {
+		mod(&cfg)
+	}
+	c, err := Open(cfg, tn.g.view(id), nil)
+	if err != nil {
+		tn.t.Fatalf("open %s: %v", id, err)
+	}
+	n := &tnode{id: id, cfg: cfg, c: c}
+	tn.nodes[id] = n
+	tn.advertise(n, true)
+	return n
+}
+
+func (tn *testNet) advertise(n *tnode, voter bool) {
+	tn.g.set(gossip.Member{Name: n.id, Addr: "gossip-" + n.id, Meta: gossip.Meta{RaftAddr: n.c.Addr(), Voter: voter, Zone: n.cfg.NodeID[:1]}})
+}
+
+// stop closes a node and, when gone is set, drops it from gossip.
+func (tn *testNet) stop(id string, gone bool) {
+	tn.t.Helper()
+	n := tn.nodes[id]
+	if err := n.c.Close(); err != nil {
+		tn.t.Errorf("close %s: %v", id, err)
+	}
+	n.c = nil
+	if gone {
+		tn.g.remove(id)
+	}
+}
+
+func (tn *testNet) live() []*tnode {
+	var out []*tnode
+	for _, n := range tn.nodes {
+		if n.c != nil {
+			out = append(out, n)
+		}
+	}
+	slices.SortFunc(out, func(a, b *tnode) int {
+		if a.id < b.id {
+			return -1
+		}
+		return 1
+	})
+	return out
+}
+
+func (tn *testNet) subset(ids ...string) []*tnode {
+	var out []*tnode
+	for _, id := range ids {
+		out = append(out, tn.nodes[id])
+	}
+	return out
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// leader waits until exactly one of nodes leads and all of them agree.
+func leader(t *testing.T, nodes []*tnode) *tnode {
+	t.Helper()
+	var l *tnode
+	waitFor(t, 20*time.Second, "one agreed leader", func() bool {
+		l = nil
+		for _, n := range nodes {
+			if n.c.IsLeader() {
+				if l != nil {
+					return false
+				}
+				l = n
+			}
+		}
+		if l == nil {
+			return false
+		}
+		for _, n := range nodes {
+			if id, _ := n.c.Leader(); id != l.id {
+				return false
+			}
+		}
+		return true
+	})
+	return l
+}
+
+// applyAny applies cmd on whichever node leads, retrying while leadership
+// moves.
+func applyAny(t *testing.T, nodes []*tnode, cmd Command) uint64 {
+	t.Helper()
+	var epoch uint64
+	waitFor(t, 20*time.Second, fmt.Sprintf("apply %s", cmd.Op), func() bool {
+		for _, n := range nodes {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			e, err := n.c.Apply(ctx, cmd)
+			cancel()
+			if err == nil {
+				epoch = e
+				return true
+			}
+			if !errors.Is(err, ErrNotLeader) && !errors.Is(err, ErrNoLeader) && !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("apply %s on %s: %v", cmd.Op, n.id, err)
+			}
+		}
+		return false
+	})
+	return epoch
+}
+
+// converged waits until every node reports epoch and the same state.
+func converged(t *testing.T, nodes []*tnode, epoch uint64) State {
+	t.Helper()
+	var st State
+	waitFor(t, 20*time.Second, fmt.Sprintf("all nodes at epoch %d", epoch), func() bool {
+		for i, n := range nodes {
+			s, e := n.c.State()
+			if e != epoch {
+				return false
+			}
+			if i == 0 {
+				st = s
+			} else if !s.equal(&st) {
+				return false
+			}
+		}
+		return true
+	})
+	return st
+}
+
+// raftServers is a node's Raft configuration as "id:voter|nonvoter".
+func raftServers(c *Cluster) map[string]bool {
+	out := map[string]bool{}
+	for _, s := range c.Status().Servers {
+		out[s.ID] = s.Voter
+	}
+	return out
+}

@@ -1,0 +1,246 @@
+package cluster
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+)
+
+func seeded(t *testing.T) State {
+	t.Helper()
+	s, changed, err := apply(&State{Backends: []Backend{}}, Seed(testSeed(), testRouting()))
+	if err != nil || !changed {
+		t.Fatalf("seed: changed=%v err=%v", changed, err)
+	}
+	return s
+}
+
+func mustApply(t *testing.T, s State, cmd Command) State {
+	t.Helper()
+	next, _, err := apply(&s, cmd)
+	if err != nil {
+		t.Fatalf("apply %+v: %v", cmd, err)
+	}
+	return next
+}
+
+func TestSeedAppliesOnce(t *testing.T) {
+	s := seeded(t)
+	if !s.Seeded || len(s.Backends) != 2 || s.Backends[0].Source != SourceConfig || s.Backends[0].State != StateActive {
+		t.Fatalf("seeded state: %+v", s)
+	}
+	again, changed, err := apply(&s, Seed([]Backend{{ID: "x", URL: "http://x:1"}}, DefaultRouting()))
+	if err != nil || changed || len(again.Backends) != 2 {
+		t.Fatalf("second seed changed the state: changed=%v err=%v %+v", changed, err, again)
+	}
+}
+
+func TestCommandsBeforeSeedRejected(t *testing.T) {
+	_, _, err := apply(&State{Backends: []Backend{}}, UpsertBackend(Backend{ID: "x", URL: "http://x:1"}))
+	if !errors.Is(err, ErrInvalid) {
+		t.Fatalf("err = %v, want ErrInvalid", err)
+	}
+}
+
+func TestUpsertRemoveKeepsSortedAndDefaults(t *testing.T) {
+	s := seeded(t)
+	s = mustApply(t, s, UpsertBackend(Backend{ID: "gpu-0/", URL: "http://127.0.0.1:9000", Labels: map[string]string{"model": "llama"}}))
+	if ids := []string{s.Backends[0].ID, s.Backends[1].ID, s.Backends[2].ID}; ids[0] != "gpu-0/" || ids[2] != "gpu-b/" {
+		t.Fatalf("not sorted: %v", ids)
+	}
+	b, _ := s.Backend("gpu-0/")
+	if b.Source != SourceAdmin || b.State != StateActive || b.Labels["model"] != "llama" {
+		t.Fatalf("defaults: %+v", b)
+	}
+	// An upsert without a state keeps the current one.
+	s = mustApply(t, s, SetBackendState("gpu-0/", "draining"))
+	s = mustApply(t, s, UpsertBackend(Backend{ID: "gpu-0/", URL: "http://127.0.0.1:9100", Weight: 2}))
+	b, _ = s.Backend("gpu-0/")
+	if b.State != StateDraining || b.URL != "http://127.0.0.1:9100" || b.Weight != 2 || b.Labels != nil {
+		t.Fatalf("upsert: %+v", b)
+	}
+	s = mustApply(t, s, RemoveBackend("gpu-0/"))
+	if _, ok := s.Backend("gpu-0/"); ok || len(s.Backends) != 2 {
+		t.Fatalf("remove: %+v", s.Backends)
+	}
+	if _, _, err := apply(&s, RemoveBackend("gpu-0/")); !errors.Is(err, ErrUnknownBackend) {
+		t.Fatalf("second remove: %v", err)
+	}
+	if _, _, err := apply(&s, SetBackendState("nope", "down")); !errors.Is(err, ErrUnknownBackend) {
+		t.Fatalf("state of unknown: %v", err)
+	}
+}
+
+func TestIdenticalCommandDoesNotChange(t *testing.T) {
+	s := seeded(t)
+	_, changed, err := apply(&s, UpsertBackend(s.Backends[0]))
+	if err != nil || changed {
+		t.Fatalf("re-upserting the same backend: changed=%v err=%v", changed, err)
+	}
+	r := s.Routing
+	r.Strategy = "prefix-aware" // canonicalized
+	_, changed, err = apply(&s, SetRouting(r))
+	if err != nil || changed {
+		t.Fatalf("same routing in another spelling: changed=%v err=%v", changed, err)
+	}
+}
+
+func TestInvalidCommandsLeaveStateAlone(t *testing.T) {
+	s := seeded(t)
+	before := s.Clone()
+	bad := []Command{
+		UpsertBackend(Backend{ID: "", URL: "http://x:1"}),
+		UpsertBackend(Backend{ID: "a b", URL: "http://x:1"}),
+		UpsertBackend(Backend{ID: "x", URL: "ftp://x:1"}),
+		UpsertBackend(Backend{ID: "x", URL: "http://x:1", Weight: 5000}),
+		UpsertBackend(Backend{ID: "x", URL: "http://x:1", State: "sleeping"}),
+		UpsertBackend(Backend{ID: "x", URL: "http://x:1", Source: "mystery"}),
+		SetBackendState("gpu-a/", "gone"),
+		SetRouting(Routing{Strategy: "PREFIX_AWARE", PrefixLength: 10, ConcurrencyThreshold: 4, OverflowDepth: 4}),
+		SetRouting(Routing{Strategy: "nope", PrefixLength: 4096, ConcurrencyThreshold: 4, OverflowDepth: 4}),
+		{Op: "explode"},
+		{Op: OpUpsertBackend},
+		{Op: OpSyncDiscovered, Backends: []Backend{{ID: "d", URL: "http://d:1"}, {ID: "d", URL: "http://d:1"}}},
+	}
+	for _, cmd := range bad {
+		next, changed, err := apply(&s, cmd)
+		if err == nil || changed || !next.equal(&before) {
+			t.Errorf("%+v: err=%v changed=%v", cmd, err, changed)
+		}
+		if !errors.Is(err, ErrInvalid) {
+			t.Errorf("%+v: err %v is not ErrInvalid", cmd, err)
+		}
+	}
+	if !s.equal(&before) {
+		t.Fatal("apply mutated its input")
+	}
+}
+
+func TestHealthNeverOverridesOperator(t *testing.T) {
+	s := seeded(t)
+	health := func(id, st string) Command { return Command{Op: OpSetBackendState, ID: id, State: st, By: ByHealth} }
+	s = mustApply(t, s, health("gpu-a/", StateDown))
+	if b, _ := s.Backend("gpu-a/"); b.State != StateDown || b.StateBy != ByHealth {
+		t.Fatalf("health down: %+v", b)
+	}
+	s = mustApply(t, s, health("gpu-a/", StateActive))
+	if b, _ := s.Backend("gpu-a/"); b.State != StateActive {
+		t.Fatalf("health up: %+v", b)
+	}
+	// Operator drains; health can neither mark it down nor active.
+	s = mustApply(t, s, SetBackendState("gpu-a/", StateDraining))
+	for _, st := range []string{StateDown, StateActive} {
+		s = mustApply(t, s, health("gpu-a/", st))
+		if b, _ := s.Backend("gpu-a/"); b.State != StateDraining {
+			t.Fatalf("health %s overrode draining: %+v", st, b)
+		}
+	}
+	// Operator down; health up does not revive it.
+	s = mustApply(t, s, SetBackendState("gpu-a/", StateDown))
+	s = mustApply(t, s, health("gpu-a/", StateActive))
+	if b, _ := s.Backend("gpu-a/"); b.State != StateDown || b.StateBy != ByAdmin {
+		t.Fatalf("health revived an operator's down: %+v", b)
+	}
+}
+
+func TestSyncDiscovered(t *testing.T) {
+	s := seeded(t)
+	// An admin backend with an ID DNS also returns stays the admin's.
+	s = mustApply(t, s, UpsertBackend(Backend{ID: "10.0.0.9:8000", URL: "http://10.0.0.9:8000"}))
+	sync := func(ids ...string) Command {
+		var bs []Backend
+		for _, id := range ids {
+			bs = append(bs, Backend{ID: id, URL: "http://" + id})
+		}
+		return Command{Op: OpSyncDiscovered, Backends: bs}
+	}
+	s = mustApply(t, s, sync("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.9:8000"))
+	if len(s.Backends) != 5 {
+		t.Fatalf("backends: %+v", s.Backends)
+	}
+	if b, _ := s.Backend("10.0.0.9:8000"); b.Source != SourceAdmin {
+		t.Fatalf("discovery took over an admin backend: %+v", b)
+	}
+	s = mustApply(t, s, Command{Op: OpSetBackendState, ID: "10.0.0.1:8000", State: StateDown, By: ByHealth})
+	s = mustApply(t, s, sync("10.0.0.1:8000"))
+	if _, ok := s.Backend("10.0.0.2:8000"); ok {
+		t.Fatal("backend gone from DNS was kept")
+	}
+	if b, _ := s.Backend("10.0.0.1:8000"); b.State != StateDown {
+		t.Fatalf("sync reset a discovered backend's state: %+v", b)
+	}
+	if _, ok := s.Backend("10.0.0.9:8000"); !ok {
+		t.Fatal("sync removed an admin backend")
+	}
+	if _, ok := s.Backend("gpu-a/"); !ok {
+		t.Fatal("sync removed a config backend")
+	}
+}
+
+func TestRingBackendAndConfig(t *testing.T) {
+	s := seeded(t)
+	s = mustApply(t, s, SetBackendState("gpu-b/", StateDraining))
+	rb := s.RingBackends()
+	if rb[1].ID != "gpu-b/" || rb[1].State.String() != StateDraining || rb[0].Zone != "z1" {
+		t.Fatalf("ring backends: %+v", rb)
+	}
+	rc, err := s.Routing.RingConfig()
+	if err != nil || rc.PrefixLength != 2048 {
+		t.Fatalf("ring config: %+v %v", rc, err)
+	}
+}
+
+// FuzzApply feeds arbitrary log entries to the state machine: it must never
+// panic, and whatever it accepts must leave a valid, sorted state that
+// survives a snapshot round trip.
+func FuzzApply(f *testing.F) {
+	for _, cmd := range []Command{
+		Seed(testSeed(), testRouting()),
+		UpsertBackend(Backend{ID: "x", URL: "http://x:1", Labels: map[string]string{"a": "b"}}),
+		RemoveBackend("gpu-a/"),
+		SetBackendState("gpu-b/", "draining"),
+		{Op: OpSetBackendState, ID: "gpu-a/", State: "down", By: ByHealth},
+		SetRouting(DefaultRouting()),
+		{Op: OpSyncDiscovered, Backends: []Backend{{ID: "d:1", URL: "http://d:1"}}},
+	} {
+		b, _ := json.Marshal(cmd)
+		f.Add(b)
+	}
+	f.Add([]byte(`{"op":"seed"}`))
+	f.Add([]byte(`{"op":"upsert_backend","backend":{"id":"\u0000","url":"http://[::1]:0"}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, base := range []State{{Backends: []Backend{}}, seeded(t)} {
+			cmd, err := decodeCommand(data)
+			if err != nil {
+				if !errors.Is(err, ErrInvalid) {
+					t.Fatalf("decode error %v is not ErrInvalid", err)
+				}
+				continue
+			}
+			next, changed, err := apply(&base, cmd)
+			if err != nil {
+				if changed || !next.equal(&base) {
+					t.Fatal("a rejected command changed the state")
+				}
+				continue
+			}
+			if err := next.validate(); err != nil {
+				t.Fatalf("accepted a command that leaves an invalid state: %v", err)
+			}
+			b, err := json.Marshal(snapshotFile{Version: snapshotVersion, State: next})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var back snapshotFile
+			if err := json.Unmarshal(b, &back); err != nil {
+				t.Fatal(err)
+			}
+			if back.State.Backends == nil {
+				back.State.Backends = []Backend{}
+			}
+			if !back.State.equal(&next) {
+				t.Fatalf("snapshot round trip changed the state:\n%+v\n%+v", next, back.State)
+			}
+		}
+	})
+}
