@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,7 +22,8 @@ type Cluster struct {
 	cfg  Config
 	log  *slog.Logger
 	ml   *memberlist.Memberlist
-	tr   *countingTransport
+	tr   *transport
+	seal *sealer
 	st   *state
 	pub  *publisher
 	cnt  counters
@@ -41,6 +41,7 @@ type Cluster struct {
 	failed   map[string]failedNode // members declared dead, for reconnects
 
 	registered []prometheus.Collector
+	sendBuf    [][]byte // sealed packets; publish loop, then Close
 
 	stopPub   chan struct{}
 	pubDone   chan struct{}
@@ -72,6 +73,7 @@ func New(cfg Config, local LocalSource) (*Cluster, error) {
 	}
 	lg = lg.With("node", cfg.NodeName)
 	instance := uint64(time.Now().UnixNano())
+	var err error
 	c := &Cluster{
 		cfg:     cfg,
 		log:     lg,
@@ -83,6 +85,9 @@ func New(cfg Config, local LocalSource) (*Cluster, error) {
 		stopPub: make(chan struct{}),
 		pubDone: make(chan struct{}),
 		stop:    make(chan struct{}),
+	}
+	if c.seal, err = newSealer(cfg.SecretKey, cfg.ExtraKeys); err != nil {
+		return nil, err
 	}
 	meta := cfg.Meta
 	meta.Wire = wireVersion
@@ -148,7 +153,6 @@ func (c *Cluster) memberlistConfig() (*memberlist.Config, error) {
 	// Load packets are small binary figures; LZW costs CPU on every packet
 	// and saves little.
 	mc.EnableCompression = false
-	mc.Label = cfg.Label
 	if len(cfg.SecretKey) > 0 {
 		kr, err := memberlist.NewKeyring(cfg.ExtraKeys, cfg.SecretKey)
 		if err != nil {
@@ -157,39 +161,18 @@ func (c *Cluster) memberlistConfig() (*memberlist.Config, error) {
 		mc.Keyring = kr
 	}
 
-	nt, err := newNetTransport(mc.BindAddr, cfg.BindPort, mc.Logger)
+	tr, err := newTransport(mc.BindAddr, cfg.BindPort, mc.Logger, c.receivePacket())
 	if err != nil {
 		return nil, err
 	}
-	c.tr = &countingTransport{NetTransport: nt}
-	mc.Transport = c.tr
-	mc.BindPort = nt.GetAutoBindPort()
+	c.tr = tr
+	mc.Transport = tr
+	mc.BindPort = tr.port
 	mc.AdvertisePort = cfg.AdvertisePort
 	if mc.AdvertisePort == 0 {
 		mc.AdvertisePort = mc.BindPort
 	}
 	return mc, nil
-}
-
-// newNetTransport binds TCP and UDP on one port; with port 0 the kernel
-// picks the TCP port and UDP may find it taken, so it retries like
-// memberlist does.
-func newNetTransport(addr string, port int, lg *log.Logger) (*memberlist.NetTransport, error) {
-	tries := 1
-	if port == 0 {
-		tries = 10
-	}
-	var err error
-	for range tries {
-		var nt *memberlist.NetTransport
-		nt, err = memberlist.NewNetTransport(&memberlist.NetTransportConfig{
-			BindAddrs: []string{addr}, BindPort: port, Logger: lg,
-		})
-		if err == nil {
-			return nt, nil
-		}
-	}
-	return nil, fmt.Errorf("gossip: listen on %s: %w", net.JoinHostPort(addr, strconv.Itoa(port)), err)
 }
 
 // Close sends a goodbye to every member (they drop this node's figures at
@@ -337,6 +320,22 @@ func (c *Cluster) signal() {
 	}
 }
 
+// receivePacket returns the transport's handler for load packets. It runs
+// on the transport's read loop only, so one scratch buffer serves.
+func (c *Cluster) receivePacket() func([]byte) {
+	scratch := make([]byte, 0, udpReadBuf)
+	return func(b []byte) {
+		msg, err := c.seal.open(scratch, b)
+		if err != nil {
+			c.cnt.msgsRecv.Add(1)
+			c.cnt.bytesRecv.Add(uint64(len(b)))
+			c.cnt.malformed.Add(1)
+			return
+		}
+		c.receive(msg)
+	}
+}
+
 // receive applies a message from another node (UDP or push/pull).
 func (c *Cluster) receive(b []byte) {
 	c.cnt.msgsRecv.Add(1)
@@ -400,14 +399,27 @@ func (c *Cluster) publishLoop() {
 	}
 }
 
-// sendAll sends every packet straight to every other live member.
+// sendAll seals every packet once and sends it straight to every other
+// live member.
 func (c *Cluster) sendAll(pkts [][]byte) {
+	for len(c.sendBuf) < len(pkts) {
+		c.sendBuf = append(c.sendBuf, nil)
+	}
+	sealed := c.sendBuf[:len(pkts)]
+	for i, p := range pkts {
+		sealed[i] = c.seal.seal(sealed[i][:0], p)
+	}
 	for _, n := range c.ml.Members() {
 		if n.Name == c.cfg.NodeName {
 			continue
 		}
-		for _, p := range pkts {
-			if err := c.ml.SendBestEffort(n, p); err != nil {
+		ip, ok := netip.AddrFromSlice(n.Addr)
+		if !ok {
+			continue
+		}
+		to := netip.AddrPortFrom(ip.Unmap(), n.Port)
+		for _, p := range sealed {
+			if err := c.tr.send(p, to); err != nil {
 				c.cnt.sendErrors.Add(1)
 				continue
 			}

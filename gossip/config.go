@@ -109,9 +109,6 @@ type Config struct {
 	// addresses. Without a key and without this, New refuses to start
 	// unless both bind and advertise addresses are loopback.
 	AllowPlaintext bool
-	// Label, when set, is prepended to every packet; nodes with different
-	// labels ignore each other (separate clusters sharing a network).
-	Label string
 
 	// Logger receives the Cluster's and memberlist's logs. Nil discards.
 	Logger *slog.Logger
@@ -225,9 +222,6 @@ func (c *Config) Validate() error {
 	}
 	if len(c.SecretKey) == 0 && !c.AllowPlaintext && !(isLoopback(c.BindAddr) && (c.AdvertiseAddr == "" || isLoopback(c.AdvertiseAddr))) {
 		return ErrPlaintext
-	}
-	if len(c.Label) > 255 {
-		return fmt.Errorf("%w: label longer than 255 bytes", ErrInvalidConfig)
 	}
 	if _, err := encodeMeta(c.Meta); err != nil {
 		return err

@@ -37,7 +37,6 @@ func TestValidate(t *testing.T) {
 		"meta too big":       {func(c *Config) { c.Meta.Zone = strings.Repeat("z", 600) }, ErrMetaTooLarge},
 		"bad seed port":      {func(c *Config) { c.Join = []string{"host:99999"} }, ErrInvalidConfig},
 		"empty seed":         {func(c *Config) { c.Join = []string{" "} }, ErrInvalidConfig},
-		"label":              {func(c *Config) { c.Label = strings.Repeat("l", 256) }, ErrInvalidConfig},
 		"extra without main": {func(c *Config) { c.ExtraKeys = [][]byte{make([]byte, 16)} }, ErrInvalidConfig},
 	}
 	for name, tc := range cases {

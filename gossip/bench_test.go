@@ -1,0 +1,203 @@
+package gossip
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"syscall"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// benchSource reports 100 backends, of which `changes` change at every
+// publish: 0 (idle), 10 (a busy router: at 200 requests/s each start and
+// end moves a figure, ~20 moves per 50 ms spread over 100 backends) or
+// all 100 (worst case). The probe backend carries the value whose
+// propagation is timed.
+type benchSource struct {
+	changes  atomic.Int64
+	backends []string
+	vals     []int64
+	probe    string
+	probeV   atomic.Int64
+	tick     int64
+}
+
+func (s *benchSource) AppendInFlight(dst []BackendLoad) []BackendLoad {
+	s.tick++
+	k := s.changes.Load()
+	for j := range k {
+		i := (s.tick*k + j) % int64(len(s.vals))
+		s.vals[i] = 1 + (s.vals[i]+s.tick)%17
+	}
+	for i, b := range s.backends {
+		dst = append(dst, BackendLoad{b, s.vals[i]})
+	}
+	return append(dst, BackendLoad{s.probe, s.probeV.Load()})
+}
+
+// BenchmarkPropagation measures, in one process over loopback UDP, how
+// long a changed in-flight figure takes to appear in every other node's
+// View, and how many bytes each node sends per second, for 5, 20 and 50
+// router nodes with 100 backends each. One op = one figure change on one
+// node, seen by all others.
+func BenchmarkPropagation(b *testing.B) {
+	for _, n := range []int{5, 20, 50} {
+		for _, mode := range []struct {
+			name    string
+			changes int64
+		}{{"idle", 0}, {"busy", 10}, {"worst", 100}} {
+			b.Run(fmt.Sprintf("nodes=%d/backends=100/%s", n, mode.name), func(b *testing.B) {
+				benchPropagation(b, n, mode.changes)
+			})
+		}
+	}
+}
+
+func benchPropagation(b *testing.B, n int, changes int64) {
+	backends := make([]string, 100)
+	for i := range backends {
+		backends[i] = fmt.Sprintf("gpu-%02d/", i)
+	}
+	srcs := make([]*benchSource, n)
+	nodes := make([]*Cluster, n)
+	for i := range n {
+		cfg := testConfig(fmt.Sprintf("router-%02d", i))
+		if i > 0 {
+			cfg.Join = []string{nodes[0].Addr()}
+		}
+		srcs[i] = &benchSource{backends: backends, vals: make([]int64, len(backends)), probe: "probe/" + cfg.NodeName}
+		c, err := New(cfg, srcs[i])
+		if err != nil {
+			b.Fatal(err)
+		}
+		nodes[i] = c
+	}
+	defer func() {
+		var wg sync.WaitGroup
+		for _, c := range nodes {
+			wg.Go(func() { _ = c.Close() })
+		}
+		wg.Wait()
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	for _, c := range nodes {
+		for len(c.View().members) != n {
+			if time.Now().After(deadline) {
+				b.Fatalf("%s sees %d of %d members", c.Name(), len(c.View().members), n)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	// Each node watches its View for the current probe.
+	type target struct {
+		backend string
+		v       int64
+		start   time.Time
+		from    int
+	}
+	var (
+		cur     atomic.Pointer[target]
+		mu      sync.Mutex
+		lat     []time.Duration
+		pending int
+		done    = make(chan struct{}, 1)
+		stop    = make(chan struct{})
+		wg      sync.WaitGroup
+	)
+	for i, c := range nodes {
+		ch, cancel := c.Subscribe()
+		wg.Go(func() {
+			defer cancel()
+			var seen *target
+			for {
+				select {
+				case <-stop:
+					return
+				case <-ch:
+				}
+				tg := cur.Load()
+				if tg == nil || tg == seen || tg.from == i || c.View().RemoteInFlight(tg.backend) != tg.v {
+					continue
+				}
+				seen = tg
+				d := time.Since(tg.start)
+				mu.Lock()
+				lat = append(lat, d)
+				pending--
+				if pending == 0 {
+					done <- struct{}{}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	defer func() { close(stop); wg.Wait() }()
+
+	// Load starts once the cluster has formed; settle, then measure
+	// traffic and CPU over the timed part.
+	for _, src := range srcs {
+		src.changes.Store(changes)
+	}
+	time.Sleep(2 * time.Second)
+	cpu0 := cpuTime()
+	before := make([]Stats, n)
+	for i, c := range nodes {
+		before[i] = c.Stats()
+	}
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		from := i % n
+		// Start at a random phase of the sender's publish tick.
+		b.StopTimer()
+		time.Sleep(rand.N(nodes[from].cfg.PublishInterval))
+		b.StartTimer()
+		mu.Lock()
+		pending = n - 1
+		mu.Unlock()
+		v := srcs[from].probeV.Load() + 1
+		cur.Store(&target{backend: srcs[from].probe, v: v, start: time.Now(), from: from})
+		srcs[from].probeV.Store(v)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			b.Fatalf("probe %d from %s not seen everywhere", i, nodes[from].Name())
+		}
+	}
+	b.StopTimer()
+	elapsed := time.Since(start)
+	cpu := cpuTime() - cpu0
+	minMembers := n
+	for _, c := range nodes {
+		minMembers = min(minMembers, len(c.View().members))
+	}
+	var wire, payload, recv uint64
+	for i, c := range nodes {
+		s := c.Stats()
+		wire += s.WirePacketBytes + s.WireStreamBytes - before[i].WirePacketBytes - before[i].WireStreamBytes
+		payload += s.BytesSent - before[i].BytesSent
+		recv += s.MessagesReceived - before[i].MessagesReceived
+	}
+	perNode := func(x uint64) float64 { return float64(x) / elapsed.Seconds() / float64(n) }
+	mu.Lock()
+	defer mu.Unlock()
+	b.ReportMetric(float64(percentile(lat, 0.5).Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(percentile(lat, 0.99).Microseconds())/1000, "p99-ms")
+	b.ReportMetric(perNode(wire), "wire-B/s/node")
+	b.ReportMetric(perNode(payload), "load-B/s/node")
+	b.ReportMetric(perNode(recv), "msgs-recv/s/node")
+	b.ReportMetric(cpu.Seconds()*1000/elapsed.Seconds()/float64(n), "cpu-ms/s/node")
+	b.ReportMetric(float64(minMembers), "min-members")
+}
+
+// cpuTime is the process's user plus system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
