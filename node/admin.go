@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/ring"
 )
@@ -50,6 +51,7 @@ type Status struct {
 	Routing  Routing               `json:"routing"`
 	Ready    bool                  `json:"ready"`
 	Backends []proxy.BackendStatus `json:"backends"`
+	Members  []gossip.Member       `json:"members,omitempty"`
 }
 
 func (n *Node) status() Status {
@@ -65,7 +67,15 @@ func (n *Node) status() Status {
 		},
 		Ready:    n.proxy.Ready(),
 		Backends: n.proxy.Status(),
+		Members:  n.members(),
 	}
+}
+
+func (n *Node) members() []gossip.Member {
+	if n.gossip == nil {
+		return nil
+	}
+	return n.gossip.Members()
 }
 
 func (n *Node) handleStatus(w http.ResponseWriter, r *http.Request) {

@@ -2,6 +2,7 @@ package node
 
 import (
 	"bytes"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -31,6 +32,8 @@ type Config struct {
 	Upstream Upstream      `yaml:"upstream"`
 	Health   Health        `yaml:"health"`
 	Log      Log           `yaml:"log"`
+	Cluster  Cluster       `yaml:"cluster"`
+	Engine   Engine        `yaml:"engine"`
 	// ShutdownTimeout is how long open streams may finish on shutdown.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 
@@ -90,6 +93,46 @@ type Health struct {
 	EjectFor      time.Duration `yaml:"eject_for"`
 }
 
+// Cluster configures membership, load sharing and agreement with other
+// router nodes. With GossipListen empty the node runs alone.
+type Cluster struct {
+	// NodeName identifies the node; default the host name.
+	NodeName string `yaml:"node_name"`
+	// GossipListen turns cluster mode on: memberlist's TCP and UDP address.
+	GossipListen string `yaml:"gossip_listen"`
+	// GossipAdvertise is the address other nodes reach this one on.
+	GossipAdvertise string `yaml:"gossip_advertise"`
+	// Join lists seeds: host:port, host, or a DNS name whose A records are
+	// seeds (a headless Kubernetes Service).
+	Join []string `yaml:"join"`
+	// GossipKeyFile holds the base64 gossip key (16, 24 or 32 bytes);
+	// WARMROUTE_GOSSIP_KEY may carry it instead.
+	GossipKeyFile string `yaml:"gossip_key_file"`
+	GossipKey     string `yaml:"-"`
+	// AllowPlaintextGossip permits an unencrypted cluster on non-loopback
+	// addresses.
+	AllowPlaintextGossip bool `yaml:"allow_plaintext_gossip"`
+	// PublishInterval is how often this node shares its in-flight counts.
+	PublishInterval time.Duration `yaml:"publish_interval"`
+	// Zone is this router's availability zone.
+	Zone string `yaml:"zone"`
+}
+
+// Engine configures scraping of the engines' Prometheus metrics (KV-cache
+// use, queue depth, prefix hit rate).
+type Engine struct {
+	// MetricsPath is appended to each backend's URL; empty turns scraping
+	// off.
+	MetricsPath string `yaml:"metrics_path"`
+	// Interval between scrapes of one backend.
+	Interval time.Duration `yaml:"interval"`
+	// Timeout of one scrape.
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+// Enabled reports whether the node runs in a cluster.
+func (c *Cluster) Enabled() bool { return c.GossipListen != "" }
+
 // Log configures logging.
 type Log struct {
 	Level  string `yaml:"level"`
@@ -139,6 +182,8 @@ func DefaultConfig() Config {
 			EjectFor:      pc.EjectFor,
 		},
 		Log:             Log{Level: "info", Format: "text"},
+		Cluster:         Cluster{NodeName: hostname(), PublishInterval: 50 * time.Millisecond},
+		Engine:          Engine{MetricsPath: "/metrics", Interval: time.Second, Timeout: 500 * time.Millisecond},
 		ShutdownTimeout: 30 * time.Second,
 	}
 }
@@ -249,6 +294,15 @@ func (c *Config) Validate() error {
 	case "text", "json":
 	default:
 		errs = append(errs, fmt.Errorf("log format %q: want text or json", c.Log.Format))
+	}
+	errs = append(errs, c.validateCluster()...)
+	if c.Engine.MetricsPath != "" {
+		if c.Engine.MetricsPath[0] != '/' {
+			errs = append(errs, fmt.Errorf("engine metrics path %q must start with '/'", c.Engine.MetricsPath))
+		}
+		if c.Engine.Interval <= 0 || c.Engine.Timeout <= 0 {
+			errs = append(errs, fmt.Errorf("engine scrape interval and timeout must be positive"))
+		}
 	}
 	if c.ShutdownTimeout < 0 {
 		errs = append(errs, fmt.Errorf("shutdown timeout must not be negative"))
@@ -365,4 +419,65 @@ func (b BackendSpec) RingBackend() (ring.Backend, error) {
 		scheme = "https://"
 	}
 	return ring.Backend{ID: id, Addr: scheme + t.HostPort, Zone: b.Zone, Weight: b.Weight}, nil
+}
+
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "warmroute"
+	}
+	return h
+}
+
+func (c *Config) validateCluster() []error {
+	cl := &c.Cluster
+	if !cl.Enabled() {
+		if len(cl.Join) > 0 {
+			return []error{fmt.Errorf("join is set but gossip-listen is empty: set gossip-listen to run in a cluster")}
+		}
+		return nil
+	}
+	var errs []error
+	if cl.NodeName == "" {
+		errs = append(errs, fmt.Errorf("node-name must not be empty"))
+	}
+	if err := checkListen(cl.GossipListen); err != nil {
+		errs = append(errs, fmt.Errorf("gossip-listen: %w", err))
+	}
+	if cl.GossipAdvertise != "" {
+		if err := checkListen(cl.GossipAdvertise); err != nil {
+			errs = append(errs, fmt.Errorf("gossip-advertise: %w", err))
+		}
+	}
+	if cl.PublishInterval < 5*time.Millisecond || cl.PublishInterval > 10*time.Second {
+		errs = append(errs, fmt.Errorf("publish-interval %s out of range [5ms, 10s]", cl.PublishInterval))
+	}
+	if _, err := cl.gossipKey(); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// gossipKey reads the gossip key from WARMROUTE_GOSSIP_KEY's value or the
+// key file: base64 of 16, 24 or 32 bytes.
+func (cl *Cluster) gossipKey() ([]byte, error) {
+	raw := strings.TrimSpace(cl.GossipKey)
+	if raw == "" && cl.GossipKeyFile != "" {
+		b, err := os.ReadFile(cl.GossipKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("gossip key file: %w", err)
+		}
+		raw = strings.TrimSpace(string(b))
+	}
+	if raw == "" {
+		return nil, nil
+	}
+	key, err := base64.StdEncoding.DecodeString(raw)
+	if err != nil {
+		return nil, fmt.Errorf("gossip key: not base64: %w", err)
+	}
+	if n := len(key); n != 16 && n != 24 && n != 32 {
+		return nil, fmt.Errorf("gossip key: %d bytes, want 16, 24 or 32 (e.g. head -c 32 /dev/urandom | base64)", n)
+	}
+	return key, nil
 }

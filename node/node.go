@@ -14,7 +14,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/proxy"
+	"github.com/warmroute/warmroute/proxy/engine"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -25,6 +27,12 @@ type Node struct {
 	reg   *prometheus.Registry
 	proxy *proxy.Proxy
 	name  string
+	// version is advertised to other nodes.
+	version string
+
+	gossip  *gossip.Cluster // nil when running alone
+	scraper *engine.Scraper // nil when engine scraping is off
+	engines *engineState    // engine figures scraped alone (no gossip)
 
 	trafficLn net.Listener
 	adminLn   net.Listener
@@ -34,17 +42,29 @@ type Node struct {
 	ringMu sync.Mutex
 }
 
-// New validates cfg, builds the first ring and binds both listeners, so
-// Addr methods work before Run (port 0 picks a free port).
-func New(cfg Config, log *slog.Logger) (*Node, error) {
+// Options are what the binary passes besides the config.
+type Options struct {
+	Logger  *slog.Logger
+	Version string
+}
+
+// New validates cfg, builds the first ring, binds both listeners (so Addr
+// methods work before Run; port 0 picks a free port) and, in cluster mode,
+// joins the cluster. Close releases everything if Run is never called.
+func New(cfg Config, opts Options) (_ *Node, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	n := &Node{cfg: cfg, log: log, reg: prometheus.NewRegistry()}
-	n.name, _ = os.Hostname()
+	n := &Node{cfg: cfg, log: log, reg: prometheus.NewRegistry(), version: opts.Version, name: cfg.Cluster.NodeName}
+	defer func() {
+		if err != nil {
+			n.closeEarly()
+		}
+	}()
 	n.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	pc := cfg.ProxyConfig()
@@ -67,8 +87,17 @@ func New(cfg Config, log *slog.Logger) (*Node, error) {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
 	if n.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
-		n.trafficLn.Close()
 		return nil, fmt.Errorf("admin listen %s: %w", cfg.AdminListen, err)
+	}
+	if cfg.Cluster.Enabled() {
+		if err := n.startGossip("", false); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Engine.MetricsPath != "" {
+		if n.scraper, err = n.newScraper(); err != nil {
+			return nil, err
+		}
 	}
 	n.admin = &http.Server{
 		Handler:           n.adminHandler(),
@@ -100,10 +129,49 @@ func (n *Node) AdminAddr() net.Addr { return n.adminLn.Addr() }
 // Proxy exposes the node's proxy (tests, embedding).
 func (n *Node) Proxy() *proxy.Proxy { return n.proxy }
 
+// closeEarly releases what New acquired when New fails.
+func (n *Node) closeEarly() {
+	if n.gossip != nil {
+		n.gossip.Close()
+	}
+	for _, ln := range []net.Listener{n.trafficLn, n.adminLn} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+}
+
 // Run serves until ctx is cancelled, then stops accepting, lets open streams
 // finish for up to ShutdownTimeout and returns. Components stop in the
-// reverse of the order they started.
+// reverse of the order they started: the proxy drains while this node still
+// publishes its (falling) load, then it leaves the cluster.
 func (n *Node) Run(ctx context.Context) error {
+	bg, stopBG := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	if n.scraper != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n.scraper.Run(bg)
+		}()
+	}
+	if n.gossip != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n.followGossip(bg)
+		}()
+	}
+	defer func() {
+		stopBG()
+		wg.Wait()
+		if n.gossip != nil {
+			if err := n.gossip.Close(); err != nil {
+				n.log.Warn("leaving the cluster", "err", err)
+			}
+		}
+	}()
+
 	errc := make(chan error, 2)
 	go func() { errc <- n.proxy.Serve(n.trafficLn) }()
 	go func() {
@@ -113,8 +181,8 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 		errc <- nil
 	}()
-	n.log.Info("router serving", "listen", n.TrafficAddr().String(), "admin", n.AdminAddr().String(),
-		"strategy", n.cfg.Routing.Strategy.String(), "backends", len(n.cfg.Backends))
+	n.log.Info("router serving", "node", n.name, "listen", n.TrafficAddr().String(), "admin", n.AdminAddr().String(),
+		"strategy", n.cfg.Routing.Strategy.String(), "backends", len(n.cfg.Backends), "cluster", n.gossip != nil)
 
 	var runErr error
 	select {

@@ -43,6 +43,27 @@ func (f backendsFlag) Set(v string) error {
 	return nil
 }
 
+// listFlag parses a comma-separated list.
+type listFlag struct{ dst *[]string }
+
+func (f listFlag) String() string {
+	if f.dst == nil {
+		return ""
+	}
+	return strings.Join(*f.dst, ",")
+}
+
+func (f listFlag) Set(v string) error {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	*f.dst = out
+	return nil
+}
+
 // serveFlags binds every serve flag to cfg. It is the one table flags,
 // environment variables (WARMROUTE_<FLAG>, '-' as '_') and --help come from;
 // YAML keys are listed in docs/configuration.md.
@@ -89,6 +110,21 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config) (configPath *string) {
 	fs.IntVar(&h.RiseThreshold, "probe-rise-threshold", h.RiseThreshold, "consecutive passed checks that mark it up again")
 	fs.IntVar(&h.EjectAfter, "eject-after", h.EjectAfter, "consecutive connect failures that eject a backend (0 = never)")
 	fs.DurationVar(&h.EjectFor, "eject-for", h.EjectFor, "how long an ejected backend is skipped")
+
+	c := &cfg.Cluster
+	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "this router's name in the cluster (unique, stable)")
+	fs.StringVar(&c.GossipListen, "gossip-listen", c.GossipListen, "gossip address (TCP and UDP), e.g. 0.0.0.0:7946; empty runs the router alone")
+	fs.StringVar(&c.GossipAdvertise, "gossip-advertise", c.GossipAdvertise, "address other routers reach this one on, when it differs from --gossip-listen")
+	fs.Var(listFlag{&c.Join}, "join", "comma-separated seeds: host:port, host, or a DNS name whose A records are seeds")
+	fs.StringVar(&c.GossipKeyFile, "gossip-key-file", c.GossipKeyFile, "file holding the base64 gossip encryption key (16, 24 or 32 bytes); or WARMROUTE_GOSSIP_KEY")
+	fs.BoolVar(&c.AllowPlaintextGossip, "allow-plaintext-gossip", c.AllowPlaintextGossip, "allow an unencrypted cluster on non-loopback addresses")
+	fs.DurationVar(&c.PublishInterval, "publish-interval", c.PublishInterval, "how often this router shares its in-flight counts")
+	fs.StringVar(&c.Zone, "zone", c.Zone, "this router's availability zone")
+
+	e := &cfg.Engine
+	fs.StringVar(&e.MetricsPath, "engine-metrics-path", e.MetricsPath, "path of the engines' Prometheus metrics on each backend (empty: do not scrape)")
+	fs.DurationVar(&e.Interval, "engine-scrape-interval", e.Interval, "engine metrics scrape interval")
+	fs.DurationVar(&e.Timeout, "engine-scrape-timeout", e.Timeout, "engine metrics scrape timeout")
 
 	fs.StringVar(&cfg.Log.Level, "log-level", cfg.Log.Level, "debug, info, warn or error")
 	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "text or json")
@@ -154,6 +190,7 @@ func loadServeConfig(args []string, stderr io.Writer) (node.Config, error) {
 	if envErr != nil {
 		return cfg, envErr
 	}
+	cfg.Cluster.GossipKey = os.Getenv("WARMROUTE_GOSSIP_KEY")
 	if err := fs.Parse(args); err != nil {
 		return cfg, fmt.Errorf("%w (see 'warmroute serve --help')", err)
 	}
@@ -175,7 +212,7 @@ func cmdServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if len(cfg.Backends) == 0 {
 		log.Warn("no backends configured: every request will get 503 until backends are added")
 	}
-	n, err := node.New(cfg, log)
+	n, err := node.New(cfg, node.Options{Logger: log, Version: version})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,181 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+
+	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/proxy"
+	"github.com/warmroute/warmroute/proxy/engine"
+)
+
+// localLoads adapts the proxy's own in-flight counts to gossip.LocalSource.
+// gossip calls it from one goroutine.
+type localLoads struct {
+	p   *proxy.Proxy
+	buf []proxy.BackendLoad
+}
+
+func (l *localLoads) AppendInFlight(dst []gossip.BackendLoad) []gossip.BackendLoad {
+	l.buf = l.p.AppendInFlight(l.buf[:0])
+	for _, b := range l.buf {
+		dst = append(dst, gossip.BackendLoad{Backend: b.Backend, InFlight: b.InFlight})
+	}
+	return dst
+}
+
+// startGossip joins the cluster. The admin and Raft addresses other nodes
+// need travel in the node metadata.
+func (n *Node) startGossip(raftAddr string, voter bool) error {
+	cl := &n.cfg.Cluster
+	gc := gossip.DefaultConfig()
+	gc.NodeName = cl.NodeName
+	host, port, err := splitHostPort(cl.GossipListen)
+	if err != nil {
+		return fmt.Errorf("gossip-listen: %w", err)
+	}
+	gc.BindAddr, gc.BindPort = host, port
+	if cl.GossipAdvertise != "" {
+		if gc.AdvertiseAddr, gc.AdvertisePort, err = splitHostPort(cl.GossipAdvertise); err != nil {
+			return fmt.Errorf("gossip-advertise: %w", err)
+		}
+	}
+	gc.Join = cl.Join
+	gc.PublishInterval = cl.PublishInterval
+	if gc.RefreshInterval < 10*gc.PublishInterval {
+		gc.RefreshInterval = 10 * gc.PublishInterval
+	}
+	if gc.ExpireAfter <= gc.RefreshInterval {
+		gc.ExpireAfter = 4 * gc.RefreshInterval
+	}
+	if gc.SecretKey, err = cl.gossipKey(); err != nil {
+		return err
+	}
+	gc.AllowPlaintext = cl.AllowPlaintextGossip
+	gc.Meta = gossip.Meta{AdminAddr: n.advertisedAdmin(), RaftAddr: raftAddr, Zone: cl.Zone, Voter: voter, Version: n.version}
+	gc.Logger = n.log.With("component", "gossip")
+	gc.Registry = n.reg
+	g, err := gossip.New(gc, &localLoads{p: n.proxy})
+	if err != nil {
+		return err
+	}
+	n.gossip = g
+	return nil
+}
+
+// advertisedAdmin is the admin address other nodes should use: the admin
+// port on the gossip advertise (or bind) host.
+func (n *Node) advertisedAdmin() string {
+	_, port, _ := net.SplitHostPort(n.AdminAddr().String())
+	host, _, _ := net.SplitHostPort(n.cfg.Cluster.GossipAdvertise)
+	if host == "" {
+		host, _, _ = net.SplitHostPort(n.cfg.Cluster.GossipListen)
+	}
+	if ah, _, _ := net.SplitHostPort(n.cfg.AdminListen); ah != "" && !net.ParseIP(ah).IsUnspecified() {
+		host = ah
+	}
+	if host == "" || net.ParseIP(host).IsUnspecified() {
+		if g := n.gossip; g != nil {
+			host, _, _ = net.SplitHostPort(g.Addr())
+		}
+	}
+	return net.JoinHostPort(host, port)
+}
+
+func splitHostPort(s string) (string, int, error) {
+	h, p, err := net.SplitHostPort(s)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port in %q", s)
+	}
+	return h, port, nil
+}
+
+// engineState keeps what this node scraped itself when it runs alone.
+type engineState struct {
+	mu sync.Mutex
+	m  map[string]engine.Stats
+}
+
+// busy reports whether an engine says it queues requests.
+func busy(s engine.Stats) bool {
+	return s.OK && s.Known&engine.KnownWaiting != 0 && s.Waiting > 0
+}
+
+func toGossip(s engine.Stats) gossip.EngineStats {
+	return gossip.EngineStats{KVUsage: s.KVUsage, Running: s.Running, Waiting: s.Waiting,
+		PrefixHitRate: s.PrefixHitRate, Known: s.Known, Scraped: s.Scraped, OK: s.OK}
+}
+
+// newScraper scrapes the engines' metrics. In a cluster each backend is
+// scraped by one node and shared through gossip; alone, the node scrapes
+// every backend and applies the result directly.
+func (n *Node) newScraper() (*engine.Scraper, error) {
+	ec := engine.DefaultConfig()
+	ec.Interval, ec.Timeout = n.cfg.Engine.Interval, n.cfg.Engine.Timeout
+	ec.Logger = n.log.With("component", "engine-scraper")
+	ec.Registry = n.reg
+	path := n.cfg.Engine.MetricsPath
+	targets := func() []engine.Target {
+		r, _ := n.proxy.Ring()
+		out := make([]engine.Target, 0, r.Len())
+		for _, b := range r.Backends() {
+			out = append(out, engine.Target{ID: b.ID, MetricsURL: b.Addr + path})
+		}
+		return out
+	}
+	if n.gossip != nil {
+		g := n.gossip
+		return engine.New(ec, targets, g.IsScraper, func(id string, s engine.Stats) { g.PublishEngine(id, toGossip(s)) })
+	}
+	es := &engineState{m: map[string]engine.Stats{}}
+	n.engines = es
+	return engine.New(ec, targets, func(string) bool { return true }, func(id string, s engine.Stats) {
+		es.mu.Lock()
+		es.m[id] = s
+		es.mu.Unlock()
+		n.proxy.SetRemote(id, 0, busy(s))
+	})
+}
+
+// followGossip pushes remote in-flight counts and engine figures into the
+// proxy's atomics whenever the cluster's view changes, until ctx ends.
+func (n *Node) followGossip(ctx context.Context) {
+	ch, cancel := n.gossip.Subscribe()
+	defer cancel()
+	for {
+		n.applyView()
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		}
+	}
+}
+
+// applyView copies the current gossip view into the proxy.
+func (n *Node) applyView() {
+	v := n.gossip.View()
+	r, _ := n.proxy.Ring()
+	for _, b := range r.Backends() {
+		es, _ := v.Engine(b.ID)
+		n.proxy.SetRemote(b.ID, v.RemoteInFlight(b.ID), es.OK && es.Known&gossip.EngineWaiting != 0 && es.Waiting > 0)
+	}
+}
+
+// GossipAddr is the bound gossip address, or "" when running alone.
+func (n *Node) GossipAddr() string {
+	if n.gossip == nil {
+		return ""
+	}
+	return n.gossip.Addr()
+}
