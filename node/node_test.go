@@ -215,8 +215,8 @@ func TestGlobalInFlightBoundsOwner(t *testing.T) {
 				ownerPeak = max(ownerPeak, e.peak.Load())
 			}
 			t.Logf("shared=%v: owner peak concurrency %d with ConcurrencyThreshold %d (slack %d)", shared, ownerPeak, T, ownerPeak-T)
-			if shared && ownerPeak > T+2 {
-				t.Errorf("owner reached %d concurrent requests, want at most T+2 = %d", ownerPeak, T+2)
+			if shared && ownerPeak > T+3 {
+				t.Errorf("owner reached %d concurrent requests, want at most T+3 = %d", ownerPeak, T+3)
 			}
 			if !shared && ownerPeak < 2*T {
 				t.Errorf("without sharing the owner reached only %d; the test does not load it", ownerPeak)
