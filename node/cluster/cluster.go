@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
@@ -101,7 +99,6 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Cluste
 		subs:          map[uint64]chan struct{}{},
 	}
 	c.health = newHealthTracker(cfg.HealthFailThreshold, cfg.HealthRiseThreshold, cfg.HealthReportTTL)
-	c.fsm = newFSM(c.notifySubs)
 
 	var cleanup []func()
 	defer func() {
@@ -125,8 +122,12 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Cluste
 		if err := claimDataDir(cfg.DataDir, cfg.NodeID); err != nil {
 			return nil, err
 		}
+		walDir := filepath.Join(cfg.DataDir, "wal")
+		if err := os.MkdirAll(walDir, 0o750); err != nil {
+			return nil, fmt.Errorf("cluster: data dir: %w", err)
+		}
 		c.meta = &metadb.BoltMetaDB{}
-		c.wal, err = wal.Open(filepath.Join(cfg.DataDir, "wal"), wal.WithMetaStore(c.meta), wal.WithLogger(newHclog(libLogger(&cfg), "raft-wal")))
+		c.wal, err = wal.Open(walDir, wal.WithMetaStore(c.meta), wal.WithLogger(newHclog(libLogger(&cfg), "raft-wal")))
 		if err != nil {
 			_ = c.meta.Close()
 			return nil, fmt.Errorf("cluster: open raft log: %w", err)
@@ -162,6 +163,20 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Cluste
 	if err != nil {
 		return nil, fmt.Errorf("cluster: read raft state: %w", err)
 	}
+	var (
+		persist func(*published)
+		cached  *published
+	)
+	if cfg.DataDir != "" {
+		sc := stateCache{path: filepath.Join(cfg.DataDir, stateCacheFile), log: lg.Warn}
+		persist = sc.store
+		if hasState {
+			if cached, err = sc.load(); err != nil && !errors.Is(err, os.ErrNotExist) {
+				lg.Warn("ignoring the cached state", "err", err)
+			}
+		}
+	}
+	c.fsm = newFSM(c.notifySubs, persist, cached)
 	rc := cfg.raftConfig()
 	rc.Logger = hl
 	rc.NotifyCh = c.notifyCh
@@ -191,7 +206,7 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Cluste
 		c.wg.Add(1)
 		go c.bootstrapLoop()
 	} else if hasState {
-		c.log.Info("raft state found; resuming", "epoch", c.fsm.load().epoch)
+		c.log.Info("raft state found; resuming", "epoch", c.fsm.view().epoch)
 	}
 	c.log.Info("raft started", "addr", c.addr, "bootstrap_expect", cfg.BootstrapExpect, "voters", cfg.Voters)
 	return c, nil
@@ -203,28 +218,6 @@ func libLogger(cfg *Config) *slog.Logger {
 		return slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	return cfg.Logger.With("node", cfg.NodeID)
-}
-
-func (c *Cluster) tcpTransport(hl hclog.Logger) (*raft.NetworkTransport, error) {
-	adv := c.cfg.RaftAdvertise
-	var advAddr net.Addr
-	if adv != "" {
-		a, err := net.ResolveTCPAddr("tcp", adv)
-		if err != nil {
-			return nil, fmt.Errorf("cluster: raft advertise address %q: %w", adv, err)
-		}
-		advAddr = a
-	}
-	nt, err := raft.NewTCPTransportWithConfig(c.cfg.RaftBind, advAddr, &raft.NetworkTransportConfig{
-		ServerAddressProvider: c,
-		MaxPool:               3,
-		Timeout:               10 * time.Second,
-		Logger:                hl.Named("transport"),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("cluster: raft transport on %s: %w", c.cfg.RaftBind, err)
-	}
-	return nt, nil
 }
 
 // claimDataDir creates dir and records which node owns it, refusing a
@@ -272,6 +265,9 @@ func (c *Cluster) Close() error {
 		}
 		c.wg.Wait()
 		c.raft.DeregisterObserver(c.observer)
+		if nt, ok := c.trans.(*raft.NetworkTransport); ok {
+			nt.CloseStreams() // pooled outbound connections
+		}
 		if c.cfg.Network != nil {
 			c.cfg.Network.leave(c.cfg.NodeID)
 		}
@@ -312,7 +308,7 @@ func (c *Cluster) Addr() string { return c.addr }
 // It never blocks. Before the first seed is applied the state is empty,
 // Seeded is false and the epoch 0: route on the config file then.
 func (c *Cluster) State() (State, uint64) {
-	p := c.fsm.load()
+	p := c.fsm.view()
 	return p.state.Clone(), p.epoch
 }
 
@@ -493,7 +489,7 @@ type Status struct {
 
 // Status returns this node's view of the group.
 func (c *Cluster) Status() Status {
-	p := c.fsm.load()
+	p := c.fsm.view()
 	lid, laddr := c.Leader()
 	st := Status{
 		ID:           c.cfg.NodeID,

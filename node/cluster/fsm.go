@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"sync/atomic"
 
 	"github.com/hashicorp/raft"
@@ -24,21 +25,55 @@ type applyResult struct {
 }
 
 // fsm is the Raft state machine. Raft calls Apply, Snapshot and Restore from
-// one goroutine; readers load cur without locks.
+// one goroutine; readers load cur and pub without locks.
+//
+// cur is the state machine's own state. pub is what routing reads: the same
+// as cur, except right after a restart, when pub holds the state last
+// applied before the restart (from the cache file) until Raft has replayed
+// the log up to it, so a restarted node routes on its last state even
+// while there is no leader to learn the commit index from, and never on an
+// older one.
 type fsm struct {
-	cur    atomic.Pointer[published]
-	notify func()
+	cur     atomic.Pointer[published]
+	pub     atomic.Pointer[published]
+	floor   uint64 // pub is held until cur reaches this epoch
+	notify  func()
+	persist func(*published) // nil: nothing to persist
 }
 
 var _ raft.FSM = (*fsm)(nil)
 
-func newFSM(notify func()) *fsm {
-	f := &fsm{notify: notify}
-	f.cur.Store(&published{state: State{Backends: []Backend{}}})
+func newFSM(notify func(), persist func(*published), cached *published) *fsm {
+	f := &fsm{notify: notify, persist: persist}
+	empty := &published{state: State{Backends: []Backend{}}}
+	f.cur.Store(empty)
+	f.pub.Store(empty)
+	if cached != nil {
+		f.pub.Store(cached)
+		f.floor = cached.epoch
+	}
 	return f
 }
 
+// load returns the state machine's state (the leader validates writes
+// against it).
 func (f *fsm) load() *published { return f.cur.Load() }
+
+// view returns the state routing uses.
+func (f *fsm) view() *published { return f.pub.Load() }
+
+func (f *fsm) set(p *published) {
+	f.cur.Store(p)
+	if p.epoch < f.floor {
+		return
+	}
+	f.floor = 0
+	f.pub.Store(p)
+	if f.persist != nil {
+		f.persist(p)
+	}
+	f.notify()
+}
 
 // Apply applies one command. A command that is invalid against the current
 // state changes nothing (on every node alike) and reports its error.
@@ -52,8 +87,7 @@ func (f *fsm) Apply(l *raft.Log) any {
 	if err != nil || !changed {
 		return applyResult{epoch: cur.epoch, err: err}
 	}
-	f.cur.Store(&published{state: next, epoch: l.Index})
-	f.notify()
+	f.set(&published{state: next, epoch: l.Index})
 	return applyResult{epoch: l.Index}
 }
 
@@ -85,8 +119,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if err := s.State.validate(); err != nil {
 		return fmt.Errorf("cluster: snapshot: %w", err)
 	}
-	f.cur.Store(&published{state: s.State, epoch: s.Epoch})
-	f.notify()
+	f.set(&published{state: s.State, epoch: s.Epoch})
 	return nil
 }
 
@@ -102,3 +135,46 @@ func (s fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 }
 
 func (fsmSnapshot) Release() {}
+
+// stateCache keeps the last published state in a file next to the Raft
+// log. It is a cache: Raft's log and snapshots stay the truth.
+type stateCache struct {
+	path string
+	log  func(msg string, args ...any)
+}
+
+const stateCacheFile = "state.json"
+
+func (sc stateCache) load() (*published, error) {
+	b, err := os.ReadFile(sc.path)
+	if err != nil {
+		return nil, err
+	}
+	var s snapshotFile
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, err
+	}
+	if s.Version != snapshotVersion {
+		return nil, fmt.Errorf("version %d", s.Version)
+	}
+	if s.State.Backends == nil {
+		s.State.Backends = []Backend{}
+	}
+	if err := s.State.validate(); err != nil {
+		return nil, err
+	}
+	return &published{state: s.State, epoch: s.Epoch}, nil
+}
+
+func (sc stateCache) store(p *published) {
+	b, err := json.Marshal(snapshotFile{Version: snapshotVersion, Epoch: p.epoch, State: p.state})
+	if err == nil {
+		tmp := sc.path + ".tmp"
+		if err = os.WriteFile(tmp, b, 0o640); err == nil {
+			err = os.Rename(tmp, sc.path)
+		}
+	}
+	if err != nil {
+		sc.log("cannot cache the applied state", "err", err)
+	}
+}

@@ -40,7 +40,7 @@ func newMetrics(c *Cluster) *metrics {
 		m.commitSeconds, m.leaderChanges, m.reconcileActions, m.healthCommits, m.discoveryPolls,
 		stateCollector{c: c, g: stateGauge},
 		gauge("epoch", "Index of the Raft entry that produced the applied state (the ring epoch).",
-			func() float64 { return float64(c.fsm.load().epoch) }),
+			func() float64 { return float64(c.fsm.view().epoch) }),
 		gauge("applied_index", "Raft's last applied log index on this node.",
 			func() float64 { return float64(c.raft.AppliedIndex()) }),
 		gauge("term", "Raft's current term on this node.",
