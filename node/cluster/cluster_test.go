@@ -52,13 +52,7 @@ func startFormed(t *testing.T, inmem bool, ids []string, expect int, mod func(*C
 	}
 	nodes := tn.subset(ids...)
 	leader(t, nodes)
-	// Seeded everywhere.
-	_, epoch := leader(t, nodes).c.State()
-	waitFor(t, 20*time.Second, "seed applied", func() bool {
-		_, epoch = leader(t, nodes).c.State()
-		return epoch > 0
-	})
-	converged(t, nodes, epoch)
+	agreed(t, nodes, 1, false) // seeded everywhere
 	return tn, nodes
 }
 

@@ -84,8 +84,11 @@ func (d *DiscoveryConfig) lookup(ctx context.Context) ([]Backend, error) {
 	var hostports []string
 	if d.srv() {
 		_, recs, err := r.LookupSRV(ctx, "", "", d.Name)
-		if err != nil && !isNotFound(err) {
-			return nil, err
+		if err != nil {
+			if !isNotFound(err) {
+				return nil, err
+			}
+			recs = nil
 		}
 		for _, s := range recs {
 			host := strings.TrimSuffix(s.Target, ".")
@@ -96,8 +99,11 @@ func (d *DiscoveryConfig) lookup(ctx context.Context) ([]Backend, error) {
 		}
 	} else {
 		addrs, err := r.LookupHost(ctx, d.Name)
-		if err != nil && !isNotFound(err) {
-			return nil, err
+		if err != nil {
+			if !isNotFound(err) {
+				return nil, err
+			}
+			addrs = nil
 		}
 		for _, a := range addrs {
 			hostports = append(hostports, net.JoinHostPort(a, strconv.Itoa(d.Port)))

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/warmroute/warmroute/gossip"
 	"go.uber.org/goleak"
 )
@@ -295,22 +297,39 @@ func applyAny(t *testing.T, nodes []*tnode, cmd Command) uint64 {
 // converged waits until every node reports epoch and the same state.
 func converged(t *testing.T, nodes []*tnode, epoch uint64) State {
 	t.Helper()
+	st, _ := agreed(t, nodes, epoch, true)
+	return st
+}
+
+// agreed waits until every node reports the same epoch, at least min (or
+// exactly min), and the same state.
+func agreed(t *testing.T, nodes []*tnode, epoch uint64, exact bool) (State, uint64) {
+	t.Helper()
+	min := epoch
 	var st State
-	waitFor(t, 20*time.Second, fmt.Sprintf("all nodes at epoch %d", epoch), func() bool {
+	defer func() {
+		if t.Failed() {
+			for _, n := range nodes {
+				s, e := n.c.State()
+				t.Logf("%s: epoch %d status %+v backends %s", n.id, e, n.c.Status(), ids(s.Backends))
+			}
+		}
+	}()
+	waitFor(t, 20*time.Second, fmt.Sprintf("all nodes at epoch %d (exact %v)", min, exact), func() bool {
 		for i, n := range nodes {
 			s, e := n.c.State()
-			if e != epoch {
-				return false
-			}
 			if i == 0 {
-				st = s
-			} else if !s.equal(&st) {
+				st, epoch = s, e
+				if e < min || (exact && e != min) {
+					return false
+				}
+			} else if e != epoch || !s.equal(&st) {
 				return false
 			}
 		}
 		return true
 	})
-	return st
+	return st, epoch
 }
 
 // raftServers is a node's Raft configuration as "id:voter|nonvoter".
@@ -321,3 +340,5 @@ func raftServers(c *Cluster) map[string]bool {
 	}
 	return out
 }
+
+func counterValue(c prometheus.Collector) float64 { return testutil.ToFloat64(c) }
