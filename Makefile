@@ -12,6 +12,7 @@ SHORTFUZZ ?= 5s
 export CGO_ENABLED ?= 0
 
 .PHONY: all build test test-unit fuzz-short fuzz bench lint demo clean
+.PHONY: images compose-smoke
 
 all: build
 
@@ -41,6 +42,15 @@ lint:
 
 demo: build
 	./$(BIN) demo
+
+# FROM-scratch image warmroute:dev (needs a Docker engine).
+images:
+	GO=$(GO) VERSION=$(VERSION) ./deploy/docker/build.sh
+
+# Builds the image and runs the three-zone compose stack briefly; says
+# SKIPPED and succeeds where no Docker engine runs.
+compose-smoke:
+	GO=$(GO) VERSION=$(VERSION) ./scripts/compose-smoke.sh
 
 clean:
 	rm -rf bin out

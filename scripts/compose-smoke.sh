@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# Compose smoke test: builds the FROM-scratch image, starts the three-zone
+# stack of deploy/compose under its own project name, and checks that
+#   - every router is ready (GET /readyz),
+#   - the three routers form one cluster across the zone networks
+#     (warmroute_gossip_members 3 on each; with Raft: one leader, every
+#     router at the same ring epoch),
+#   - a streaming chat request through each router is served as SSE and
+#     every router sends it to the same backend, with the same epoch.
+# Everything it creates (containers, networks, volumes, secrets) is removed
+# on exit. Bounded in time (WR_SMOKE_TIMEOUT seconds, default 180).
+#
+# Where no Docker engine runs it says so and exits 0 (SKIPPED).
+#
+# Environment:
+#   WR_SMOKE_NO_BUILD=1         use the existing warmroute:dev image
+#   WR_SMOKE_ALLOW_NO_RAFT=1    accept a binary without --raft-listen (gossip-only cluster)
+#   WR_SMOKE_KEEP=1             leave the stack running (prints how to remove it)
+#   WARMROUTE_IMAGE             image to run (default warmroute:dev)
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+compose_file="$root/deploy/compose/docker-compose.yml"
+timeout_s=${WR_SMOKE_TIMEOUT:-180}
+export WARMROUTE_IMAGE=${WARMROUTE_IMAGE:-warmroute:dev}
+
+say() { echo "compose-smoke: $*"; }
+fail() {
+	echo "compose-smoke: FAIL: $*" >&2
+	exit 1
+}
+
+# --- Is there an engine? ----------------------------------------------------
+if ! command -v docker >/dev/null 2>&1; then
+	say "SKIPPED: docker is not installed; images and the compose smoke test were not run"
+	exit 0
+fi
+if ! timeout 20 docker info >/dev/null 2>&1; then
+	say "SKIPPED: no Docker engine is running (docker info failed); images and the compose smoke test were not run"
+	exit 0
+fi
+if command -v docker-compose >/dev/null 2>&1; then
+	compose_cmd=(docker-compose)
+elif docker compose version >/dev/null 2>&1; then
+	compose_cmd=(docker compose)
+else
+	say "SKIPPED: a Docker engine runs but neither docker-compose nor 'docker compose' is installed"
+	exit 0
+fi
+command -v curl >/dev/null 2>&1 || fail "curl is needed"
+
+# --- Image --------------------------------------------------------------------
+if [ "${WR_SMOKE_NO_BUILD:-}" != 1 ]; then
+	"$root/deploy/docker/build.sh"
+fi
+docker image inspect "$WARMROUTE_IMAGE" >/dev/null 2>&1 || fail "image $WARMROUTE_IMAGE not found (run make images)"
+
+serve_help=$(docker run --rm "$WARMROUTE_IMAGE" serve --help 2>&1 || true)
+raft=1
+for flag in raft-listen data-dir bootstrap-expect; do
+	if ! grep -q -- "-$flag " <<<"$serve_help"; then
+		raft=0
+		missing_flag=$flag
+	fi
+done
+if [ "$raft" = 0 ]; then
+	if [ "${WR_SMOKE_ALLOW_NO_RAFT:-}" = 1 ]; then
+		say "NOTE: this build has no --$missing_flag; checking a gossip-only cluster (Raft checks not run)"
+	else
+		fail "this build of warmroute serve has no --$missing_flag flag: the Raft cluster flags have not landed (WR_SMOKE_ALLOW_NO_RAFT=1 checks the gossip-only cluster)"
+	fi
+fi
+
+start=$SECONDS
+left() { echo $((timeout_s - (SECONDS - start))); }
+
+# --- A private project: its own name, network range, ports and secrets -------
+export COMPOSE_PROJECT_NAME="wrsmoke$$"
+used=$(docker network inspect $(docker network ls -q) --format '{{range .IPAM.Config}}{{.Subnet}} {{end}}' 2>/dev/null || true)
+WR_NET=""
+for n in $(seq 200 250); do
+	if ! grep -q "10\.213\.$n\." <<<"$used"; then
+		WR_NET="10.213.$n"
+		break
+	fi
+done
+[ -n "$WR_NET" ] || fail "no free 10.213.x.0/24 for the backbone network"
+export WR_NET
+# Empty host ports: Docker picks free ones on 127.0.0.1.
+export WR_PORT_A="" WR_PORT_B="" WR_PORT_C="" WR_ADMIN_PORT_A="" WR_ADMIN_PORT_B="" WR_ADMIN_PORT_C=""
+export WR_GPUSIM_TIME_SCALE=${WR_GPUSIM_TIME_SCALE:-0.1}
+tmp=$(mktemp -d)
+export WR_SECRETS_DIR="$tmp/secrets"
+"$root/deploy/compose/init-secrets.sh" "$WR_SECRETS_DIR" >/dev/null
+
+dc() { timeout 120 "${compose_cmd[@]}" -f "$compose_file" "$@"; }
+
+ok=0
+cleanup() {
+	local rc=$?
+	if [ "$ok" != 1 ]; then
+		say "router logs (last 40 lines each):"
+		for r in router-a router-b router-c; do
+			dc logs --no-color --tail 40 "$r" 2>&1 | sed "s/^/  /" || true
+		done
+	fi
+	if [ "${WR_SMOKE_KEEP:-}" = 1 ]; then
+		say "stack kept: COMPOSE_PROJECT_NAME=$COMPOSE_PROJECT_NAME WR_NET=$WR_NET docker-compose -f $compose_file down -v"
+	else
+		dc down -v --remove-orphans --timeout 5 >/dev/null 2>&1 || say "WARN: compose down failed"
+		rm -rf "$tmp"
+	fi
+	exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say "project $COMPOSE_PROJECT_NAME, backbone $WR_NET.0/24, image $WARMROUTE_IMAGE"
+dc up -d --no-build >"$tmp/up.log" 2>&1 || {
+	cat "$tmp/up.log" >&2
+	fail "docker-compose up failed"
+}
+
+say "stack up ($((SECONDS - start))s)"
+declare -A traffic admin
+for r in router-a router-b router-c; do
+	id=$(docker ps -q --filter "label=com.docker.compose.project=$COMPOSE_PROJECT_NAME" \
+		--filter "label=com.docker.compose.service=$r")
+	[ -n "$id" ] || fail "$r is not running"
+	t=$(docker port "$id" 8080/tcp | head -1)
+	a=$(docker port "$id" 9090/tcp | head -1)
+	[ -n "$t" ] && [ -n "$a" ] || fail "no published ports for $r"
+	traffic[$r]=$t
+	admin[$r]=$a
+done
+
+# wait_for DESC CMD...: polls CMD until it succeeds or the time is up.
+wait_for() {
+	local desc=$1
+	shift
+	while ! "$@"; do
+		[ "$(left)" -gt 0 ] || fail "timed out after ${timeout_s}s waiting for $desc"
+		sleep 1
+	done
+	say "ok: $desc ($((SECONDS - start))s)"
+}
+
+metric() { # metric ROUTER NAME_WITH_LABELS -> value or empty
+	curl -fsS --max-time 3 "http://${admin[$1]}/metrics" 2>/dev/null | awk -v m="$2" '$1 == m { print $2 }' || true
+}
+
+all_ready() {
+	local r
+	for r in router-a router-b router-c; do
+		curl -fsS --max-time 3 -o /dev/null "http://${traffic[$r]}/readyz" || return 1
+	done
+}
+wait_for "all three routers ready" all_ready
+
+members_three() {
+	local r
+	for r in router-a router-b router-c; do
+		[ "$(metric "$r" warmroute_gossip_members)" = 3 ] || return 1
+	done
+}
+wait_for "gossip: three members seen by every router" members_three
+
+if [ "$raft" = 1 ]; then
+	raft_agreed() {
+		local r leaders=0 epochs=""
+		for r in router-a router-b router-c; do
+			[ "$(metric "$r" 'warmroute_raft_state{state="leader"}')" = 1 ] && leaders=$((leaders + 1))
+			epochs+="$(metric "$r" warmroute_ring_epoch) "
+		done
+		[ "$leaders" = 1 ] || return 1
+		read -r e1 e2 e3 <<<"$epochs"
+		[ -n "$e1" ] && [ "$e1" != 0 ] && [ "$e1" = "$e2" ] && [ "$e2" = "$e3" ]
+	}
+	wait_for "raft: one leader, every router at the same ring epoch" raft_agreed
+fi
+
+# --- A streaming request through each router -----------------------------------
+body='{"model":"meta-llama/Llama-3.1-70B-Instruct","stream":true,"max_tokens":8,"messages":[{"role":"system","content":"You are the compose smoke test. Answer briefly."},{"role":"user","content":"Which zone served this?"}]}'
+first_backend=""
+first_epoch=""
+for r in router-a router-b router-c; do
+	hdr="$tmp/$r.hdr"
+	out="$tmp/$r.out"
+	code=$(curl -sS -N --max-time 30 -o "$out" -D "$hdr" -w '%{http_code}' \
+		-H 'Content-Type: application/json' --data "$body" "http://${traffic[$r]}/v1/chat/completions") || fail "$r: request failed"
+	[ "$code" = 200 ] || fail "$r: HTTP $code: $(head -c 300 "$out")"
+	grep -qi '^content-type: text/event-stream' "$hdr" || fail "$r: not an event stream: $(cat "$hdr")"
+	chunks=$(grep -c '^data: {' "$out" || true)
+	[ "$chunks" -ge 2 ] || fail "$r: $chunks SSE data chunks"
+	grep -q '^data: \[DONE\]' "$out" || fail "$r: stream did not end with [DONE]"
+	backend=$(awk -F': ' 'tolower($1) == "x-warmroute-backend" { gsub(/\r/, "", $2); print $2 }' "$hdr")
+	decision=$(awk -F': ' 'tolower($1) == "x-warmroute-decision" { gsub(/\r/, "", $2); print $2 }' "$hdr")
+	epoch=$(awk -F': ' 'tolower($1) == "x-warmroute-epoch" { gsub(/\r/, "", $2); print $2 }' "$hdr")
+	[ -n "$backend" ] || fail "$r: no X-Warmroute-Backend header"
+	say "ok: $r streamed $chunks chunks from $backend ($decision, epoch $epoch)"
+	if [ -z "$first_backend" ]; then
+		first_backend=$backend
+		first_epoch=$epoch
+	else
+		[ "$backend" = "$first_backend" ] || fail "$r sent the prompt to $backend, router-a to $first_backend"
+		[ "$epoch" = "$first_epoch" ] || fail "$r is at epoch $epoch, router-a at $first_epoch"
+	fi
+done
+
+ok=1
+say "PASS in $((SECONDS - start))s"
