@@ -3,9 +3,10 @@ package gossip
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
-	"syscall"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -164,7 +165,15 @@ func benchPropagation(b *testing.B, n int, changes int64) {
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
-			b.Fatalf("probe %d from %s not seen everywhere", i, nodes[from].Name())
+			for j, c := range nodes {
+				if j == from || c.View().RemoteInFlight(srcs[from].probe) == v {
+					continue
+				}
+				v := c.View()
+				b.Logf("%s: sees %d for the probe, %d members, has sender %v, stats %+v",
+					c.Name(), v.RemoteInFlight(srcs[from].probe), len(v.members), slices.Contains(v.members, nodes[from].Name()), c.Stats())
+			}
+			b.Fatalf("probe %d from %s (value %d) not seen everywhere; sender stats %+v", i, nodes[from].Name(), v, nodes[from].Stats())
 		}
 	}
 	b.StopTimer()

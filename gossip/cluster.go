@@ -538,6 +538,12 @@ func (c *Cluster) joinLoop() {
 	}
 }
 
+// maxReconnects bounds the failed members tried per round: Join dials
+// them one after another, and Close waits for a round in progress.
+const maxReconnects = 3
+
+// failedAddrs returns up to maxReconnects addresses of members declared
+// dead within failedRetention (map order picks them at random).
 func (c *Cluster) failedAddrs(now time.Time) []string {
 	c.failedMu.Lock()
 	defer c.failedMu.Unlock()
@@ -547,7 +553,9 @@ func (c *Cluster) failedAddrs(now time.Time) []string {
 			delete(c.failed, name)
 			continue
 		}
-		out = append(out, f.addr)
+		if len(out) < maxReconnects {
+			out = append(out, f.addr)
+		}
 	}
 	return out
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"sort"
@@ -433,4 +434,48 @@ func TestJoinRetriesUntilSeedIsUp(t *testing.T) {
 	if addrs := a.c.resolveSeeds(); len(addrs) != 0 {
 		t.Fatalf("node-a would join %v", addrs)
 	}
+}
+
+// partition cuts traffic between the two groups (both ways).
+func partition(a, b []*testNode) {
+	set := func(from, to []*testNode) {
+		blocked := map[netip.AddrPort]bool{}
+		for _, n := range to {
+			blocked[netip.MustParseAddrPort(n.c.Addr())] = true
+		}
+		f := func(ap netip.AddrPort) bool { return blocked[ap] }
+		for _, n := range from {
+			n.c.tr.drop.Store(&f)
+		}
+	}
+	set(a, b)
+	set(b, a)
+}
+
+func heal(nodes []*testNode) {
+	for _, n := range nodes {
+		n.c.tr.drop.Store(nil)
+	}
+}
+
+func TestPartitionHeals(t *testing.T) {
+	fast := func(c *Config) { c.RejoinInterval = 300 * time.Millisecond }
+	nodes := startNodes(t, 3, fast)
+	for _, nd := range nodes {
+		nd.src.set("x", 1)
+	}
+	waitFor(t, 10*time.Second, func() bool { return nodes[0].c.View().RemoteInFlight("x") == 2 }, "A sees B and C")
+	// A (the seed, which has no seeds itself) is cut off from B and C.
+	partition(nodes[:1], nodes[1:])
+	waitFor(t, 20*time.Second, func() bool {
+		return len(nodes[0].c.View().members) == 1 && len(nodes[1].c.View().members) == 2 && len(nodes[2].c.View().members) == 2
+	}, "both sides see the partition")
+	if got := nodes[0].c.View().RemoteInFlight("x"); got != 0 {
+		t.Fatalf("isolated A still counts %d remote", got)
+	}
+	heal(nodes)
+	start := time.Now()
+	waitMembers(t, nodes, 3)
+	waitFor(t, 10*time.Second, func() bool { return nodes[0].c.View().RemoteInFlight("x") == 2 }, "A counts B and C again")
+	t.Logf("merged %v after the partition healed", time.Since(start))
 }

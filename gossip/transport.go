@@ -38,7 +38,18 @@ type transport struct {
 
 	packetBytes atomic.Uint64
 	streamBytes atomic.Uint64
+
+	// drop, when set (tests only), cuts traffic to and from an address:
+	// a network partition.
+	drop atomic.Pointer[func(netip.AddrPort) bool]
 }
+
+func (t *transport) dropped(ap netip.AddrPort) bool {
+	f := t.drop.Load()
+	return f != nil && (*f)(ap)
+}
+
+var errPartitioned = errors.New("gossip: partitioned (test)")
 
 var _ memberlist.NodeAwareTransport = (*transport)(nil)
 
@@ -170,6 +181,9 @@ func (t *transport) WriteTo(b []byte, addr string) (time.Time, error) {
 		}
 		ap = ua.AddrPort()
 	}
+	if t.dropped(ap) {
+		return time.Now(), nil
+	}
 	_, err = t.udp.WriteToUDPAddrPort(b, ap)
 	if err == nil {
 		t.packetBytes.Add(uint64(len(b)))
@@ -179,6 +193,9 @@ func (t *transport) WriteTo(b []byte, addr string) (time.Time, error) {
 
 // send writes one load packet.
 func (t *transport) send(b []byte, to netip.AddrPort) error {
+	if t.dropped(to) {
+		return nil
+	}
 	_, err := t.udp.WriteToUDPAddrPort(b, to)
 	if err == nil {
 		t.packetBytes.Add(uint64(len(b)))
@@ -193,6 +210,9 @@ func (t *transport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, e
 func (t *transport) PacketCh() <-chan *memberlist.Packet { return t.packetCh }
 
 func (t *transport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
+	if ap, err := netip.ParseAddrPort(addr); err == nil && t.dropped(ap) {
+		return nil, errPartitioned
+	}
 	c, err := net.DialTimeout("tcp", addr, timeout)
 	if err != nil {
 		return nil, err
@@ -256,7 +276,7 @@ func (t *transport) readLoop() {
 			t.log.Printf("[ERR] memberlist: read UDP: %v", err)
 			continue
 		}
-		if n < 1 {
+		if n < 1 || t.dropped(from) {
 			continue
 		}
 		if buf[0] == wireMagic {
