@@ -255,9 +255,10 @@ func TestBootstrapExpectAnyOrderAndGrowth(t *testing.T) {
 			nodes := tn.live()
 			l := leader(t, nodes)
 			for _, n := range nodes {
-				if got := raftServers(n.c); len(got) != 3 {
-					t.Fatalf("%s: configuration %v, want exactly a, b, c", n.id, got)
-				}
+				waitFor(t, 10*time.Second, n.id+" has the configuration a, b, c", func() bool {
+					got := raftServers(n.c)
+					return len(got) == 3 && got["a"] && got["b"] && got["c"]
+				})
 			}
 			// A 4th node (expect 3 as well, lowest ID so it would be in
 			// "its" bootstrap set) must join, not start a second cluster.
@@ -267,9 +268,10 @@ func TestBootstrapExpectAnyOrderAndGrowth(t *testing.T) {
 				s := raftServers(leader(t, all).c)
 				return len(s) == 4 && !s["0"]
 			})
-			if d.c.Status().Term == 0 {
-				t.Fatal("joiner never heard from the leader")
-			}
+			waitFor(t, 10*time.Second, "joiner follows the leader", func() bool {
+				id, _ := d.c.Leader()
+				return id == leader(t, all).id && len(raftServers(d.c)) == 4
+			})
 			// A 5th makes five voters.
 			tn.start("e", func(c *Config) { c.BootstrapExpect = 3; c.Voters = 5 })
 			all = tn.live()
