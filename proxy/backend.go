@@ -85,15 +85,17 @@ type backend struct {
 func newBackend(id string, target Target, cfg *Config, m *metrics) *backend {
 	b := &backend{id: id, target: target}
 	b.client = &fasthttp.HostClient{
-		Addr:                          target.HostPort,
-		IsTLS:                         target.TLS,
-		TLSConfig:                     &tls.Config{ServerName: hostOnly(target.HostPort), MinVersion: tls.VersionTLS12},
-		Name:                          "warmroute",
-		NoDefaultUserAgentHeader:      true,
-		MaxConns:                      cfg.MaxConnsPerBackend,
-		MaxConnWaitTimeout:            cfg.MaxConnWait,
-		MaxIdleConnDuration:           cfg.UpstreamIdleConn,
-		StreamResponseBody:            true,
+		Addr:                     target.HostPort,
+		IsTLS:                    target.TLS,
+		TLSConfig:                &tls.Config{ServerName: hostOnly(target.HostPort), MinVersion: tls.VersionTLS12},
+		Name:                     "warmroute",
+		NoDefaultUserAgentHeader: true,
+		MaxConns:                 cfg.MaxConnsPerBackend,
+		MaxConnWaitTimeout:       cfg.MaxConnWait,
+		MaxIdleConnDuration:      cfg.UpstreamIdleConn,
+		// Streamed per request (Response.StreamBody): SSE is passed through
+		// as it comes, complete answers are read whole and sent in one write.
+		StreamResponseBody:            false,
 		ReadBufferSize:                16 << 10,
 		WriteBufferSize:               16 << 10,
 		DisablePathNormalizing:        true,
@@ -166,7 +168,7 @@ func newDialer(cfg *Config) fasthttp.DialFunc {
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true)
 		}
-		return &upstreamConn{Conn: c, first: first, idle: idle}, nil
+		return &upstreamConn{Conn: c, first: first, idle: idle, d: newDeferredWrite(c)}, nil
 	}
 }
 
@@ -191,12 +193,16 @@ func retryUnsent(hc *fasthttp.HostClient) fasthttp.RetryIfErrFunc {
 // upstreamConn applies the first-byte deadline to the first read after a
 // request was written and the idle deadline to later reads. fasthttp uses
 // one connection for one request at a time, so the phases cannot mix.
+// The last write of a request is held back and made with the first read
+// of its response (see deferredWrite): a write and one read per exchange
+// instead of a write and two reads.
 type upstreamConn struct {
 	net.Conn
 	first, idle time.Duration
-	sending     bool // a request is being written; no response byte read yet
-	waiting     bool // a request was written and no byte came back yet
-	used        bool // a response was read on this connection before
+	sending     bool           // a request is being written; no response byte read yet
+	waiting     bool           // a request was written and no byte came back yet
+	used        bool           // a response was read on this connection before
+	d           *deferredWrite // nil where raw I/O is not available
 }
 
 func (c *upstreamConn) Write(p []byte) (int, error) {
@@ -205,11 +211,14 @@ func (c *upstreamConn) Write(p []byte) (int, error) {
 		// The backend may have closed this pooled connection while it sat
 		// idle (a restart, a crash, its keep-alive timeout). Writing would
 		// look like a request lost in flight; look first.
-		if c.used && peerClosed(c.Conn) {
+		if c.used && c.d != nil && c.d.peerClosed() {
 			return 0, errStaleConn
 		}
 	}
 	c.waiting = true
+	if c.d != nil {
+		return c.d.write(p)
+	}
 	return c.Conn.Write(p)
 }
 
@@ -224,7 +233,13 @@ func (c *upstreamConn) Read(p []byte) (int, error) {
 	}
 	// A deadline error keeps its Timeout() method, which fasthttp turns
 	// into ErrTimeout.
-	n, err := c.Conn.Read(p)
+	var n int
+	var err error
+	if c.d != nil {
+		n, err = c.d.read(p)
+	} else {
+		n, err = c.Conn.Read(p)
+	}
 	if n > 0 {
 		c.waiting = false
 		c.used = true

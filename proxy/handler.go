@@ -128,7 +128,10 @@ func (p *Proxy) routeLLM(ctx *fasthttp.RequestCtx, rt route, api ring.API) {
 		p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusBadRequest)
 		return
 	}
-	p.dispatch(ctx, st, rt, start)
+	// Streamed answers (SSE) are passed through as they come; others are
+	// read whole and sent in one write. /invocations is opaque: always
+	// streamed.
+	p.dispatch(ctx, st, rt, start, st.info.Stream || api == ring.Invocations)
 }
 
 // routeAny sends a key-less request (GET /v1/models) to a healthy backend.
@@ -137,7 +140,7 @@ func (p *Proxy) routeAny(ctx *fasthttp.RequestCtx, rt route) {
 	defer p.states.Put(st)
 	st.reset(p.tab.Load())
 	st.info = ring.KeyInfo{Key: uint64(st.now)}
-	p.dispatch(ctx, st, rt, time.Now())
+	p.dispatch(ctx, st, rt, time.Now(), false)
 }
 
 func badRequestCode(err error) string {
@@ -154,7 +157,7 @@ func badRequestCode(err error) string {
 
 // dispatch picks a backend and forwards, trying further backends while the
 // request never reached one.
-func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, st *reqState, rt route, start time.Time) {
+func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, st *reqState, rt route, start time.Time, stream bool) {
 	t := st.t
 	var lastErr error
 	for attempt := 0; attempt <= p.cfg.Retries; attempt++ {
@@ -173,7 +176,7 @@ func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, st *reqState, rt route, start
 			return
 		}
 		b := t.bs[d.Backend]
-		retry, err := p.forward(ctx, t, b, d, rt)
+		retry, err := p.forward(ctx, t, b, d, rt, stream)
 		if !retry {
 			return
 		}
@@ -186,17 +189,39 @@ func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, st *reqState, rt route, start
 }
 
 // forward sends the request to b and hands the response to the client. It
-// returns retry=true only when the request never reached b.
-func (p *Proxy) forward(ctx *fasthttp.RequestCtx, t *table, b *backend, d ring.Decision, rt route) (retry bool, err error) {
+// returns retry=true only when the request never reached b. With stream
+// the body is passed through as the backend sends it; otherwise it is read
+// whole (straight into the client's response, no copy) and the answer
+// goes out in one write.
+func (p *Proxy) forward(ctx *fasthttp.RequestCtx, t *table, b *backend, d ring.Decision, rt route, stream bool) (retry bool, err error) {
 	req := &ctx.Request
 	clientClose := req.Header.ConnectionClose()
 	req.Header.ResetConnectionClose()
 	req.Header.SetHost(b.target.HostPort)
 	req.SetRequestURIBytes(ctx.RequestURI())
 
-	up := fasthttp.AcquireResponse()
 	b.inflight.Add(1)
 	sent := time.Now()
+	if !stream {
+		resp := &ctx.Response
+		err = b.client.Do(req, resp)
+		b.inflight.Add(-1)
+		if clientClose {
+			req.Header.SetConnectionClose()
+		}
+		if err != nil {
+			return p.upstreamFailed(ctx, b, d, rt, err)
+		}
+		b.connOK()
+		b.m.ttfb.Observe(time.Since(sent).Seconds())
+		resp.Header.ResetConnectionClose()
+		p.setHeaders(resp, t, b, d)
+		p.m.countRequest(b.m, rt, d.Reason, resp.StatusCode())
+		return false, nil
+	}
+
+	up := fasthttp.AcquireResponse()
+	up.StreamBody = true
 	err = b.client.Do(req, up)
 	if clientClose {
 		req.Header.SetConnectionClose()
@@ -211,9 +236,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, t *table, b *backend, d ring.D
 	resp := &ctx.Response
 	up.Header.CopyTo(&resp.Header)
 	resp.Header.ResetConnectionClose()
-	resp.Header.Set(HeaderBackend, b.id)
-	resp.Header.Set(HeaderDecision, d.Reason.String())
-	resp.Header.SetBytesV(HeaderEpoch, t.epochHdr)
+	p.setHeaders(resp, t, b, d)
 	p.m.countRequest(b.m, rt, d.Reason, up.StatusCode())
 
 	bs, ok := up.BodyStream().(fasthttp.ReadCloserWithError)
@@ -230,6 +253,12 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, t *table, b *backend, d ring.D
 	resp.ImmediateHeaderFlush = true
 	resp.SetBodyStream(ts, up.Header.ContentLength())
 	return false, nil
+}
+
+func (p *Proxy) setHeaders(resp *fasthttp.Response, t *table, b *backend, d ring.Decision) {
+	resp.Header.Set(HeaderBackend, b.id)
+	resp.Header.Set(HeaderDecision, d.Reason.String())
+	resp.Header.SetBytesV(HeaderEpoch, t.epochHdr)
 }
 
 // upstreamFailed answers a failed exchange, or asks for a retry when the

@@ -68,7 +68,7 @@ func startProxy(t *testing.T, pcfg Config, rcfg ring.Config, stubs ...*stub) *ha
 	return startProxyBackends(t, pcfg, rcfg, bs)
 }
 
-func startProxyBackends(t *testing.T, pcfg Config, rcfg ring.Config, bs []ring.Backend) *harness {
+func startProxyBackends(t testing.TB, pcfg Config, rcfg ring.Config, bs []ring.Backend) *harness {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	pcfg.Registry = reg

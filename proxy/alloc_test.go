@@ -1,0 +1,127 @@
+//go:build !race
+
+// The race detector makes sync.Pool drop objects at random, so allocation
+// counts only mean something without it.
+
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warmroute/warmroute/ring"
+)
+
+// allocProxy serves a proxy with health checks off in front of one raw
+// stub and returns its address.
+func allocProxy(t testing.TB, stubs int) string {
+	t.Helper()
+	var bs []ring.Backend
+	for i := 0; i < stubs; i++ {
+		s := newRawStub(t)
+		bs = append(bs, ring.Backend{ID: fmt.Sprintf("stub-%d/", i), Addr: s.url()})
+	}
+	cfg := DefaultConfig()
+	cfg.ProbePath = ""
+	h := startProxyBackends(t, cfg, ring.DefaultConfig(), bs)
+	return strings.TrimPrefix(h.url, "http://")
+}
+
+func chatRequest(promptBytes int, stream bool) []byte {
+	prompt := strings.Repeat("Shared system prompt text that many requests repeat. ", promptBytes/52+1)[:promptBytes]
+	body := fmt.Sprintf(`{"model":"m","stream":%v,"max_tokens":16,"messages":[{"role":"system","content":%q},{"role":"user","content":"hi"}]}`, stream, prompt)
+	return []byte(fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
+}
+
+// TestRequestPathAllocations guards the steady-state request path (key
+// extraction, pick, forwarding, the answer): a complete (not streamed)
+// answer costs no allocation at all.
+func TestRequestPathAllocations(t *testing.T) {
+	addr := allocProxy(t, 3)
+	c := newRawClient(t, addr)
+	req := chatRequest(4<<10, false)
+	do := func() {
+		head, body, err := c.do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.HasPrefix(head, []byte("HTTP/1.1 200")) || !bytes.Equal(body, rawAnswer[len(rawAnswer)-48:]) {
+			t.Fatalf("answer %q %q", head, body)
+		}
+	}
+	for i := 0; i < 200; i++ { // warm the pools and connections
+		do()
+	}
+	if n := testing.AllocsPerRun(1000, do); n != 0 {
+		t.Errorf("a proxied request allocates %.2f times, want 0", n)
+	}
+}
+
+// TestStreamPathAllocations bounds a streamed (SSE) answer's allocations.
+// fasthttp's streamed client body allocates a small wrapper and its
+// closures per response (4 objects); the proxy's own part allocates
+// nothing.
+func TestStreamPathAllocations(t *testing.T) {
+	addr := allocProxy(t, 1)
+	c := newRawClient(t, addr)
+	req := chatRequest(4<<10, true)
+	do := func() {
+		head, body, err := c.do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.HasPrefix(head, []byte("HTTP/1.1 200")) || bytes.Count(body, []byte("data: ")) != 3 {
+			t.Fatalf("answer %q %q", head, body)
+		}
+	}
+	for i := 0; i < 200; i++ {
+		do()
+	}
+	n := testing.AllocsPerRun(1000, do)
+	t.Logf("a streamed request allocates %.2f times", n)
+	if n > 4 {
+		t.Errorf("a streamed request allocates %.2f times, want at most 4", n)
+	}
+}
+
+// BenchmarkProxy is the whole exchange over loopback in one process:
+// client, proxy and stub backend share the CPU, so ns/op is a round trip,
+// not the proxy's cost alone (bench-proxy measures that from outside).
+func BenchmarkProxy(b *testing.B) {
+	for _, conns := range []int{1, 64} {
+		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
+			addr := allocProxy(b, 4)
+			req := chatRequest(4<<10, false)
+			clients := make([]*rawClient, conns)
+			for i := range clients {
+				clients[i] = newRawClient(b, addr)
+				if _, _, err := clients[i].do(req); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			b.SetBytes(int64(len(req)))
+			var next int
+			var mu sync.Mutex
+			start := time.Now()
+			b.SetParallelism((conns + 1) / 2)
+			b.RunParallel(func(pb *testing.PB) {
+				mu.Lock()
+				c := clients[next%len(clients)]
+				next++
+				mu.Unlock()
+				for pb.Next() {
+					if _, _, err := c.do(req); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
+		})
+	}
+}

@@ -1,0 +1,105 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/warmroute/warmroute/ring"
+)
+
+// A complete answer the backend sends chunked reaches the client whole and
+// correctly framed.
+func TestCompleteAnswerFromChunkedBackend(t *testing.T) {
+	a := newStub(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		fl := w.(http.Flusher)
+		io.WriteString(w, `{"object":"chat.completion",`)
+		fl.Flush() // no Content-Length: net/http sends chunks
+		io.WriteString(w, `"choices":[]}`)
+	})
+	h := startProxy(t, testProxyConfig(), ring.DefaultConfig(), a)
+	for i := 0; i < 3; i++ { // on one keep-alive connection
+		resp, body := post(t, h.url+"/v1/chat/completions", chatReq("hello", ""))
+		if resp.StatusCode != 200 || string(body) != `{"object":"chat.completion","choices":[]}` {
+			t.Fatalf("got %d %q", resp.StatusCode, body)
+		}
+		if resp.ContentLength != int64(len(body)) {
+			t.Errorf("content length %d for %d bytes", resp.ContentLength, len(body))
+		}
+	}
+}
+
+// Request bodies of every size reach the backend intact: small ones go out
+// with the read of the answer, large ones in several writes.
+func TestRequestBodiesOfAllSizes(t *testing.T) {
+	a := newStub(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"len":%d,"tail":%q}`, len(b), b[max(0, len(b)-20):])
+	})
+	h := startProxy(t, testProxyConfig(), ring.DefaultConfig(), a)
+	for _, n := range []int{100, 4 << 10, 20 << 10, 70 << 10, 1 << 20} {
+		body := chatReq(strings.Repeat("x", n)+"END", "")
+		resp, got := post(t, h.url+"/v1/chat/completions", body)
+		want := fmt.Sprintf(`{"len":%d,"tail":%q}`, len(body), body[len(body)-20:])
+		if resp.StatusCode != 200 || string(got) != want {
+			t.Fatalf("%d-byte prompt: got %d %s, want %s", n, resp.StatusCode, got, want)
+		}
+	}
+}
+
+// A pooled upstream connection the backend closed while it sat idle (a
+// keep-alive timeout, a restart) is noticed before the request is written
+// to it: the request goes out on a new connection instead of failing.
+func TestPooledConnectionClosedByBackend(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var accepted atomic.Int64
+	closed := make(chan struct{}, 10)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				io.Copy(io.Discard, req.Body)
+				body := `{"object":"chat.completion"}`
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %s\r\n\r\n%s", strconv.Itoa(len(body)), body)
+				c.Close() // no Connection: close: the proxy pooled it
+				closed <- struct{}{}
+			}()
+		}
+	}()
+	cfg := testProxyConfig()
+	cfg.ProbePath = ""
+	h := startProxyBackends(t, cfg, ring.DefaultConfig(), []ring.Backend{{ID: "a/", Addr: "http://" + ln.Addr().String()}})
+	for i := 0; i < 3; i++ {
+		resp, body := post(t, h.url+"/v1/chat/completions", chatReq("hello", ""))
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+		<-closed
+	}
+	if n := accepted.Load(); n != 3 {
+		t.Errorf("backend accepted %d connections, want 3", n)
+	}
+}
