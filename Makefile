@@ -11,7 +11,7 @@ SHORTFUZZ ?= 5s
 
 export CGO_ENABLED ?= 0
 
-.PHONY: all build test test-unit fuzz-short fuzz bench lint demo clean
+.PHONY: all build test test-unit fuzz-short fuzz bench bench-proxy lint demo clean
 .PHONY: images compose-smoke
 
 all: build
@@ -34,6 +34,11 @@ test: lint test-unit fuzz-short
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
+
+# warmroute against HAProxy on this machine (installs HAProxy and wrk with
+# apt-get when missing), then the ring's scale benchmarks. Needs 2+ CPUs.
+bench-proxy:
+	@./scripts/bench-proxy.sh $(BENCH_ARGS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -1,0 +1,458 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "stub" {
+		if err := stubMain(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "benchproxy stub:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "script" {
+		if err := scriptMain(os.Args[2:], os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "benchproxy script:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	args := os.Args[1:]
+	if len(args) > 0 && args[0] == "run" {
+		args = args[1:]
+	}
+	if err := runMain(args, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "benchproxy:", err)
+		os.Exit(1)
+	}
+}
+
+// stubMain serves n stub backends on loopback and prints "LISTEN addr" for
+// each, then runs until SIGTERM.
+func stubMain(args []string) error {
+	fs := flag.NewFlagSet("stub", flag.ContinueOnError)
+	n := fs.Int("n", 4, "number of stub backends")
+	var cfg stubConfig
+	fs.DurationVar(&cfg.Prefill, "prefill", 10*time.Millisecond, "delay before the first SSE chunk")
+	fs.DurationVar(&cfg.Gap, "gap", time.Millisecond, "delay between SSE chunks")
+	fs.IntVar(&cfg.Chunks, "chunks", 50, "SSE chunks per stream")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	errc := make(chan error, *n)
+	for i := 0; i < *n; i++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		fmt.Printf("LISTEN %s\n", ln.Addr())
+		go func() { errc <- serveStub(ctx, ln, cfg) }()
+	}
+	var first error
+	for i := 0; i < *n; i++ {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// scriptMain prints the wrk script of the benchmark's workload, for runs
+// by hand: wrk -s script.lua http://host:port/v1/chat/completions.
+func scriptMain(args []string, w io.Writer) error {
+	fs := flag.NewFlagSet("script", flag.ContinueOnError)
+	wl := workload{}
+	fs.IntVar(&wl.BodySize, "body-size", 4096, "request body bytes")
+	fs.IntVar(&wl.Prefixes, "prefixes", 64, "distinct shared prefixes")
+	fs.IntVar(&wl.Suffixes, "suffixes", 4, "distinct user questions per prefix")
+	fs.BoolVar(&wl.Stream, "stream", false, "ask for SSE streams")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	bodies, err := wl.bodies()
+	if err != nil {
+		return err
+	}
+	_, err = io.WriteString(w, wrkScript(bodies, "/v1/chat/completions"))
+	return err
+}
+
+// options are the run's settings.
+type options struct {
+	Warmroute, HAProxy, Wrk, Taskset string
+	Baseline                         string
+	SUTCPUs, GenCPUs                 string
+	Backends                         int
+	Duration, Warmup                 time.Duration
+	Reps                             int
+	Conns                            []int
+	BodySize, Prefixes, Suffixes     int
+	PrefixBytes, BalanceFactor       int
+	Streams, StreamChunks            int
+	StreamPrefill, StreamGap         time.Duration
+	Out                              string
+	Timeout                          time.Duration
+	WarmrouteArgs                    string
+	Nice                             int
+}
+
+func parseOptions(args []string) (options, error) {
+	o := options{}
+	fs := flag.NewFlagSet("benchproxy", flag.ContinueOnError)
+	fs.StringVar(&o.Warmroute, "warmroute", "bin/warmroute", "warmroute binary")
+	fs.StringVar(&o.Baseline, "baseline", "", "a second warmroute binary (e.g. an older build) measured as target \"baseline\"")
+	fs.StringVar(&o.HAProxy, "haproxy", "haproxy", "haproxy binary")
+	fs.StringVar(&o.Wrk, "wrk", "wrk", "wrk binary")
+	fs.StringVar(&o.Taskset, "taskset", "taskset", "taskset binary (util-linux)")
+	fs.StringVar(&o.SUTCPUs, "sut-cpus", "0", "CPUs the proxy under test is pinned to")
+	fs.StringVar(&o.GenCPUs, "gen-cpus", "1", "CPUs wrk and the stub backends are pinned to")
+	fs.IntVar(&o.Backends, "backends", 4, "stub backends")
+	fs.DurationVar(&o.Duration, "duration", 5*time.Second, "length of each measured wrk run (whole seconds)")
+	fs.DurationVar(&o.Warmup, "warmup", time.Second, "unmeasured wrk run before each measured one (whole seconds; 0 = none)")
+	fs.IntVar(&o.Reps, "reps", 5, "repetitions, interleaved across targets")
+	conns := fs.String("conns", "1,64", "comma-separated wrk connection counts")
+	fs.IntVar(&o.BodySize, "body-size", 4096, "request body bytes")
+	fs.IntVar(&o.Prefixes, "prefixes", 64, "distinct shared prefixes (system prompts)")
+	fs.IntVar(&o.Suffixes, "suffixes", 4, "distinct user questions per prefix")
+	fs.IntVar(&o.PrefixBytes, "prefix-bytes", 2048, "bytes hashed for affinity (HAProxy bytes(0,N); warmroute --prefix-length)")
+	fs.IntVar(&o.BalanceFactor, "balance-factor", 125, "HAProxy hash-balance-factor; warmroute gets --load-factor N/100")
+	fs.IntVar(&o.Streams, "streams", 60, "streamed requests per target per repetition")
+	fs.IntVar(&o.StreamChunks, "stream-chunks", 50, "SSE chunks per stream")
+	fs.DurationVar(&o.StreamPrefill, "stream-prefill", 10*time.Millisecond, "stub delay before the first SSE chunk")
+	fs.DurationVar(&o.StreamGap, "stream-gap", time.Millisecond, "stub delay between SSE chunks")
+	fs.StringVar(&o.Out, "out", "out/bench-proxy", "directory for results.json and summary.md")
+	fs.DurationVar(&o.Timeout, "timeout", 20*time.Minute, "bound on the whole run")
+	fs.IntVar(&o.Nice, "nice", 0, "niceness for the proxies, stubs and wrk (e.g. -10 so other processes on a shared machine disturb less; needs root)")
+	fs.StringVar(&o.WarmrouteArgs, "warmroute-args", "", "extra `warmroute serve` flags, space-separated")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	for _, s := range strings.Split(*conns, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			return o, fmt.Errorf("bad -conns entry %q", s)
+		}
+		o.Conns = append(o.Conns, n)
+	}
+	switch {
+	case o.Backends < 1 || o.Reps < 1 || o.Streams < 0:
+		return o, errors.New("backends and reps must be positive, streams not negative")
+	case o.Duration < time.Second || o.Duration%time.Second != 0 || o.Warmup%time.Second != 0:
+		return o, errors.New("duration and warmup are whole seconds (duration at least 1s)")
+	case o.Prefixes < 1 || o.Suffixes < 1:
+		return o, errors.New("prefixes and suffixes must be positive")
+	}
+	return o, nil
+}
+
+// target is one thing wrk drives: the stubs directly or a proxy.
+type target struct {
+	Name string
+	URL  string
+	proc *child // nil for direct
+}
+
+func runMain(args []string, stdout io.Writer) error {
+	o, err := parseOptions(args)
+	if err != nil {
+		return err
+	}
+	for _, p := range []*string{&o.Warmroute, &o.HAProxy, &o.Wrk, &o.Taskset, &o.Baseline} {
+		if *p == "" {
+			continue
+		}
+		path, err := exec.LookPath(*p)
+		if err != nil {
+			return fmt.Errorf("%s not found (scripts/bench-proxy.sh installs HAProxy and wrk): %w", *p, err)
+		}
+		*p = path
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.Timeout)
+	defer cancel()
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	dir, err := os.MkdirTemp("", "benchproxy")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	var cs children
+	defer cs.stopAll(3 * time.Second)
+
+	bodies, err := workload{BodySize: o.BodySize, Prefixes: o.Prefixes, Suffixes: o.Suffixes}.bodies()
+	if err != nil {
+		return err
+	}
+	streamBodies, err := workload{BodySize: o.BodySize, Prefixes: o.Prefixes, Suffixes: 1, Stream: true}.bodies()
+	if err != nil {
+		return err
+	}
+
+	// Stub backends, on the generator's cores.
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	pr, pw := io.Pipe()
+	stubs, err := cs.start("stubs", o.Taskset, o.GenCPUs, o.Nice, pw, self, "stub", "-n", strconv.Itoa(o.Backends),
+		"-prefill", o.StreamPrefill.String(), "-gap", o.StreamGap.String(), "-chunks", strconv.Itoa(o.StreamChunks))
+	if err != nil {
+		return err
+	}
+	addrs, err := readListenLines(pr, o.Backends, 10*time.Second)
+	if err != nil {
+		return fmt.Errorf("%w\n%s", err, stubs.logs)
+	}
+
+	// HAProxy and warmroute, each on the SUT's cores.
+	hapAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	cfgPath := filepath.Join(dir, "haproxy.cfg")
+	if err := os.WriteFile(cfgPath, []byte(haproxyConfig(hapAddr, addrs, o.PrefixBytes, o.BalanceFactor)), 0o644); err != nil {
+		return err
+	}
+	hap, err := cs.start("haproxy", o.Taskset, o.SUTCPUs, o.Nice, nil, o.HAProxy, "-db", "-f", cfgPath)
+	if err != nil {
+		return err
+	}
+	wrAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	adminAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	var urls []string
+	for _, a := range addrs {
+		urls = append(urls, "http://"+a)
+	}
+	wrArgs := []string{o.Warmroute, "serve", "--listen", wrAddr, "--admin-listen", adminAddr,
+		"--backends", strings.Join(urls, ","), "--strategy", "PREFIX_AWARE",
+		"--prefix-length", strconv.Itoa(o.PrefixBytes),
+		"--load-factor", strconv.FormatFloat(float64(o.BalanceFactor)/100, 'f', -1, 64),
+		"--log-level", "warn"}
+	wrArgs = append(wrArgs, strings.Fields(o.WarmrouteArgs)...)
+	wr, err := cs.start("warmroute", o.Taskset, o.SUTCPUs, o.Nice, nil, wrArgs...)
+	if err != nil {
+		return err
+	}
+
+	targets := []target{
+		{Name: "direct", URL: "http://" + addrs[0]},
+		{Name: "haproxy", URL: "http://" + hapAddr, proc: hap},
+		{Name: "warmroute", URL: "http://" + wrAddr, proc: wr},
+	}
+	if o.Baseline != "" {
+		baseAddr, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		baseAdmin, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		bargs := slices.Clone(wrArgs)
+		bargs[0], bargs[3], bargs[5] = o.Baseline, baseAddr, baseAdmin
+		base, err := cs.start("baseline", o.Taskset, o.SUTCPUs, o.Nice, nil, bargs...)
+		if err != nil {
+			return err
+		}
+		targets = append(targets, target{Name: "baseline", URL: "http://" + baseAddr, proc: base})
+	}
+	for _, t := range targets {
+		if err := waitReady(ctx, t.proc, t.URL, bodies[0], 15*time.Second); err != nil {
+			return fmt.Errorf("%s: %w", t.Name, err)
+		}
+	}
+	hv, _ := exec.Command(o.HAProxy, "-v").Output()
+	res := &results{
+		Started: time.Now().UTC(), Options: o, LoadAvgStart: loadAvg(),
+		HAProxyVersion: strings.SplitN(string(hv), "\n", 2)[0], CPU: cpuModel(),
+		Command: "benchproxy " + strings.Join(args, " "),
+	}
+	fmt.Fprintf(stdout, "benchproxy: %d stub backends %v; HAProxy %s; warmroute %s; SUT cpus %s, generator cpus %s; load average %s\n",
+		o.Backends, addrs, hapAddr, wrAddr, o.SUTCPUs, o.GenCPUs, res.LoadAvgStart)
+
+	wrkr, err := newWrkRunner(dir, o.Wrk, o.Taskset, o.GenCPUs, o.Nice, bodies)
+	if err != nil {
+		return err
+	}
+	for rep := 0; rep < o.Reps; rep++ {
+		for k := range targets {
+			t := targets[(k+rep)%len(targets)]
+			for _, c := range o.Conns {
+				r, err := measure(ctx, wrkr, t, stubs, c, o)
+				if err != nil {
+					return fmt.Errorf("%s c=%d: %w", t.Name, c, err)
+				}
+				r.Rep = rep
+				res.Runs = append(res.Runs, r)
+				fmt.Fprintf(stdout, "rep %d %-9s c=%-3d %9.0f req/s  p50 %7.1fus  p99 %7.1fus  cpu %6.2fus/req  stubs %5.2fus/req  other on SUT cpus %4.0f%%\n",
+					rep, t.Name, c, r.RPS, us(r.P50), us(r.P99), us(r.CPUPerReq), us(r.StubCPUPerReq), 100*r.OtherSUTBusy)
+			}
+		}
+		if o.Streams > 0 {
+			st, err := measureStreams(ctx, targets, streamBodies, o)
+			if err != nil {
+				return fmt.Errorf("streams: %w", err)
+			}
+			for i := range st {
+				st[i].Rep = rep
+				fmt.Fprintf(stdout, "rep %d %-9s stream first chunk p50 %7.3fms p90 %7.3fms  (whole stream p50 %.1fms, %d events)\n",
+					rep, st[i].Target, ms(st[i].FirstP50), ms(st[i].FirstP90), ms(st[i].TotalP50), st[i].Events)
+			}
+			res.Streams = append(res.Streams, st...)
+		}
+	}
+	for _, t := range targets {
+		if t.proc != nil && t.proc.exited() {
+			return fmt.Errorf("%s exited during the run: %v\n%s", t.Name, t.proc.err, t.proc.logs)
+		}
+	}
+	res.LoadAvgEnd = loadAvg()
+	res.summarise()
+	fmt.Fprintln(stdout)
+	fmt.Fprint(stdout, res.text())
+	if o.Out != "" {
+		if err := os.MkdirAll(o.Out, 0o755); err != nil {
+			return err
+		}
+		j, _ := json.MarshalIndent(res, "", "  ")
+		if err := os.WriteFile(filepath.Join(o.Out, "results.json"), j, 0o644); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(o.Out, "summary.md"), []byte(res.markdown()), 0o644); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "\nwrote %s and %s\n", filepath.Join(o.Out, "results.json"), filepath.Join(o.Out, "summary.md"))
+	}
+	return nil
+}
+
+// measure runs wrk once unmeasured (warm-up) and once measured against t,
+// reading the proxy's and the stubs' CPU time around the measured run.
+func measure(ctx context.Context, w *wrkRunner, t target, stubs *child, conns int, o options) (run, error) {
+	if o.Warmup > 0 {
+		if _, err := w.run(ctx, t.URL, conns, o.Warmup); err != nil {
+			return run{}, err
+		}
+	}
+	var cpu0, cpu1 time.Duration
+	var err error
+	if t.proc != nil {
+		if cpu0, err = cpuTime(t.proc.pid()); err != nil {
+			return run{}, err
+		}
+	}
+	scpu0, err := cpuTime(stubs.pid())
+	if err != nil {
+		return run{}, err
+	}
+	sut0, err := cpusBusy(o.SUTCPUs)
+	if err != nil {
+		return run{}, err
+	}
+	r, err := w.run(ctx, t.URL, conns, o.Duration)
+	if err != nil {
+		return run{}, err
+	}
+	sut1, err := cpusBusy(o.SUTCPUs)
+	if err != nil {
+		return run{}, err
+	}
+	scpu1, err := cpuTime(stubs.pid())
+	if err != nil {
+		return run{}, err
+	}
+	if t.proc != nil {
+		if cpu1, err = cpuTime(t.proc.pid()); err != nil {
+			return run{}, err
+		}
+	}
+	if r.StatusErrors > 0 || r.SocketErrors > 0 {
+		return run{}, fmt.Errorf("%d non-2xx answers, %d socket errors", r.StatusErrors, r.SocketErrors)
+	}
+	out := run{Target: t.Name, Conns: conns, Wrk: r, RPS: r.RPS(), P50: r.P50, P99: r.P99,
+		StubCPUPerReq: (scpu1 - scpu0) / time.Duration(r.Requests)}
+	busy := sut1.sub(sut0)
+	if t.proc != nil {
+		out.CPU = cpu1 - cpu0
+		out.CPUPerReq = out.CPU / time.Duration(r.Requests)
+	}
+	if busy.total > 0 {
+		other := busy.busy - out.CPU
+		out.OtherSUTBusy = max(0, other.Seconds()/busy.total.Seconds())
+	}
+	return out, nil
+}
+
+// measureStreams sends o.Streams streamed requests to every target in
+// turn (interleaved, one keep-alive connection each) and summarises the
+// time to the first chunk.
+func measureStreams(ctx context.Context, targets []target, bodies [][]byte, o options) ([]streamRun, error) {
+	clients := make([]*streamClient, len(targets))
+	firsts := make([][]time.Duration, len(targets))
+	totals := make([][]time.Duration, len(targets))
+	events := make([]int, len(targets))
+	for i, t := range targets {
+		clients[i] = newStreamClient(strings.TrimPrefix(t.URL, "http://"))
+		defer clients[i].close()
+	}
+	// One unmeasured stream each to open the connections.
+	for i := range targets {
+		if _, err := clients[i].do(bodies[0], 10*time.Second); err != nil {
+			return nil, fmt.Errorf("%s: %w", targets[i].Name, err)
+		}
+	}
+	for n := 0; n < o.Streams; n++ {
+		for k := range targets {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			i := (k + n) % len(targets)
+			st, err := clients[i].do(bodies[n%len(bodies)], 10*time.Second)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", targets[i].Name, err)
+			}
+			if st.Events != o.StreamChunks+1 {
+				return nil, fmt.Errorf("%s: %d events, want %d", targets[i].Name, st.Events, o.StreamChunks+1)
+			}
+			firsts[i] = append(firsts[i], st.First)
+			totals[i] = append(totals[i], st.Total)
+			events[i] = st.Events
+		}
+	}
+	out := make([]streamRun, len(targets))
+	for i, t := range targets {
+		out[i] = streamRun{Target: t.Name, N: len(firsts[i]), Events: events[i],
+			FirstP50: percentile(firsts[i], 50), FirstP90: percentile(firsts[i], 90),
+			TotalP50: percentile(totals[i], 50)}
+	}
+	return out, nil
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
