@@ -352,6 +352,19 @@ func (c *Cluster) Leader() (id, raftAddr string) {
 	return string(sid), string(addr)
 }
 
+// TransferLeadership hands leadership to another voter when this node
+// leads (call it before a planned Close: writes pause for one round trip
+// instead of an election timeout). It is a no-op on a follower.
+func (c *Cluster) TransferLeadership() error {
+	if c.raft.State() != raft.Leader {
+		return nil
+	}
+	if err := c.raft.LeadershipTransfer().Error(); err != nil {
+		return c.raftErr(err)
+	}
+	return nil
+}
+
 // IsLeader reports whether this node is the Raft leader.
 func (c *Cluster) IsLeader() bool { return c.raft.State() == raft.Leader }
 

@@ -197,6 +197,25 @@ func TestLeaderFailover(t *testing.T) {
 	}
 }
 
+func TestPlannedLeaderShutdown(t *testing.T) {
+	tn, nodes := startFormed(t, true, []string{"a", "b", "c"}, 3, nil)
+	old := leader(t, nodes)
+	start := time.Now()
+	if err := old.c.TransferLeadership(); err != nil {
+		t.Fatal(err)
+	}
+	tn.stop(old.id, false)
+	rest := tn.live()
+	e := applyAny(t, rest, SetBackendState("gpu-a/", StateDraining))
+	t.Logf("planned handoff gap (transfer + close -> write applied): %v", time.Since(start))
+	converged(t, rest, e)
+	for _, n := range rest {
+		if err := n.c.TransferLeadership(); err != nil && !n.c.IsLeader() {
+			t.Fatalf("transfer on follower %s: %v", n.id, err)
+		}
+	}
+}
+
 func TestMinorityPartitionKeepsStateAndCatchesUp(t *testing.T) {
 	ids := []string{"a", "b", "c", "d", "e"}
 	tn, nodes := startFormed(t, true, ids, 5, func(c *Config) { c.Voters = 5 })
