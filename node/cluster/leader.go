@@ -21,7 +21,14 @@ func (c *Cluster) monitorLeadership() {
 		}
 		run.stop()
 		run = nil
+		// Wake writers waiting for this term's setup (they then see
+		// ErrNotLeader) and start the next term unready.
 		c.readyMu.Lock()
+		select {
+		case <-c.ready:
+		default:
+			close(c.ready)
+		}
 		c.ready = make(chan struct{})
 		c.readyMu.Unlock()
 	}
