@@ -76,11 +76,13 @@ func buildView(members []gossip.Member, selfID, selfAddr string) *memberView {
 	return v
 }
 
-// ServerAddr implements raft.ServerAddressProvider: Raft dials a server at
-// the address gossip advertises for its ID now, so a node that restarted on
-// a new IP is reachable before the configuration is updated.
-func (c *Cluster) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
-	v := c.view.Load()
+// addrProvider implements raft.ServerAddressProvider: Raft dials a server
+// at the address gossip advertises for its ID now, so a node that restarted
+// on a new IP is reachable before the configuration is updated.
+type addrProvider struct{ c *Cluster }
+
+func (p addrProvider) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
+	v := p.c.view.Load()
 	if v != nil {
 		if s, ok := v.get(string(id)); ok && s.alive() {
 			return raft.ServerAddress(s.Addr), nil

@@ -103,7 +103,7 @@ func (c *Cluster) tcpTransport(hl hclog.Logger) (*raft.NetworkTransport, error) 
 	}
 	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:                s,
-		ServerAddressProvider: c,
+		ServerAddressProvider: addrProvider{c},
 		MaxPool:               3,
 		Timeout:               10 * time.Second,
 		Logger:                hl.Named("transport"),
