@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,9 +38,17 @@ type Cluster struct {
 	nextSub    uint64
 	subsClosed bool
 
-	joined   atomic.Bool // some other node has been a member
-	failedMu sync.Mutex
+	joined atomic.Bool // some other node has been a member
+	addr   string      // advertised host:port, fixed after New
+
+	// Members as the event callbacks report them. memberlist rewrites
+	// the Node structs Members() returns in place (without a lock the
+	// reader could take), so only the callbacks, which run under its
+	// node lock, read them, and copy what is needed here.
+	peersMu  sync.Mutex
+	peers    map[string]peer
 	failed   map[string]failedNode // members declared dead, for reconnects
+	sendList atomic.Pointer[[]netip.AddrPort]
 
 	registered []prometheus.Collector
 	sendBuf    [][]byte // sealed packets; publish loop, then Close
@@ -49,6 +59,11 @@ type Cluster struct {
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 	closeErr  error
+}
+
+type peer struct {
+	addr netip.AddrPort
+	meta []byte
 }
 
 type failedNode struct {
@@ -81,6 +96,7 @@ func New(cfg Config, local LocalSource) (*Cluster, error) {
 		pub:     newPublisher(cfg.NodeName, instance, local, &cfg),
 		kick:    make(chan struct{}, 1),
 		subs:    make(map[uint64]chan struct{}),
+		peers:   make(map[string]peer),
 		failed:  make(map[string]failedNode),
 		stopPub: make(chan struct{}),
 		pubDone: make(chan struct{}),
@@ -97,6 +113,7 @@ func New(cfg Config, local LocalSource) (*Cluster, error) {
 	}
 	c.meta.Store(&mb)
 	c.view.Store(c.st.build(nil))
+	c.sendList.Store(&[]netip.AddrPort{})
 
 	mc, err := c.memberlistConfig()
 	if err != nil {
@@ -117,7 +134,10 @@ func New(cfg Config, local LocalSource) (*Cluster, error) {
 			c.registered = append(c.registered, col)
 		}
 	}
-	c.log.Info("gossip started", "addr", c.Addr(), "encrypted", len(cfg.SecretKey) > 0)
+	c.peersMu.Lock()
+	c.addr = c.peers[cfg.NodeName].addr.String()
+	c.peersMu.Unlock()
+	c.log.Info("gossip started", "addr", c.addr, "encrypted", len(cfg.SecretKey) > 0)
 	if len(cfg.Join) > 0 {
 		c.joinSeeds()
 	}
@@ -251,36 +271,27 @@ func (c *Cluster) Subscribe() (<-chan struct{}, func()) {
 	}
 }
 
-// Members returns the live members (alive or suspect), this node included.
+// Members returns the live members, this node included, sorted by name.
+// State is "alive" for every member: memberlist does not report its
+// suspicion of a member to the application, and a suspect is still a
+// member until it is declared dead.
 func (c *Cluster) Members() []Member {
-	nodes := c.ml.Members()
-	out := make([]Member, 0, len(nodes))
-	for _, n := range nodes {
-		m := Member{Name: n.Name, Addr: n.Address(), State: stateName(n.State), Self: n.Name == c.cfg.NodeName}
-		if meta, err := decodeMeta(n.Meta); err == nil {
+	c.peersMu.Lock()
+	out := make([]Member, 0, len(c.peers))
+	for name, p := range c.peers {
+		m := Member{Name: name, Addr: p.addr.String(), State: "alive", Self: name == c.cfg.NodeName}
+		if meta, err := decodeMeta(p.meta); err == nil {
 			m.Meta = meta
 		}
 		out = append(out, m)
 	}
+	c.peersMu.Unlock()
+	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 
-func stateName(s memberlist.NodeStateType) string {
-	switch s {
-	case memberlist.StateAlive:
-		return "alive"
-	case memberlist.StateSuspect:
-		return "suspect"
-	case memberlist.StateDead:
-		return "dead"
-	case memberlist.StateLeft:
-		return "left"
-	}
-	return "unknown"
-}
-
 // Addr is the address other nodes reach this one at (host:port).
-func (c *Cluster) Addr() string { return c.ml.LocalNode().Address() }
+func (c *Cluster) Addr() string { return c.addr }
 
 // Name is this node's name.
 func (c *Cluster) Name() string { return c.cfg.NodeName }
@@ -409,15 +420,7 @@ func (c *Cluster) sendAll(pkts [][]byte) {
 	for i, p := range pkts {
 		sealed[i] = c.seal.seal(sealed[i][:0], p)
 	}
-	for _, n := range c.ml.Members() {
-		if n.Name == c.cfg.NodeName {
-			continue
-		}
-		ip, ok := netip.AddrFromSlice(n.Addr)
-		if !ok {
-			continue
-		}
-		to := netip.AddrPortFrom(ip.Unmap(), n.Port)
+	for _, to := range *c.sendList.Load() {
 		for _, p := range sealed {
 			if err := c.tr.send(p, to); err != nil {
 				c.cnt.sendErrors.Add(1)
@@ -458,11 +461,10 @@ func (c *Cluster) joinSeeds() bool {
 // resolveSeeds turns the Join list into ip:port addresses, every A/AAAA
 // record of a name included, without this node's own address.
 func (c *Cluster) resolveSeeds() []string {
-	self := c.ml.LocalNode()
-	selfAddr, _ := netip.AddrFromSlice(self.Addr)
-	selfAddr = selfAddr.Unmap()
+	self, _ := netip.ParseAddrPort(c.addr)
+	selfAddr := self.Addr()
 	isSelf := func(a netip.Addr, port int) bool {
-		if port != int(self.Port) {
+		if port != int(self.Port()) {
 			return false
 		}
 		a = a.Unmap()
@@ -545,8 +547,8 @@ const maxReconnects = 3
 // failedAddrs returns up to maxReconnects addresses of members declared
 // dead within failedRetention (map order picks them at random).
 func (c *Cluster) failedAddrs(now time.Time) []string {
-	c.failedMu.Lock()
-	defer c.failedMu.Unlock()
+	c.peersMu.Lock()
+	defer c.peersMu.Unlock()
 	var out []string
 	for name, f := range c.failed {
 		if now.Sub(f.since) > failedRetention {
@@ -588,11 +590,9 @@ type events struct{ c *Cluster }
 func (e events) NotifyJoin(n *memberlist.Node) {
 	c := e.c
 	c.st.join(n.Name)
+	c.setPeer(n, false)
 	if n.Name != c.cfg.NodeName {
 		c.joined.Store(true)
-		c.failedMu.Lock()
-		delete(c.failed, n.Name)
-		c.failedMu.Unlock()
 	}
 	c.signal()
 }
@@ -600,15 +600,37 @@ func (e events) NotifyJoin(n *memberlist.Node) {
 func (e events) NotifyLeave(n *memberlist.Node) {
 	c := e.c
 	c.st.leave(n.Name)
-	if n.State == memberlist.StateDead && n.Name != c.cfg.NodeName {
-		c.failedMu.Lock()
-		c.failed[n.Name] = failedNode{addr: n.Address(), since: time.Now()}
-		c.failedMu.Unlock()
-	}
+	c.setPeer(n, true)
 	c.signal()
 }
 
-func (e events) NotifyUpdate(*memberlist.Node) {
+func (e events) NotifyUpdate(n *memberlist.Node) {
 	e.c.st.touch()
+	e.c.setPeer(n, false)
 	e.c.signal()
+}
+
+// setPeer copies what is needed of n (called under memberlist's node
+// lock) and refreshes the list load packets are sent to.
+func (c *Cluster) setPeer(n *memberlist.Node, gone bool) {
+	ip, _ := netip.AddrFromSlice(n.Addr)
+	addr := netip.AddrPortFrom(ip.Unmap(), n.Port)
+	c.peersMu.Lock()
+	defer c.peersMu.Unlock()
+	if gone {
+		delete(c.peers, n.Name)
+		if n.State == memberlist.StateDead && n.Name != c.cfg.NodeName {
+			c.failed[n.Name] = failedNode{addr: addr.String(), since: time.Now()}
+		}
+	} else {
+		c.peers[n.Name] = peer{addr: addr, meta: slices.Clone(n.Meta)}
+		delete(c.failed, n.Name)
+	}
+	list := make([]netip.AddrPort, 0, len(c.peers))
+	for name, p := range c.peers {
+		if name != c.cfg.NodeName {
+			list = append(list, p.addr)
+		}
+	}
+	c.sendList.Store(&list)
 }
