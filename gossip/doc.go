@@ -9,9 +9,12 @@
 //     Lifeguard), tuned to detect a crashed node in about a second on a LAN.
 //     Node metadata carries the node's admin and Raft addresses.
 //   - Every PublishInterval (50 ms) each node sends its own exact in-flight
-//     count per backend straight to every other member (one UDP packet per
-//     1.3 KB of figures, no gossip hops). Only figures that changed in the
-//     last few intervals travel, plus everything every RefreshInterval.
+//     count per backend straight to every other member: one UDP packet per
+//     1.3 KB of figures on the gossip port, no gossip hops, sealed with
+//     AES-GCM under the cluster key. These packets bypass memberlist, so
+//     they never crowd out its membership messages. Only figures that
+//     changed in the last ResendCount intervals travel, plus everything
+//     every RefreshInterval.
 //     Every node keeps the latest figure from every other node; the sum of
 //     those is View.RemoteInFlight, and global in-flight is the proxy's own
 //     counter plus that sum. Figures not refreshed within ExpireAfter are
