@@ -112,8 +112,9 @@ func (p *publisher) next(now time.Time) [][]byte {
 	return pkts
 }
 
-// setEngine records engine stats scraped by this node, to be sent at the
-// next tick.
+// setEngine records engine stats scraped by this node. Changed figures
+// go out at the next tick; unchanged ones only refresh their scrape time,
+// which the next refresh carries.
 func (p *publisher) setEngine(backend string, s EngineStats) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -121,6 +122,9 @@ func (p *publisher) setEngine(backend string, s EngineStats) {
 	if e == nil {
 		e = &pubEngine{}
 		p.engines[backend] = e
+	} else if sameEngine(e.s, s) {
+		e.s.Scraped = s.Scraped
+		return
 	}
 	e.s = s
 	e.changed = p.tick + 1

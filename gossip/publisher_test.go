@@ -128,3 +128,42 @@ func TestPublisherEngineExpires(t *testing.T) {
 		t.Fatal("expired engine stats kept")
 	}
 }
+
+func TestPublisherEngineOnlyChangesTravel(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.RefreshInterval = 10 * cfg.PublishInterval
+	p := newPublisher("a", 1, nil, &cfg)
+	now := time.Now()
+	engines := func() int {
+		n := 0
+		var m wireMsg
+		for _, pkt := range p.next(now) {
+			if err := m.decode(pkt); err != nil {
+				t.Fatal(err)
+			}
+			n += len(m.blocks[0].engines)
+		}
+		return n
+	}
+	st := EngineStats{OK: true, Known: EngineWaiting, Waiting: 2, Scraped: now}
+	p.setEngine("x", st)
+	for range cfg.ResendCount {
+		if engines() != 1 {
+			t.Fatal("new engine stats not sent")
+		}
+	}
+	// A new scrape with the same figures is not news.
+	st.Scraped = now.Add(time.Second)
+	p.setEngine("x", st)
+	if n := engines(); n != 0 {
+		t.Fatalf("unchanged figures sent %d times", n)
+	}
+	if got := p.engines["x"].s.Scraped; !got.Equal(st.Scraped) {
+		t.Fatalf("scrape time not refreshed: %v", got)
+	}
+	st.Waiting = 3
+	p.setEngine("x", st)
+	if engines() != 1 {
+		t.Fatal("changed figures not sent")
+	}
+}
