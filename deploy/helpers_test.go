@@ -5,12 +5,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -119,7 +121,16 @@ var pendingFlags = map[string]bool{
 // checkEnvNames reports WARMROUTE_* variables that name no serve flag.
 func checkEnvNames(t *testing.T, where string, names []string) {
 	t.Helper()
-	flags := serveFlags(t)
+	errs, pending := envNameErrors(serveFlags(t), names)
+	for _, flag := range pending {
+		t.Logf("%s: this build has no --%s yet (cluster flag pending)", where, flag)
+	}
+	for _, err := range errs {
+		t.Errorf("%s: %v", where, err)
+	}
+}
+
+func envNameErrors(flags map[string]bool, names []string) (errs []error, pending []string) {
 	for _, n := range names {
 		if !strings.HasPrefix(n, "WARMROUTE_") || envOnly[n] {
 			continue
@@ -128,10 +139,22 @@ func checkEnvNames(t *testing.T, where string, names []string) {
 		switch {
 		case flags[flag]:
 		case pendingFlags[flag]:
-			t.Logf("%s: %s: this build has no --%s yet (cluster flag pending)", where, n, flag)
+			pending = append(pending, flag)
 		default:
-			t.Errorf("%s: %s matches no flag of warmroute serve (--%s); it would be ignored", where, n, flag)
+			errs = append(errs, fmt.Errorf("%s matches no flag of warmroute serve (--%s); it would be ignored", n, flag))
 		}
+	}
+	return errs, pending
+}
+
+func TestEnvNameCheckCatchesTypos(t *testing.T) {
+	flags := map[string]bool{"prefix-length": true, "listen": true}
+	errs, pending := envNameErrors(flags, []string{"WARMROUTE_PREFIX_LENGTH", "WARMROUTE_PREFIX_LENGHT", "WARMROUTE_GOSSIP_KEY", "WARMROUTE_DATA_DIR", "OTHER"})
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "WARMROUTE_PREFIX_LENGHT") {
+		t.Errorf("errors %v: want one, for WARMROUTE_PREFIX_LENGHT", errs)
+	}
+	if !slices.Equal(pending, []string{"data-dir"}) {
+		t.Errorf("pending %v, want [data-dir]", pending)
 	}
 }
 
