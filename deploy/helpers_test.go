@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,11 +77,24 @@ var binary = sync.OnceValues(func() (string, error) {
 	return bin, nil
 })
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if bin, err := binary(); err == nil && built.Load() {
+		os.RemoveAll(filepath.Dir(bin))
+	}
+	os.Exit(code)
+}
+
+// built records whether a test asked for the binary, so TestMain does not
+// build it only to remove it.
+var built atomic.Bool
+
 func warmrouteBinary(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds cmd/warmroute; skipped with -short")
 	}
+	built.Store(true)
 	bin, err := binary()
 	if err != nil {
 		t.Fatal(err)
