@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/node/cluster"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/ring"
 )
@@ -21,9 +22,10 @@ func (n *Node) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(n.reg, promhttp.HandlerOpts{Registry: n.reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
-	mux.HandleFunc("GET /status", n.handleStatus)
-	mux.HandleFunc("POST /debug/route", n.handleExplain)
-	mux.HandleFunc("POST /debug/route/{path...}", n.handleExplain)
+	mux.HandleFunc("GET /status", n.guarded(false, n.handleStatus))
+	mux.HandleFunc("POST /debug/route", n.guarded(false, n.handleExplain))
+	mux.HandleFunc("POST /debug/route/{path...}", n.guarded(false, n.handleExplain))
+	n.registerAdminAPI(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusNotFound, "not_found", "unknown admin route "+r.Method+" "+r.URL.Path)
 	})
@@ -52,6 +54,7 @@ type Status struct {
 	Ready    bool                  `json:"ready"`
 	Backends []proxy.BackendStatus `json:"backends"`
 	Members  []gossip.Member       `json:"members,omitempty"`
+	Raft     *cluster.Status       `json:"raft,omitempty"`
 }
 
 func (n *Node) status() Status {
@@ -68,7 +71,16 @@ func (n *Node) status() Status {
 		Ready:    n.proxy.Ready(),
 		Backends: n.proxy.Status(),
 		Members:  n.members(),
+		Raft:     n.raftStatus(),
 	}
+}
+
+func (n *Node) raftStatus() *cluster.Status {
+	if n.agree == nil {
+		return nil
+	}
+	s := n.agree.Status()
+	return &s
 }
 
 func (n *Node) members() []gossip.Member {

@@ -34,6 +34,7 @@ type Config struct {
 	Log      Log           `yaml:"log"`
 	Cluster  Cluster       `yaml:"cluster"`
 	Engine   Engine        `yaml:"engine"`
+	Admin    Admin         `yaml:"admin"`
 	// ShutdownTimeout is how long open streams may finish on shutdown.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 
@@ -116,6 +117,64 @@ type Cluster struct {
 	PublishInterval time.Duration `yaml:"publish_interval"`
 	// Zone is this router's availability zone.
 	Zone string `yaml:"zone"`
+
+	// RaftListen is the Raft transport address (cluster mode).
+	RaftListen string `yaml:"raft_listen"`
+	// RaftAdvertise is the Raft address other nodes dial, when it differs.
+	RaftAdvertise string `yaml:"raft_advertise"`
+	// DataDir keeps the Raft log, snapshots and the last applied state.
+	// Empty keeps them in memory: the node then re-seeds from its config on
+	// every start.
+	DataDir string `yaml:"data_dir"`
+	// BootstrapExpect is how many voter-eligible routers form a new cluster
+	// (set the same N on the first N routers; 1 for a single seed). 0 waits
+	// to be added by an existing cluster's leader.
+	BootstrapExpect int `yaml:"bootstrap_expect"`
+	// Voters is how many routers vote in Raft (1, 3 or 5); the others
+	// follow as non-voters.
+	Voters int `yaml:"voters"`
+	// NonVoter keeps this router from ever voting.
+	NonVoter bool `yaml:"non_voter"`
+	// DeadNodeTimeout is how long a router may be gone before the leader
+	// removes it from Raft.
+	DeadNodeTimeout time.Duration `yaml:"dead_node_timeout"`
+	// RaftTimeout scales Raft's heartbeat and election timeouts (the default
+	// 1s elects a new leader in 1.4-2 s).
+	RaftTimeout time.Duration `yaml:"raft_timeout"`
+
+	// DiscoveryDNS polls DNS for backends: an A/AAAA name (with
+	// DiscoveryPort) or an SRV name starting with '_'.
+	DiscoveryDNS      string        `yaml:"discovery_dns"`
+	DiscoveryPort     int           `yaml:"discovery_port"`
+	DiscoveryInterval time.Duration `yaml:"discovery_interval"`
+}
+
+// Admin configures the admin API's authentication.
+type Admin struct {
+	// TokenFile holds the bearer token admin writes need (and reads from
+	// off loopback); WARMROUTE_ADMIN_TOKEN may carry it instead. Without a
+	// token, admin writes are accepted only from loopback clients.
+	TokenFile string `yaml:"token_file"`
+	Token     string `yaml:"-"`
+}
+
+// token returns the configured admin token ("" when none).
+func (a *Admin) token() (string, error) {
+	if t := strings.TrimSpace(a.Token); t != "" {
+		return t, nil
+	}
+	if a.TokenFile == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(a.TokenFile)
+	if err != nil {
+		return "", fmt.Errorf("admin token file: %w", err)
+	}
+	t := strings.TrimSpace(string(b))
+	if t == "" {
+		return "", fmt.Errorf("admin token file %s is empty", a.TokenFile)
+	}
+	return t, nil
 }
 
 // Engine configures scraping of the engines' Prometheus metrics (KV-cache
@@ -181,8 +240,10 @@ func DefaultConfig() Config {
 			EjectAfter:    pc.EjectAfter,
 			EjectFor:      pc.EjectFor,
 		},
-		Log:             Log{Level: "info", Format: "text"},
-		Cluster:         Cluster{NodeName: hostname(), PublishInterval: 50 * time.Millisecond},
+		Log: Log{Level: "info", Format: "text"},
+		Cluster: Cluster{NodeName: hostname(), PublishInterval: 50 * time.Millisecond,
+			RaftListen: "0.0.0.0:7947", Voters: 3, DeadNodeTimeout: 2 * time.Minute, RaftTimeout: time.Second,
+			DiscoveryInterval: 10 * time.Second},
 		Engine:          Engine{MetricsPath: "/metrics", Interval: time.Second, Timeout: 500 * time.Millisecond},
 		ShutdownTimeout: 30 * time.Second,
 	}
@@ -432,12 +493,19 @@ func hostname() string {
 func (c *Config) validateCluster() []error {
 	cl := &c.Cluster
 	if !cl.Enabled() {
+		var errs []error
 		if len(cl.Join) > 0 {
-			return []error{fmt.Errorf("join is set but gossip-listen is empty: set gossip-listen to run in a cluster")}
+			errs = append(errs, fmt.Errorf("join is set but gossip-listen is empty: set gossip-listen to run in a cluster"))
 		}
-		return nil
+		if _, err := c.Admin.token(); err != nil {
+			errs = append(errs, err)
+		}
+		return errs
 	}
 	var errs []error
+	if _, err := c.Admin.token(); err != nil {
+		errs = append(errs, err)
+	}
 	if cl.NodeName == "" {
 		errs = append(errs, fmt.Errorf("node-name must not be empty"))
 	}
@@ -454,6 +522,29 @@ func (c *Config) validateCluster() []error {
 	}
 	if _, err := cl.gossipKey(); err != nil {
 		errs = append(errs, err)
+	}
+	if err := checkListen(cl.RaftListen); err != nil {
+		errs = append(errs, fmt.Errorf("raft-listen: %w", err))
+	}
+	if cl.RaftAdvertise != "" {
+		if err := checkListen(cl.RaftAdvertise); err != nil {
+			errs = append(errs, fmt.Errorf("raft-advertise: %w", err))
+		}
+	}
+	if cl.Voters != 1 && cl.Voters != 3 && cl.Voters != 5 {
+		errs = append(errs, fmt.Errorf("voters %d: want 1, 3 or 5", cl.Voters))
+	}
+	if cl.BootstrapExpect < 0 || cl.BootstrapExpect > cl.Voters {
+		errs = append(errs, fmt.Errorf("bootstrap-expect %d out of range [0, voters=%d]", cl.BootstrapExpect, cl.Voters))
+	}
+	if cl.NonVoter && cl.BootstrapExpect > 0 {
+		errs = append(errs, fmt.Errorf("a non-voter cannot bootstrap: drop --bootstrap-expect or --non-voter"))
+	}
+	if cl.DeadNodeTimeout <= 0 || cl.RaftTimeout < 10*time.Millisecond {
+		errs = append(errs, fmt.Errorf("dead-node-timeout must be positive and raft-timeout at least 10ms"))
+	}
+	if cl.DiscoveryDNS != "" && !strings.HasPrefix(cl.DiscoveryDNS, "_") && (cl.DiscoveryPort < 1 || cl.DiscoveryPort > 65535) {
+		errs = append(errs, fmt.Errorf("discovery-dns %q is an A/AAAA name: set discovery-port", cl.DiscoveryDNS))
 	}
 	return errs
 }

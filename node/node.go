@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/node/cluster"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/proxy/engine"
 	"github.com/warmroute/warmroute/ring"
@@ -30,9 +31,13 @@ type Node struct {
 	// version is advertised to other nodes.
 	version string
 
-	gossip  *gossip.Cluster // nil when running alone
-	scraper *engine.Scraper // nil when engine scraping is off
-	engines *engineState    // engine figures scraped alone (no gossip)
+	gossip  *gossip.Cluster  // nil when running alone
+	agree   *cluster.Cluster // Raft agreement on backends and routing
+	scraper *engine.Scraper  // nil when engine scraping is off
+	engines *engineState     // engine figures scraped alone (no gossip)
+
+	adminToken  string       // "" when none is configured
+	adminClient *http.Client // forwards admin writes to the leader
 
 	trafficLn net.Listener
 	adminLn   net.Listener
@@ -59,7 +64,8 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	n := &Node{cfg: cfg, log: log, reg: prometheus.NewRegistry(), version: opts.Version, name: cfg.Cluster.NodeName}
+	n := &Node{cfg: cfg, log: log, reg: prometheus.NewRegistry(), version: opts.Version, name: cfg.Cluster.NodeName,
+		adminClient: &http.Client{Timeout: writeRetryFor}}
 	defer func() {
 		if err != nil {
 			n.closeEarly()
@@ -79,7 +85,9 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := n.installRing(cfg.RingConfig(), backends, 1); err != nil {
+	// Epoch 0: the config file's ring, routed on until the agreed state
+	// arrives.
+	if err := n.installRing(cfg.RingConfig(), backends, 0); err != nil {
 		return nil, err
 	}
 
@@ -89,10 +97,20 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 	if n.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
 		return nil, fmt.Errorf("admin listen %s: %w", cfg.AdminListen, err)
 	}
+	var raftBind, raftAdv string
 	if cfg.Cluster.Enabled() {
-		if err := n.startGossip("", false); err != nil {
+		if raftBind, raftAdv, err = n.raftAddrs(); err != nil {
 			return nil, err
 		}
+		if err := n.startGossip(raftAdv, !cfg.Cluster.NonVoter); err != nil {
+			return nil, err
+		}
+	}
+	if err := n.startAgreement(raftBind, raftAdv); err != nil {
+		return nil, err
+	}
+	if n.adminToken, err = cfg.Admin.token(); err != nil {
+		return nil, err
 	}
 	if cfg.Engine.MetricsPath != "" {
 		if n.scraper, err = n.newScraper(); err != nil {
@@ -131,6 +149,9 @@ func (n *Node) Proxy() *proxy.Proxy { return n.proxy }
 
 // closeEarly releases what New acquired when New fails.
 func (n *Node) closeEarly() {
+	if n.agree != nil {
+		n.agree.Close()
+	}
 	if n.gossip != nil {
 		n.gossip.Close()
 	}
@@ -162,9 +183,15 @@ func (n *Node) Run(ctx context.Context) error {
 			n.followGossip(bg)
 		}()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		n.followAgreement(bg)
+	}()
 	defer func() {
 		stopBG()
 		wg.Wait()
+		n.stopAgreement()
 		if n.gossip != nil {
 			if err := n.gossip.Close(); err != nil {
 				n.log.Warn("leaving the cluster", "err", err)

@@ -91,6 +91,11 @@ func startCluster(t *testing.T, size int, mutate func(i int, c *Config)) []*Node
 		mutate(i, &cfg)
 		cfg.Cluster.NodeName = fmt.Sprintf("router-%d", i)
 		cfg.Cluster.GossipListen = "127.0.0.1:0"
+		cfg.Cluster.RaftListen = "127.0.0.1:0"
+		cfg.Cluster.RaftTimeout = 100 * time.Millisecond
+		if cfg.Cluster.BootstrapExpect == 0 && i < 3 {
+			cfg.Cluster.BootstrapExpect = min(size, 3)
+		}
 		if i > 0 {
 			cfg.Cluster.Join = []string{nodes[0].GossipAddr()}
 		}
@@ -142,13 +147,14 @@ func TestStandaloneNodeServes(t *testing.T) {
 	if err != nil || b != e.id() {
 		t.Fatalf("got %q, %v", b, err)
 	}
+	waitFor(t, 10*time.Second, "the agreed ring", func() bool { _, ep := n.proxy.Ring(); return ep > 0 })
 	resp, err := http.Get("http://" + n.AdminAddr().String() + "/status")
 	if err != nil {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(body), `"epoch": 1`) || !strings.Contains(string(body), e.id()) {
+	if !strings.Contains(string(body), `"raft_state": "Leader"`) || !strings.Contains(string(body), e.id()) {
 		t.Fatalf("status %s", body)
 	}
 }

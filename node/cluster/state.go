@@ -261,6 +261,9 @@ func apply(cur *State, cmd Command) (next State, changed bool, err error) {
 			}
 			next.Backends = append(next.Backends, b)
 		}
+		// State keeps backends sorted by ID (validate relies on it to find
+		// duplicates); a config file lists them in any order.
+		slices.SortFunc(next.Backends, func(a, b Backend) int { return strings.Compare(a.ID, b.ID) })
 		next.Seeded = true
 	case OpUpsertBackend:
 		if cmd.Backend == nil {

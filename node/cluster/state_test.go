@@ -244,3 +244,21 @@ func FuzzApply(f *testing.F) {
 		}
 	})
 }
+
+func TestSeedSortsBackends(t *testing.T) {
+	st, changed, err := apply(&State{}, Seed([]Backend{
+		{ID: "c", URL: "http://c:1"}, {ID: "a", URL: "http://a:1"}, {ID: "b", URL: "http://b:1"},
+	}, DefaultRouting()))
+	if err != nil || !changed {
+		t.Fatalf("seed in any order: %v", err)
+	}
+	if err := st.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if st.Backends[0].ID != "a" || st.Backends[2].ID != "c" {
+		t.Fatalf("backends not sorted: %+v", st.Backends)
+	}
+	if _, _, err := apply(&State{}, Seed([]Backend{{ID: "a", URL: "http://a:1"}, {ID: "a", URL: "http://a:2"}}, DefaultRouting())); err == nil {
+		t.Fatal("a seed with a duplicate ID was accepted")
+	}
+}

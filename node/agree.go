@@ -1,0 +1,191 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/go-sockaddr"
+	"github.com/warmroute/warmroute/node/cluster"
+	"github.com/warmroute/warmroute/proxy"
+	"github.com/warmroute/warmroute/ring"
+)
+
+// seedBackends converts the config file's backends to the agreed form.
+func (c *Config) seedBackends() ([]cluster.Backend, error) {
+	rbs, err := c.RingBackends()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]cluster.Backend, len(rbs))
+	for i, b := range rbs {
+		out[i] = cluster.Backend{ID: b.ID, URL: b.Addr, Zone: b.Zone, Weight: b.Weight,
+			State: cluster.StateActive, Source: cluster.SourceConfig}
+	}
+	return out, nil
+}
+
+// seedRouting converts the routing block to the agreed form.
+func (c *Config) seedRouting() cluster.Routing {
+	r := c.Routing
+	return cluster.Routing{
+		Strategy: r.Strategy.String(), PrefixLength: r.PrefixLength, ConcurrencyThreshold: r.ConcurrencyThreshold,
+		LoadFactor: r.LoadFactor, InvocationsJSON: r.InvocationsJSON, BusyIsFull: r.BusyIsFull,
+		OverflowDepth: r.OverflowDepth, PartitionCount: r.PartitionCount,
+	}
+}
+
+// raftAddrs picks the Raft bind address (a free port when the configured
+// port is 0) and the address to advertise through gossip, before gossip
+// starts, so the advertisement never changes.
+func (n *Node) raftAddrs() (bind, advertise string, err error) {
+	cl := &n.cfg.Cluster
+	host, port, err := splitHostPort(cl.RaftListen)
+	if err != nil {
+		return "", "", fmt.Errorf("raft-listen: %w", err)
+	}
+	if port == 0 {
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return "", "", fmt.Errorf("raft-listen: %w", err)
+		}
+		port = ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+	}
+	bind = net.JoinHostPort(host, strconv.Itoa(port))
+	if cl.RaftAdvertise != "" {
+		return bind, cl.RaftAdvertise, nil
+	}
+	adv := host
+	if adv == "" || net.ParseIP(adv).IsUnspecified() {
+		adv, _, _ = net.SplitHostPort(cl.GossipAdvertise)
+	}
+	if adv == "" || net.ParseIP(adv).IsUnspecified() {
+		adv, _, _ = net.SplitHostPort(cl.GossipListen)
+	}
+	if adv == "" || net.ParseIP(adv).IsUnspecified() {
+		if adv, err = sockaddr.GetPrivateIP(); err != nil || adv == "" {
+			return "", "", fmt.Errorf("cannot tell which address to advertise for Raft: set --raft-advertise")
+		}
+	}
+	return bind, net.JoinHostPort(adv, strconv.Itoa(port)), nil
+}
+
+// startAgreement opens this node's Raft member. Alone (no gossip) the node
+// is a one-member group on an in-memory transport, so the admin API and
+// epochs work the same everywhere.
+func (n *Node) startAgreement(raftBind, raftAdvertise string) error {
+	cl := &n.cfg.Cluster
+	cc := cluster.DefaultConfig()
+	cc.NodeID = cl.NodeName
+	cc.DataDir = cl.DataDir
+	cc.Logger = n.log
+	cc.Registry = n.reg
+	var err error
+	if cc.SeedBackends, err = n.cfg.seedBackends(); err != nil {
+		return err
+	}
+	cc.SeedRouting = n.cfg.seedRouting()
+	t := cl.RaftTimeout
+	var members cluster.Membership
+	if n.gossip != nil {
+		members = n.gossip
+		cc.RaftBind, cc.RaftAdvertise = raftBind, raftAdvertise
+		cc.BootstrapExpect = cl.BootstrapExpect
+		cc.Voters = cl.Voters
+		cc.DeadServerTimeout = cl.DeadNodeTimeout
+		if cl.DiscoveryDNS != "" {
+			cc.Discovery.Name = cl.DiscoveryDNS
+			cc.Discovery.Port = cl.DiscoveryPort
+			cc.Discovery.Interval = cl.DiscoveryInterval
+			cc.Discovery.Zone = cl.Zone
+		}
+	} else {
+		cc.Network = cluster.NewInmemNetwork()
+		cc.BootstrapExpect, cc.Voters = 1, 1
+		t = min(t, 50*time.Millisecond) // nobody to wait for
+	}
+	cc.HeartbeatTimeout, cc.ElectionTimeout = t, t
+	cc.LeaderLeaseTimeout = t / 2
+	cc.CommitTimeout = min(cc.CommitTimeout, max(t/20, time.Millisecond))
+	c, err := cluster.Open(cc, members, n.validateState)
+	if err != nil {
+		return err
+	}
+	n.agree = c
+	return nil
+}
+
+// validateState rejects a state this node could not route on.
+func (n *Node) validateState(s cluster.State) error {
+	rc, err := s.Routing.RingConfig()
+	if err != nil {
+		return err
+	}
+	rbs := s.RingBackends()
+	for _, b := range rbs {
+		if _, err := proxy.ParseTarget(b.Addr); err != nil {
+			return fmt.Errorf("backend %s: %w", b.ID, err)
+		}
+	}
+	_, err = ring.New(rc, rbs)
+	return err
+}
+
+// applyAgreed installs the agreed state's ring, once the state was seeded.
+func (n *Node) applyAgreed() {
+	st, epoch := n.agree.State()
+	if !st.Seeded {
+		return
+	}
+	if _, cur := n.proxy.Ring(); cur == epoch {
+		return
+	}
+	rc, err := st.Routing.RingConfig()
+	if err == nil {
+		err = n.installRing(rc, st.RingBackends(), epoch)
+	}
+	if err != nil {
+		// validateState runs on the leader before every write, so this
+		// means a node of another version: keep routing on the last ring.
+		n.log.Error("cannot build the agreed ring; keeping the last one", "epoch", epoch, "err", err)
+		return
+	}
+	n.log.Info("ring updated", "epoch", epoch, "backends", len(st.Backends), "strategy", st.Routing.Strategy)
+}
+
+// followAgreement rebuilds the ring after every applied change until ctx
+// ends. Routing never waits on it: the proxy keeps the last ring.
+func (n *Node) followAgreement(ctx context.Context) {
+	ch, cancel := n.agree.Subscribe()
+	defer cancel()
+	for {
+		n.applyAgreed()
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		}
+	}
+}
+
+// stopAgreement hands leadership over when this node leads, then closes
+// Raft.
+func (n *Node) stopAgreement() {
+	if n.agree == nil {
+		return
+	}
+	if n.gossip != nil && n.agree.IsLeader() {
+		if err := n.agree.TransferLeadership(); err != nil {
+			n.log.Warn("leadership transfer", "err", err)
+		}
+	}
+	if err := n.agree.Close(); err != nil {
+		n.log.Warn("closing raft", "err", err)
+	}
+}
