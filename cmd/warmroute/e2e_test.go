@@ -413,3 +413,49 @@ func TestE2EClientDisconnectStopsUpstream(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+func runCLI(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	out, err := exec.Command(binPath, args...).CombinedOutput()
+	return string(out), err
+}
+
+func TestE2EAdminCLI(t *testing.T) {
+	needBinary(t)
+	a, b := newEngine(t, 0, 0, 1), newEngine(t, 0, 0, 1)
+	r := startRouter(t, []string{a.srv.URL})
+	admin := strings.TrimPrefix(r.admin, "http://")
+	out, err := runCLI(t, "backends", "--admin", admin, "--zone", "z2", "add", b.srv.URL)
+	if err != nil || !strings.Contains(out, `"epoch"`) {
+		t.Fatalf("backends add: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, "config", "--admin", admin, "set", "prefix_length=2048", "ConcurrencyThreshold=7")
+	if err != nil {
+		t.Fatalf("config set: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, "config", "--admin", admin, "get")
+	if err != nil || !strings.Contains(out, `"prefix_length": 2048`) || !strings.Contains(out, `"concurrency_threshold": 7`) {
+		t.Fatalf("config get: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, "status", "--admin", admin)
+	if err != nil || !strings.Contains(out, b.addr()) || !strings.Contains(out, "Leader") || !strings.Contains(out, "z2") {
+		t.Fatalf("status: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, "config", "--admin", admin, "set", "prefix_length=10")
+	if err == nil || !strings.Contains(out, "PrefixLength 10 out of range") {
+		t.Fatalf("bad config accepted: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, "backends", "--admin", admin, "drain", "nope:1")
+	if err == nil || !strings.Contains(out, "unknown backend") {
+		t.Fatalf("drain unknown: %v\n%s", err, out)
+	}
+	// The router answers with the epoch of the change.
+	resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("x", false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if e := resp.Header.Get("X-Warmroute-Epoch"); e == "" || e == "0" {
+		t.Fatalf("epoch header %q", e)
+	}
+}

@@ -27,6 +27,9 @@ func commands() map[string]command {
 		"gpusim":   {"serve simulated vLLM GPU instances", cmdGpusim},
 		"loadtest": {"drive an OpenAI-compatible endpoint and report", cmdLoadtest},
 		"demo":     {"compare routing strategies on a local fleet", cmdDemo},
+		"status":   {"show a cluster's members, leader, epoch and backends", cmdStatus},
+		"backends": {"list, add, remove or drain backends", cmdBackends},
+		"config":   {"read or change the routing config", cmdConfig},
 		"version":  {"print the version", cmdVersion},
 	}
 }
