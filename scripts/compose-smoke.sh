@@ -56,18 +56,19 @@ fi
 docker image inspect "$WARMROUTE_IMAGE" >/dev/null 2>&1 || fail "image $WARMROUTE_IMAGE not found (run make images)"
 
 serve_help=$(docker run --rm "$WARMROUTE_IMAGE" serve --help 2>&1 || true)
-raft=1
-for flag in raft-listen data-dir bootstrap-expect; do
-	if ! grep -q -- "-$flag " <<<"$serve_help"; then
-		raft=0
-		missing_flag=$flag
+missing=""
+for flag in raft-listen raft-advertise data-dir bootstrap-expect admin-token-file; do
+	if ! grep -q -- "^ *-$flag " <<<"$serve_help"; then
+		missing+=" --$flag"
 	fi
 done
-if [ "$raft" = 0 ]; then
+raft=1
+if [ -n "$missing" ]; then
+	raft=0
 	if [ "${WR_SMOKE_ALLOW_NO_RAFT:-}" = 1 ]; then
-		say "NOTE: this build has no --$missing_flag; checking a gossip-only cluster (Raft checks not run)"
+		say "NOTE: this build of warmroute serve lacks$missing; checking a gossip-only cluster (Raft checks not run)"
 	else
-		fail "this build of warmroute serve has no --$missing_flag flag: the Raft cluster flags have not landed (WR_SMOKE_ALLOW_NO_RAFT=1 checks the gossip-only cluster)"
+		fail "this build of warmroute serve lacks$missing: the cluster flags the compose file sets have not landed (WR_SMOKE_ALLOW_NO_RAFT=1 checks the gossip-only cluster)"
 	fi
 fi
 
