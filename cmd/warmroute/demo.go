@@ -19,67 +19,72 @@ import (
 	"github.com/warmroute/warmroute/loadtest/workload"
 )
 
-// The demo's fleet and workloads. docs/loadtest.md explains the sizing: the
-// working set of every workload (about 96k tokens) is several times one
-// instance's KV cache (demoKVBlocks x 16 = 38,400 tokens) but fits in the
-// seven instances' caches together.
+// The demo's fleet and workloads. docs/loadtest.md explains the sizing:
+// each workload's working set (about 150-190k tokens) is several times one
+// instance's KV cache (demoKVBlocks x 16 = 64,000 tokens) but fits in the
+// seven instances' caches together (448,000 tokens).
 const (
-	demoInstances     = 7
-	demoKVBlocks      = 2400
-	demoPrefixLength  = 2048
-	demoThreshold     = 6
-	demoLoadFactor    = 1.25
-	demoMaxTokens     = 96
-	demoDuration      = 20 * time.Second
-	demoNoReuseLength = 10 * time.Second
+	demoInstances    = 7
+	demoKVBlocks     = 4000
+	demoPrefixLength = 2048
+	demoThreshold    = 16
+	demoLoadFactor   = 1.1
+	demoMaxTokens    = 96
+	demoWarmup       = 5 * time.Second
+	demoDuration     = 25 * time.Second
+	demoNoReuse      = 10 * time.Second
 )
 
 // demoCase returns the calibrated workload and load of one demo workload.
-func demoCase(name string, seed uint64, duration time.Duration, rateScale float64) (compare.Case, error) {
+func demoCase(name string, seed uint64, warmup, duration time.Duration, rateScale float64) (compare.Case, error) {
 	w := workload.DefaultConfig()
 	w.Seed = seed
 	w.MaxTokens = demoMaxTokens
 	l := loadtest.DefaultConfig()
 	l.Mode = loadtest.OpenLoop
 	l.Seed = seed
+	l.Warmup = warmup
 	l.Duration = duration
-	l.Drain = 20 * time.Second
+	l.Drain = 30 * time.Second
 	l.Timeout = 60 * time.Second
 	l.MetricsInterval = time.Second
 	switch name {
 	case "rag":
-		// 48 documents of 2,000 tokens: 96,000 tokens of documents
+		// 96 documents of 2,000 tokens: 192,000 tokens
 		w.Kind = workload.KindRAG
-		w.RAG = workload.RAGConfig{Documents: 48, DocumentTokens: 2000, QuestionsPerDoc: 8, QuestionTokens: 24}
-		l.Rate = 20
+		w.RAG = workload.RAGConfig{Documents: 96, DocumentTokens: 2000, QuestionsPerDoc: 8, QuestionTokens: 24}
+		l.Rate = 40
 	case "chat":
-		// 40 open conversations of 10 turns, 1,500-token openings and 200
-		// tokens more per turn: about 100,000 tokens of history
+		// 75 open conversations of 20 turns opening with 2,000 tokens and
+		// growing by 100 a turn: about 225,000 tokens of history
 		w.Kind = workload.KindChat
-		w.Chat = workload.ChatConfig{Active: 40, Turns: 10, SystemTokens: 40, FirstUserTokens: 1500, UserTokens: 50, AssistantTokens: 150}
-		l.Rate = 20
+		w.Chat = workload.ChatConfig{Active: 75, Turns: 20, SystemTokens: 40, FirstUserTokens: 2000, UserTokens: 25, AssistantTokens: 75}
+		l.Rate = 36
 	case "noreuse":
+		// the control: light load, so that TTFT is the cost of a prompt
+		// rather than of queueing
 		w.Kind = workload.KindNoReuse
 		w.NoReuse.PromptTokens = 2000
-		l.Rate = 10
+		l.Rate = 8
+		l.Warmup = 0
 		if duration == demoDuration {
-			l.Duration = demoNoReuseLength
+			l.Duration = demoNoReuse
 		}
 	case "bot":
 		w.Kind = workload.KindBot
-		w.Bot = workload.BotConfig{Templates: 12, PolicyTokens: 8000, UserTokens: 60}
-		l.Rate = 12
+		w.Bot = workload.BotConfig{Templates: 24, PolicyTokens: 8000, UserTokens: 60}
+		l.Rate = 10
 	case "code":
 		w.Kind = workload.KindCode
-		w.Code = workload.CodeConfig{Files: 32, FileTokens: 3000, EditTokens: 12, MinCursor: 0.5}
-		l.Rate = 16
+		w.Code = workload.CodeConfig{Files: 64, FileTokens: 3000, EditTokens: 12, MinCursor: 0.5}
+		l.Rate = 25
 	case "mix":
 		w.Kind = workload.KindMix
-		w.RAG = workload.RAGConfig{Documents: 16, DocumentTokens: 2000, QuestionsPerDoc: 8, QuestionTokens: 24}
-		w.Chat = workload.ChatConfig{Active: 12, Turns: 10, SystemTokens: 40, FirstUserTokens: 1500, UserTokens: 50, AssistantTokens: 150}
-		w.Bot = workload.BotConfig{Templates: 3, PolicyTokens: 8000, UserTokens: 60}
-		w.Code = workload.CodeConfig{Files: 8, FileTokens: 3000, EditTokens: 12, MinCursor: 0.5}
-		l.Rate = 16
+		w.RAG = workload.RAGConfig{Documents: 32, DocumentTokens: 2000, QuestionsPerDoc: 8, QuestionTokens: 24}
+		w.Chat = workload.ChatConfig{Active: 20, Turns: 16, SystemTokens: 40, FirstUserTokens: 1500, UserTokens: 30, AssistantTokens: 100}
+		w.Bot = workload.BotConfig{Templates: 6, PolicyTokens: 8000, UserTokens: 60}
+		w.Code = workload.CodeConfig{Files: 16, FileTokens: 3000, EditTokens: 12, MinCursor: 0.5}
+		l.Rate = 30
 	default:
 		return compare.Case{}, fmt.Errorf("unknown workload %q (want rag, chat, bot, code, noreuse or mix)", name)
 	}
@@ -100,7 +105,8 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	workloads := csvFlag{"rag", "chat", "noreuse"}
 	fs.Var(&strategies, "strategies", "routing strategies to compare, comma-separated, or 'all' ("+strings.Join(fleet.Strategies, ", ")+")")
 	fs.Var(&workloads, "workloads", "workloads, comma-separated: rag, chat, noreuse, bot, code, mix")
-	duration := fs.Duration("duration", demoDuration, "load per run (noreuse runs half as long by default)")
+	warmup := fs.Duration("warmup", demoWarmup, "load before the measured part of each run (noreuse has none)")
+	duration := fs.Duration("duration", demoDuration, "measured load per run (noreuse runs half as long by default)")
 	rateScale := fs.Float64("rate-scale", 1, "multiply every workload's calibrated arrival rate")
 	seed := fs.Uint64("seed", 1, "seed of the workloads and arrivals")
 	instances := fs.Int("instances", demoInstances, "simulated GPU instances")
@@ -163,7 +169,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 	plan := compare.Plan{Strategies: strategies, Fleet: fc}
 	for _, name := range workloads {
-		c, err := demoCase(name, *seed, *duration, *rateScale)
+		c, err := demoCase(name, *seed, *warmup, *duration, *rateScale)
 		if err != nil {
 			return err
 		}
@@ -229,8 +235,8 @@ func demoSetup(p *compare.Plan, kvBlocks int) []string {
 		f.Instances, strings.Join(f.GpusimArgs, " "), kvBlocks, kvBlocks*16, kvBlocks*16*f.Instances,
 		f.Routers, f.PrefixLength, f.ConcurrencyThreshold, f.LoadFactor)}
 	for _, c := range p.Cases {
-		s = append(s, fmt.Sprintf("%s: %s; working set ~%d tokens; open loop %.1f req/s for %s, seed %d, max_tokens %d",
-			c.Name, describeWorkload(c.Workload), c.Workload.SharedTokens(), c.Load.Rate, c.Load.Duration, c.Workload.Seed, c.Workload.MaxTokens))
+		s = append(s, fmt.Sprintf("%s: %s; working set ~%d tokens; open loop %.1f req/s, %s warm-up then %s measured, seed %d, max_tokens %d",
+			c.Name, describeWorkload(c.Workload), c.Workload.SharedTokens(), c.Load.Rate, c.Load.Warmup, c.Load.Duration, c.Workload.Seed, c.Workload.MaxTokens))
 	}
 	return s
 }

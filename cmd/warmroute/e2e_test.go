@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -457,5 +459,110 @@ func TestE2EAdminCLI(t *testing.T) {
 	resp.Body.Close()
 	if e := resp.Header.Get("X-Warmroute-Epoch"); e == "" || e == "0" {
 		t.Fatalf("epoch header %q", e)
+	}
+}
+
+// TestE2EThreeProcessCluster runs three router processes on loopback: they
+// gossip, bootstrap Raft together, share in-flight counts and agree on
+// changes made through any of them.
+func TestE2EThreeProcessCluster(t *testing.T) {
+	needBinary(t)
+	hold := newEngine(t, 0, 0, 1)
+	hold.hold = make(chan struct{})
+	other := newEngine(t, 0, 0, 1)
+	var routers []*router
+	var gossipAddrs []string
+	for i := 0; i < 3; i++ {
+		g := freeAddr(t)
+		gossipAddrs = append(gossipAddrs, g)
+		args := []string{"--node-name", fmt.Sprintf("r%d", i), "--gossip-listen", g, "--raft-listen", freeAddr(t),
+			"--bootstrap-expect", "3", "--raft-timeout", "200ms", "--data-dir", t.TempDir()}
+		if i > 0 {
+			args = append(args, "--join", gossipAddrs[0])
+		}
+		routers = append(routers, startRouter(t, []string{hold.srv.URL}, args...))
+	}
+	// A leader is elected and every router routes on the agreed ring.
+	statusOf := func(r *router) map[string]any {
+		resp, err := http.Get(r.admin + "/v1/cluster")
+		if err != nil {
+			return nil
+		}
+		defer resp.Body.Close()
+		var v map[string]any
+		json.NewDecoder(resp.Body).Decode(&v)
+		return v
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		leaders, epochs := map[any]bool{}, map[any]bool{}
+		for _, r := range routers {
+			s := statusOf(r)
+			if s == nil {
+				continue
+			}
+			raft, _ := s["raft"].(map[string]any)
+			leaders[raft["leader_id"]] = true
+			epochs[s["epoch"]] = true
+		}
+		if len(leaders) == 1 && !leaders[nil] && !leaders[""] && len(epochs) == 1 && !epochs[float64(0)] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no agreed leader and epoch: leaders %v epochs %v\n%s", leaders, epochs, routers[0].logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// In-flight opened through router 0 shows in router 2's global count.
+	go http.Post(routers[0].url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("held", false)))
+	start := time.Now()
+	for {
+		resp, err := http.Get(routers[2].admin + "/status")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st struct {
+			Backends []struct {
+				ID             string `json:"id"`
+				RemoteInFlight int64  `json:"remote_in_flight"`
+			} `json:"backends"`
+		}
+		json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if len(st.Backends) == 1 && st.Backends[0].RemoteInFlight == 1 {
+			break
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("router 2 never saw router 0's request: %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("in-flight from router 0 visible on router 2 after %v (polling every 5 ms)", time.Since(start))
+	close(hold.hold)
+
+	// A change made through router 1 reaches every router at one epoch.
+	out, err := runCLI(t, "backends", "--admin", strings.TrimPrefix(routers[1].admin, "http://"), "add", other.srv.URL)
+	if err != nil {
+		t.Fatalf("add through router 1: %v\n%s", err, out)
+	}
+	var ack struct{ Epoch float64 }
+	json.Unmarshal([]byte(out), &ack)
+	for _, r := range routers {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("after", false)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if e, _ := strconv.ParseFloat(resp.Header.Get("X-Warmroute-Epoch"), 64); e >= ack.Epoch {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("router %s still at epoch %s, want %v", r.url, resp.Header.Get("X-Warmroute-Epoch"), ack.Epoch)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 	}
 }

@@ -120,6 +120,18 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config) (configPath *string) {
 	fs.BoolVar(&c.AllowPlaintextGossip, "allow-plaintext-gossip", c.AllowPlaintextGossip, "allow an unencrypted cluster on non-loopback addresses")
 	fs.DurationVar(&c.PublishInterval, "publish-interval", c.PublishInterval, "how often this router shares its in-flight counts")
 	fs.StringVar(&c.Zone, "zone", c.Zone, "this router's availability zone")
+	fs.StringVar(&c.RaftListen, "raft-listen", c.RaftListen, "Raft transport address (cluster mode)")
+	fs.StringVar(&c.RaftAdvertise, "raft-advertise", c.RaftAdvertise, "Raft address other routers dial, when it differs from --raft-listen")
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the Raft log, snapshots and the last agreed state (empty: memory only, re-seeded from the config on every start)")
+	fs.IntVar(&c.BootstrapExpect, "bootstrap-expect", c.BootstrapExpect, "routers that form a new cluster: the same N on the first N routers (1 for a single seed); 0 joins an existing cluster")
+	fs.IntVar(&c.Voters, "voters", c.Voters, "Raft voters the leader keeps (1, 3 or 5); other routers follow as non-voters")
+	fs.BoolVar(&c.NonVoter, "non-voter", c.NonVoter, "never take a Raft vote")
+	fs.DurationVar(&c.DeadNodeTimeout, "dead-node-timeout", c.DeadNodeTimeout, "how long a router may be gone before the leader removes it from Raft")
+	fs.DurationVar(&c.RaftTimeout, "raft-timeout", c.RaftTimeout, "Raft heartbeat and election timeout (failover takes about 1.5-2x this)")
+	fs.StringVar(&c.DiscoveryDNS, "discovery-dns", c.DiscoveryDNS, "DNS name polled for backends: A/AAAA (with --discovery-port) or SRV (a name starting with '_')")
+	fs.IntVar(&c.DiscoveryPort, "discovery-port", c.DiscoveryPort, "backend port for A/AAAA discovery")
+	fs.DurationVar(&c.DiscoveryInterval, "discovery-interval", c.DiscoveryInterval, "DNS discovery polling interval")
+	fs.StringVar(&cfg.Admin.TokenFile, "admin-token-file", cfg.Admin.TokenFile, "file holding the admin API bearer token (or WARMROUTE_ADMIN_TOKEN); without one, admin writes are accepted from loopback only")
 
 	e := &cfg.Engine
 	fs.StringVar(&e.MetricsPath, "engine-metrics-path", e.MetricsPath, "path of the engines' Prometheus metrics on each backend (empty: do not scrape)")
@@ -191,6 +203,7 @@ func loadServeConfig(args []string, stderr io.Writer) (node.Config, error) {
 		return cfg, envErr
 	}
 	cfg.Cluster.GossipKey = os.Getenv("WARMROUTE_GOSSIP_KEY")
+	cfg.Admin.Token = os.Getenv("WARMROUTE_ADMIN_TOKEN")
 	if err := fs.Parse(args); err != nil {
 		return cfg, fmt.Errorf("%w (see 'warmroute serve --help')", err)
 	}
