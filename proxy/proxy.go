@@ -218,11 +218,23 @@ func (p *Proxy) Explain(api ring.API, body, tenant []byte) (ring.KeyInfo, ring.E
 // active health checks.
 func (p *Proxy) Serve(ln net.Listener) error {
 	p.startProber()
-	err := p.server.Serve(ln)
+	err := p.server.Serve(rawListener{ln})
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}
 	return err
+}
+
+// rawListener hands the server connections that read and write with raw
+// system calls (see rawSocket).
+type rawListener struct{ net.Listener }
+
+func (l rawListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return newRawConn(c), nil
 }
 
 // Handler exposes the request handler, for tests and embedding.

@@ -1,4 +1,4 @@
-//go:build unix
+//go:build linux
 
 package proxy
 
@@ -8,7 +8,174 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"unsafe"
 )
+
+// rawSocket does a TCP connection's reads and writes itself, through
+// syscall.RawConn callbacks, with raw system calls. Go's net package enters
+// the scheduler's syscall state around every read and write; with one
+// thread per core (GOMAXPROCS 1 on a pinned process) the runtime's monitor
+// then hands the processor to another thread whenever a loopback write
+// takes a little long, and threads wake each other several times per
+// request. Socket I/O here is non-blocking and never sleeps in the kernel
+// (the wait for readiness is the runtime poller's, as in the net package),
+// so raw calls are safe and keep the request on one thread. Deadlines set on
+// the connection apply as usual: the poller's wait honours them.
+//
+// The callbacks are method values bound once, so reads and writes allocate
+// nothing. A rawSocket belongs to the one goroutine that reads and writes
+// its connection.
+type rawSocket struct {
+	conn net.Conn
+	rc   syscall.RawConn
+
+	// Callback arguments and results.
+	p                       []byte
+	n                       int
+	err                     error
+	closed                  bool
+	readCB, writeCB, peekCB func(uintptr) bool
+}
+
+func newRawSocket(c net.Conn) *rawSocket {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	s := &rawSocket{conn: c, rc: rc}
+	s.readCB, s.writeCB, s.peekCB = s.rawRead, s.rawWrite, s.rawPeek
+	return s
+}
+
+func sysRead(fd uintptr, p []byte) (int, syscall.Errno) {
+	for {
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+		if e != syscall.EINTR {
+			return int(n), e
+		}
+	}
+}
+
+func sysWrite(fd uintptr, p []byte) (int, syscall.Errno) {
+	for {
+		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+		if e != syscall.EINTR {
+			return int(n), e
+		}
+	}
+}
+
+func (s *rawSocket) rawRead(fd uintptr) bool {
+	n, e := sysRead(fd, s.p)
+	switch e {
+	case 0:
+		s.n = n
+	case syscall.EAGAIN:
+		return false
+	default:
+		s.err = os.NewSyscallError("read", e)
+	}
+	return true
+}
+
+func (s *rawSocket) rawWrite(fd uintptr) bool {
+	for s.n < len(s.p) {
+		n, e := sysWrite(fd, s.p[s.n:])
+		switch e {
+		case 0:
+			s.n += n
+		case syscall.EAGAIN:
+			return false
+		default:
+			s.err = os.NewSyscallError("write", e)
+			return true
+		}
+	}
+	return true
+}
+
+// read is net.Conn.Read.
+func (s *rawSocket) read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	s.p, s.n, s.err = p, 0, nil
+	err := s.rc.Read(s.readCB)
+	s.p = nil
+	if err == nil {
+		err = s.err
+	}
+	if err != nil {
+		return 0, s.opError("read", err)
+	}
+	if s.n == 0 {
+		return 0, io.EOF
+	}
+	return s.n, nil
+}
+
+// write is net.Conn.Write.
+func (s *rawSocket) write(p []byte) (int, error) {
+	s.p, s.n, s.err = p, 0, nil
+	err := s.rc.Write(s.writeCB)
+	s.p = nil
+	if err == nil {
+		err = s.err
+	}
+	if err != nil {
+		return s.n, s.opError("write", err)
+	}
+	return s.n, nil
+}
+
+// peerClosed reports whether the peer closed an idle connection (EOF or
+// reset pending, or unexpected bytes waiting), with one non-blocking
+// MSG_PEEK recv.
+func (s *rawSocket) peerClosed() bool {
+	s.closed = false
+	err := s.rc.Read(s.peekCB)
+	return err == nil && s.closed
+}
+
+func (s *rawSocket) rawPeek(fd uintptr) bool {
+	var buf [1]byte
+	_, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), 1,
+		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+	// EAGAIN: alive and quiet. Any other error: reset. No error: EOF (0
+	// bytes) or bytes nobody asked for; either way not reusable.
+	s.closed = e != syscall.EAGAIN && e != syscall.EWOULDBLOCK
+	return true
+}
+
+func (s *rawSocket) opError(op string, err error) error {
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		return err
+	}
+	return &net.OpError{Op: op, Net: "tcp", Source: s.conn.LocalAddr(), Addr: s.conn.RemoteAddr(), Err: err}
+}
+
+// rawConn is a net.Conn whose reads and writes go through a rawSocket.
+type rawConn struct {
+	net.Conn
+	s *rawSocket
+}
+
+// newRawConn wraps c, or returns c when it has no raw descriptor.
+func newRawConn(c net.Conn) net.Conn {
+	s := newRawSocket(c)
+	if s == nil {
+		return c
+	}
+	return &rawConn{Conn: c, s: s}
+}
+
+func (c *rawConn) Read(p []byte) (int, error)  { return c.s.read(p) }
+func (c *rawConn) Write(p []byte) (int, error) { return c.s.write(p) }
 
 // deferredWrite saves two system calls per exchange on an upstream
 // connection, where a request is written and then its answer read. Go's
@@ -31,52 +198,22 @@ import (
 // are held sends them first, so order is kept. A deferredWrite belongs to
 // the one goroutine that reads and writes its connection.
 type deferredWrite struct {
-	conn net.Conn
-	rc   syscall.RawConn
-	held []byte
-	off  int // held[:off] is sent
-
-	// The raw callback's arguments and results.
-	p       []byte
-	n       int
-	err     error
+	*rawSocket
+	held    []byte
+	off     int  // held[:off] is sent
 	blocked bool // the held bytes did not fit the socket buffer
-	closed  bool // peek's result
-	cb      func(uintptr) bool
-	peekCB  func(uintptr) bool
+	heldCB  func(uintptr) bool
 }
 
 // newDeferredWrite returns nil when c has no raw file descriptor.
 func newDeferredWrite(c net.Conn) *deferredWrite {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
+	s := newRawSocket(c)
+	if s == nil {
 		return nil
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return nil
-	}
-	d := &deferredWrite{conn: c, rc: rc}
-	d.cb, d.peekCB = d.raw, d.peek
+	d := &deferredWrite{rawSocket: s}
+	d.heldCB = d.rawHeld
 	return d
-}
-
-// peerClosed reports whether the peer closed an idle connection (EOF or
-// reset pending, or unexpected bytes waiting), with one non-blocking
-// MSG_PEEK recv.
-func (d *deferredWrite) peerClosed() bool {
-	d.closed = false
-	err := d.rc.Read(d.peekCB)
-	return err == nil && d.closed
-}
-
-func (d *deferredWrite) peek(fd uintptr) bool {
-	var buf [1]byte
-	_, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-	// EAGAIN: alive and quiet. Any other error: reset. No error: EOF (0
-	// bytes) or bytes nobody asked for; either way not reusable.
-	d.closed = !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.EWOULDBLOCK)
-	return true
 }
 
 // maxHeld bounds what is held back; larger writes go out at once, so a
@@ -91,19 +228,19 @@ func (d *deferredWrite) write(p []byte) (int, error) {
 		return 0, err
 	}
 	if len(p) > maxHeld {
-		return d.conn.Write(p)
+		return d.rawSocket.write(p)
 	}
 	d.held = append(d.held[:0], p...)
 	d.off = 0
 	return len(p), nil
 }
 
-// flush writes the held bytes now, blocking as net.Conn.Write does.
+// flush writes the held bytes now.
 func (d *deferredWrite) flush() error {
 	if !d.pending() {
 		return nil
 	}
-	n, err := d.conn.Write(d.held[d.off:])
+	n, err := d.rawSocket.write(d.held[d.off:])
 	d.off += n
 	if err == nil {
 		d.held, d.off = d.held[:0], 0
@@ -112,26 +249,26 @@ func (d *deferredWrite) flush() error {
 }
 
 // read writes the held bytes and reads into p, with the semantics of
-// net.Conn.Read (deadlines included: the runtime's wait honours them).
+// net.Conn.Read.
 func (d *deferredWrite) read(p []byte) (int, error) {
 	if !d.pending() || len(p) == 0 {
-		return d.conn.Read(p)
+		return d.rawSocket.read(p)
 	}
 	d.p, d.n, d.err, d.blocked = p, 0, nil, false
-	err := d.rc.Read(d.cb)
+	err := d.rc.Read(d.heldCB)
 	d.p = nil
+	if err == nil {
+		err = d.err
+	}
 	if err != nil {
-		return 0, d.opError(err)
+		return 0, d.opError("read", err)
 	}
 	if d.blocked {
 		// The socket buffer is full: finish the write the ordinary way.
 		if err := d.flush(); err != nil {
 			return 0, err
 		}
-		return d.conn.Read(p)
-	}
-	if d.err != nil {
-		return 0, d.opError(d.err)
+		return d.rawSocket.read(p)
 	}
 	if d.n == 0 {
 		return 0, io.EOF
@@ -139,47 +276,25 @@ func (d *deferredWrite) read(p []byte) (int, error) {
 	return d.n, nil
 }
 
-// raw runs with the poller armed for reading. The first call writes what
-// is held and asks to wait; later calls read.
-func (d *deferredWrite) raw(fd uintptr) bool {
+// rawHeld runs with the poller armed for reading. The first call writes
+// what is held and asks to wait; later calls read.
+func (d *deferredWrite) rawHeld(fd uintptr) bool {
 	if d.pending() {
 		for d.pending() {
-			n, err := syscall.Write(int(fd), d.held[d.off:])
-			switch {
-			case err == syscall.EINTR:
-				continue
-			case err == syscall.EAGAIN:
+			n, e := sysWrite(fd, d.held[d.off:])
+			switch e {
+			case 0:
+				d.off += n
+			case syscall.EAGAIN:
 				d.blocked = true
 				return true
-			case err != nil:
-				d.err = os.NewSyscallError("write", err)
+			default:
+				d.err = os.NewSyscallError("write", e)
 				return true
 			}
-			d.off += n
 		}
 		d.held, d.off = d.held[:0], 0
 		return false
 	}
-	for {
-		n, err := syscall.Read(int(fd), d.p)
-		switch {
-		case err == syscall.EINTR:
-			continue
-		case err == syscall.EAGAIN:
-			return false
-		case err != nil:
-			d.err = os.NewSyscallError("read", err)
-			return true
-		}
-		d.n = n
-		return true
-	}
-}
-
-func (d *deferredWrite) opError(err error) error {
-	var oe *net.OpError
-	if errors.As(err, &oe) {
-		return err
-	}
-	return &net.OpError{Op: "read", Net: "tcp", Source: d.conn.LocalAddr(), Addr: d.conn.RemoteAddr(), Err: err}
+	return d.rawRead(fd)
 }
