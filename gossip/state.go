@@ -19,6 +19,12 @@ type state struct {
 	sums  map[string]*agg        // backend -> sum over nodes' fresh figures
 	local map[string]EngineStats // engine stats scraped by this node
 
+	// Views share an immutable backend -> slot index while the set of
+	// backends stays the same, and copy only the sums.
+	slots      []*agg // by slot; nil once a backend is gone
+	index      map[string]int
+	indexDirty bool
+
 	loadDirty, engineDirty, memberDirty bool
 
 	msg wireMsg // decode scratch, guarded by mu
@@ -39,11 +45,14 @@ type loadEntry struct {
 	v   int64
 	seq uint64
 	at  time.Time // when the figure was fresh (receipt time minus its age)
+	agg *agg      // the backend's sum this figure is part of
 }
 
 type agg struct {
-	sum int64
-	n   int
+	key  string
+	slot int
+	sum  int64
+	n    int // figures summed
 }
 
 func newState(self string, expire, engineExpire time.Duration) *state {
@@ -162,15 +171,15 @@ func (s *state) applyBlock(blk *wireBlock, now time.Time) {
 		e := n.loads[string(l.backend)]
 		if e == nil {
 			key := string(l.backend)
-			n.loads[key] = &loadEntry{v: l.inFlight, seq: l.seq, at: at}
-			s.add(key, l.inFlight, 1)
+			n.loads[key] = &loadEntry{v: l.inFlight, seq: l.seq, at: at, agg: s.addFigure(key, l.inFlight)}
 			continue
 		}
 		switch {
 		case l.seq > e.seq:
 			if l.inFlight != e.v {
-				s.add(string(l.backend), l.inFlight-e.v, 0)
+				e.agg.sum += l.inFlight - e.v
 				e.v = l.inFlight
+				s.loadDirty = true
 			}
 			e.seq = l.seq
 			if at.After(e.at) {
@@ -213,25 +222,38 @@ func sameEngine(a, b EngineStats) bool {
 		a.PrefixHitRate == b.PrefixHitRate && a.Known == b.Known && a.OK == b.OK
 }
 
-// add changes the sum for key by d; dn is +1 for a new entry, -1 for a
-// removed one.
-func (s *state) add(key string, d int64, dn int) {
+// addFigure adds a new figure v for backend key and returns the
+// backend's sum.
+func (s *state) addFigure(key string, v int64) *agg {
 	a := s.sums[key]
 	if a == nil {
-		a = &agg{}
+		a = &agg{key: key, slot: len(s.slots)}
 		s.sums[key] = a
+		s.slots = append(s.slots, a)
+		s.indexDirty = true
 	}
-	a.sum += d
-	a.n += dn
+	a.sum += v
+	a.n++
+	s.loadDirty = true
+	return a
+}
+
+// removeFigure takes figure e out of its backend's sum.
+func (s *state) removeFigure(e *loadEntry) {
+	a := e.agg
+	a.sum -= e.v
+	a.n--
 	if a.n <= 0 {
-		delete(s.sums, key)
+		delete(s.sums, a.key)
+		s.slots[a.slot] = nil
+		s.indexDirty = true
 	}
 	s.loadDirty = true
 }
 
 func (s *state) resetNode(n *remoteNode) {
 	for k, e := range n.loads {
-		s.add(k, -e.v, -1)
+		s.removeFigure(e)
 		delete(n.loads, k)
 	}
 	if len(n.engines) > 0 {
@@ -258,7 +280,7 @@ func (s *state) sweep(now time.Time) {
 	for _, n := range s.nodes {
 		for k, e := range n.loads {
 			if now.Sub(e.at) > s.expire {
-				s.add(k, -e.v, -1)
+				s.removeFigure(e)
 				delete(n.loads, k)
 			}
 		}
@@ -290,10 +312,29 @@ func (s *state) build(prev *View) *View {
 		*v = *prev
 	}
 	v.version++
-	if s.loadDirty || prev == nil {
-		v.remote = make(map[string]int64, len(s.sums))
-		for k, a := range s.sums {
-			v.remote[k] = a.sum
+	if s.indexDirty || s.index == nil {
+		// Compact the slots and publish a new index; Views built before
+		// keep theirs.
+		live := s.slots[:0]
+		for _, a := range s.slots {
+			if a != nil {
+				a.slot = len(live)
+				live = append(live, a)
+			}
+		}
+		clear(s.slots[len(live):])
+		s.slots = live
+		s.index = make(map[string]int, len(live))
+		for _, a := range live {
+			s.index[a.key] = a.slot
+		}
+		s.indexDirty = false
+	}
+	if s.loadDirty || prev == nil || v.index == nil {
+		v.index = s.index
+		v.remote = make([]int64, len(s.slots))
+		for i, a := range s.slots {
+			v.remote[i] = a.sum
 		}
 	}
 	if s.engineDirty || prev == nil {

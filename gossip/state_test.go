@@ -244,3 +244,33 @@ func TestStateBuildOnlyOnChange(t *testing.T) {
 		t.Fatal("an old View changed")
 	}
 }
+
+func TestStateViewsSurviveBackendChurn(t *testing.T) {
+	now := time.Now()
+	s := newState("self", time.Second, 5*time.Second)
+	s.join("a")
+	s.join("b")
+	mustHandle(t, s, publishMsg("a", 1, 1, map[string]int64{"x": 1, "y": 2, "z": 3}), now)
+	v1 := s.build(nil)
+	// y and z go (a leaves, b never had them), w and x come from b.
+	s.leave("a")
+	mustHandle(t, s, publishMsg("b", 1, 1, map[string]int64{"w": 4, "x": 5}), now)
+	v2 := s.build(v1)
+	for b, want := range map[string]int64{"x": 1, "y": 2, "z": 3, "w": 0} {
+		if got := v1.RemoteInFlight(b); got != want {
+			t.Errorf("old view: %s = %d, want %d", b, got, want)
+		}
+	}
+	for b, want := range map[string]int64{"x": 5, "y": 0, "z": 0, "w": 4} {
+		if got := v2.RemoteInFlight(b); got != want {
+			t.Errorf("new view: %s = %d, want %d", b, got, want)
+		}
+	}
+	if got := v2.RemoteBackends(); len(got) != 2 || got[0] != "w" || got[1] != "x" {
+		t.Errorf("backends %v", got)
+	}
+	if len(s.slots) != 2 {
+		t.Errorf("%d slots after compaction, want 2", len(s.slots))
+	}
+	checkSums(t, s)
+}

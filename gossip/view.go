@@ -11,7 +11,8 @@ import (
 type View struct {
 	version uint64
 	self    string
-	remote  map[string]int64
+	index   map[string]int // backend -> slot in remote; shared, read-only
+	remote  []int64
 	engine  map[string]EngineStats
 	members []string // sorted, self included
 }
@@ -22,12 +23,17 @@ func (v *View) Version() uint64 { return v.version }
 // RemoteInFlight is the sum of the latest unexpired in-flight figures for
 // backend from every other live node. Global in-flight is the local count
 // plus this.
-func (v *View) RemoteInFlight(backend string) int64 { return v.remote[backend] }
+func (v *View) RemoteInFlight(backend string) int64 {
+	if i, ok := v.index[backend]; ok {
+		return v.remote[i]
+	}
+	return 0
+}
 
 // RemoteBackends returns, sorted, the backends that have remote figures.
 func (v *View) RemoteBackends() []string {
-	out := make([]string, 0, len(v.remote))
-	for k := range v.remote {
+	out := make([]string, 0, len(v.index))
+	for k := range v.index {
 		out = append(out, k)
 	}
 	slices.Sort(out)
