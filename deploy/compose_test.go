@@ -142,7 +142,7 @@ func (f *composeFile) names(role string) []string {
 func (f *composeFile) zoneOf(s *composeSvc) (string, error) {
 	var zones []string
 	for n := range s.Networks {
-		if n != "backbone" {
+		if n != "backbone" && n != "edge" {
 			zones = append(zones, n)
 		}
 	}
@@ -159,9 +159,12 @@ func (f *composeFile) validate() []error {
 		bad("version %q: docker-compose 1.29 is the target; keep 2.4", f.Version)
 	}
 	bb, ok := f.Networks["backbone"]
-	if !ok || bb.Internal || len(bb.IPAM.Config) != 1 {
-		bad("backbone network must exist, not be internal, and have one fixed subnet")
+	if !ok || !bb.Internal || len(bb.IPAM.Config) != 1 {
+		bad("backbone network must exist, be internal, and have one fixed subnet")
 		return errs
+	}
+	if edge, ok := f.Networks["edge"]; !ok || edge.Internal {
+		bad("edge network (published ports) must exist and not be internal")
 	}
 	subnet, err := netip.ParsePrefix(bb.IPAM.Config[0].Subnet)
 	if err != nil {
@@ -190,6 +193,9 @@ func (f *composeFile) validate() []error {
 		if s.Hostname != n {
 			bad("%s: hostname %q", n, s.Hostname)
 		}
+		if _, ok := s.Networks["edge"]; ok || len(s.Ports) > 0 {
+			bad("%s: engines are reached through the routers only (no edge network, no ports)", n)
+		}
 		if _, port, _ := net.SplitHostPort(s.flag("listen")); port != "8000" {
 			bad("%s: gpusim should listen on port 8000, got %q", n, s.flag("listen"))
 		}
@@ -210,6 +216,9 @@ func (f *composeFile) validate() []error {
 		}
 		if zones[z] {
 			bad("%s: a second router in %s", n, z)
+		}
+		if _, ok := s.Networks["edge"]; !ok {
+			bad("%s: not on the edge network, so cutting its backbone link would cut its clients too", n)
 		}
 		zones[z] = true
 		if env["WARMROUTE_ZONE"] != z {
@@ -335,6 +344,9 @@ func TestComposeChecksCatchMistakes(t *testing.T) {
 			delete(s.Networks, "zone-c")
 			s.Networks["zone-b"] = ""
 			s.Environment["WARMROUTE_ZONE"] = "zone-b"
+		},
+		"engine published": func(f *composeFile) {
+			f.Services["gpu-b2"].Networks["edge"] = ""
 		},
 		"port open to the world": func(f *composeFile) {
 			f.Services["router-a"].Ports[0] = "18080:8080"
