@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -125,50 +124,32 @@ func serveFlags(t *testing.T) map[string]bool {
 // envOnly are WARMROUTE_* variables that are not flags.
 var envOnly = map[string]bool{"WARMROUTE_GOSSIP_KEY": true, "WARMROUTE_ADMIN_TOKEN": true}
 
-// pendingFlags are the cluster flags the deployment files already set but a
-// build may not have yet; a missing one is reported, not failed.
-var pendingFlags = map[string]bool{
-	"raft-listen": true, "raft-advertise": true, "data-dir": true,
-	"bootstrap-expect": true, "admin-token-file": true,
-}
-
 // checkEnvNames reports WARMROUTE_* variables that name no serve flag.
 func checkEnvNames(t *testing.T, where string, names []string) {
 	t.Helper()
-	errs, pending := envNameErrors(serveFlags(t), names)
-	for _, flag := range pending {
-		t.Logf("%s: this build has no --%s yet (cluster flag pending)", where, flag)
-	}
-	for _, err := range errs {
+	for _, err := range envNameErrors(serveFlags(t), names) {
 		t.Errorf("%s: %v", where, err)
 	}
 }
 
-func envNameErrors(flags map[string]bool, names []string) (errs []error, pending []string) {
+func envNameErrors(flags map[string]bool, names []string) (errs []error) {
 	for _, n := range names {
 		if !strings.HasPrefix(n, "WARMROUTE_") || envOnly[n] {
 			continue
 		}
 		flag := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(n, "WARMROUTE_")), "_", "-")
-		switch {
-		case flags[flag]:
-		case pendingFlags[flag]:
-			pending = append(pending, flag)
-		default:
+		if !flags[flag] {
 			errs = append(errs, fmt.Errorf("%s matches no flag of warmroute serve (--%s); it would be ignored", n, flag))
 		}
 	}
-	return errs, pending
+	return errs
 }
 
 func TestEnvNameCheckCatchesTypos(t *testing.T) {
 	flags := map[string]bool{"prefix-length": true, "listen": true}
-	errs, pending := envNameErrors(flags, []string{"WARMROUTE_PREFIX_LENGTH", "WARMROUTE_PREFIX_LENGHT", "WARMROUTE_GOSSIP_KEY", "WARMROUTE_DATA_DIR", "OTHER"})
+	errs := envNameErrors(flags, []string{"WARMROUTE_PREFIX_LENGTH", "WARMROUTE_PREFIX_LENGHT", "WARMROUTE_GOSSIP_KEY", "OTHER"})
 	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "WARMROUTE_PREFIX_LENGHT") {
 		t.Errorf("errors %v: want one, for WARMROUTE_PREFIX_LENGHT", errs)
-	}
-	if !slices.Equal(pending, []string{"data-dir"}) {
-		t.Errorf("pending %v, want [data-dir]", pending)
 	}
 }
 

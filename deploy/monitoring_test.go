@@ -232,13 +232,15 @@ var eventOnly = map[string]string{
 	"warmroute_upstream_errors_total":   "proxy/metrics.go",
 }
 
-// TestDashboardMetricsExist runs a router (in cluster mode, alone) in
+// TestDashboardMetricsExist runs a router (in cluster mode with Raft, alone) in
 // front of one gpusim instance, sends a streamed request through it, and
 // checks that every metric the dashboard and the rules query is exported.
 func TestDashboardMetricsExist(t *testing.T) {
 	bin := warmrouteBinary(t)
 	flags := serveFlags(t)
-	raft := flags["raft-listen"] && flags["data-dir"] && flags["bootstrap-expect"]
+	if !flags["raft-listen"] || !flags["data-dir"] || !flags["bootstrap-expect"] {
+		t.Fatal("warmroute serve has no Raft flags")
+	}
 
 	gpusim := exec.Command(bin, "gpusim", "--listen", "127.0.0.1:0", "--instances", "1", "--time-scale", "0.05", "--name-prefix", "g-")
 	out, err := gpusim.StdoutPipe()
@@ -278,12 +280,8 @@ func TestDashboardMetricsExist(t *testing.T) {
 		"--engine-scrape-interval", "200ms",
 		"--log-level", "warn",
 	}
-	if raft {
-		args = append(args, "--raft-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
-			"--data-dir", t.TempDir(), "--bootstrap-expect", "1")
-	} else {
-		t.Log("this build has no Raft flags: warmroute_raft_* metrics are not checked")
-	}
+	args = append(args, "--raft-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+		"--data-dir", t.TempDir(), "--bootstrap-expect", "1")
 	router := exec.Command(bin, args...)
 	router.Stdout, router.Stderr = os.Stderr, os.Stderr
 	if err := router.Start(); err != nil {
@@ -356,8 +354,6 @@ func TestDashboardMetricsExist(t *testing.T) {
 			if err != nil || !bytes.Contains(b, []byte(`"`+n+`"`)) {
 				t.Errorf("%s: not exported yet and not defined in %s", n, src)
 			}
-		case strings.HasPrefix(n, "warmroute_raft_") && !raft:
-			t.Logf("%s: not checked (no Raft in this build)", n)
 		default:
 			t.Errorf("dashboard or rules query %s, which neither the router nor gpusim exports", n)
 		}
