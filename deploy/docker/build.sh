@@ -52,7 +52,12 @@ else
 fi
 
 echo "images: docker build $IMAGE:dev $IMAGE:$TAG"
-docker build -q --label "org.opencontainers.image.version=$VERSION" \
+# The legacy builder's deprecation notice goes to stderr on every build:
+# show stderr only when the build fails.
+if ! docker build -q --label "org.opencontainers.image.version=$VERSION" \
 	--label "org.opencontainers.image.source=https://github.com/warmroute/warmroute" \
-	-t "$IMAGE:dev" -t "$IMAGE:$TAG" "$ctx" >/dev/null
+	-t "$IMAGE:dev" -t "$IMAGE:$TAG" "$ctx" >/dev/null 2>"$ctx/build.err"; then
+	cat "$ctx/build.err" >&2
+	exit 1
+fi
 docker image inspect "$IMAGE:dev" --format 'images: {{index .RepoTags 0}} {{.Id}} {{.Size}} bytes, user {{.Config.User}}'
