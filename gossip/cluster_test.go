@@ -359,19 +359,27 @@ func TestMembersMetaAndSubscribe(t *testing.T) {
 			t.Errorf("node-b admin %q", m.Meta.AdminAddr)
 		}
 	}
-	// A change wakes the subscriber; many changes are coalesced into the
-	// buffered slot and never block the Cluster.
+	// A change wakes the subscriber.
+	for len(ch) > 0 {
+		<-ch
+	}
+	nodes[1].src.set("x", 1)
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no notification after a change")
+	}
+	waitFor(t, 10*time.Second, func() bool { return a.c.View().RemoteInFlight("x") == 1 }, "A sees x=1")
+	// A subscriber that does not read holds one pending notification and
+	// never stalls the Cluster.
 	for i := range 50 {
-		nodes[1].src.set("x", int64(i+1))
+		nodes[1].src.set("x", int64(i+2))
 		time.Sleep(time.Millisecond)
 	}
-	waitFor(t, 10*time.Second, func() bool {
-		select {
-		case <-ch:
-		default:
-		}
-		return a.c.View().RemoteInFlight("x") == 50
-	}, "A sees x=50")
+	waitFor(t, 10*time.Second, func() bool { return a.c.View().RemoteInFlight("x") == 51 }, "A sees x=51")
+	if n := len(ch); n != 1 {
+		t.Fatalf("%d pending notifications, want 1", n)
+	}
 	// Meta updates reach the others.
 	if err := nodes[1].c.SetMeta(Meta{Zone: "z2"}); err != nil {
 		t.Fatal(err)
