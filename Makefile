@@ -30,7 +30,7 @@ fuzz-short:
 fuzz:
 	@FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
 
-test: lint test-unit fuzz-short
+test: lint test-unit fuzz-short compose-smoke
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
