@@ -5,14 +5,14 @@ package proxy
 import "net"
 
 // Raw socket I/O is only implemented on Linux; elsewhere connections are
-// used as they are, writes go out at once, and a pooled connection the
-// backend closed is left to fasthttp's own handling.
-type deferredWrite struct{}
+// used as they are, writes go out at once, and only the stale-connection
+// peek remains (on other unix systems; see peek_unix.go).
+type deferredWrite struct{ conn net.Conn }
 
-func newDeferredWrite(net.Conn) *deferredWrite { return nil }
+func newDeferredWrite(c net.Conn) *deferredWrite { return &deferredWrite{conn: c} }
 
 func newRawConn(c net.Conn) net.Conn { return c }
 
-func (d *deferredWrite) write([]byte) (int, error) { panic("unreachable") }
-func (d *deferredWrite) read([]byte) (int, error)  { panic("unreachable") }
-func (d *deferredWrite) peerClosed() bool          { return false }
+func (d *deferredWrite) write(p []byte) (int, error) { return d.conn.Write(p) }
+func (d *deferredWrite) read(p []byte) (int, error)  { return d.conn.Read(p) }
+func (d *deferredWrite) peerClosed() bool            { return peerClosed(d.conn) }
