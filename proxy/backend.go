@@ -168,7 +168,9 @@ func newDialer(cfg *Config) fasthttp.DialFunc {
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true)
 		}
-		return &upstreamConn{Conn: c, first: first, idle: idle, d: newDeferredWrite(c)}, nil
+		uc := &upstreamConn{Conn: c, first: first, idle: idle, d: newDeferredWrite(c)}
+		uc.laddr = upstreamAddr{Addr: c.LocalAddr(), c: uc}
+		return uc, nil
 	}
 }
 
@@ -203,7 +205,19 @@ type upstreamConn struct {
 	waiting     bool           // a request was written and no byte came back yet
 	used        bool           // a response was read on this connection before
 	d           *deferredWrite // nil where raw I/O is not available
+	laddr       upstreamAddr
 }
+
+// upstreamAddr is an upstream connection's local address. fasthttp hands
+// it to the response (Response.LocalAddr), which is how the proxy finds the
+// connection a streamed answer arrives on.
+type upstreamAddr struct {
+	net.Addr
+	c *upstreamConn
+}
+
+// LocalAddr returns the local address, as an *upstreamAddr.
+func (c *upstreamConn) LocalAddr() net.Addr { return &c.laddr }
 
 func (c *upstreamConn) Write(p []byte) (int, error) {
 	if !c.sending {

@@ -249,7 +249,8 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, t *table, b *backend, d ring.D
 		return false, nil
 	}
 	ts := p.streams.Get().(*trackedStream)
-	*ts = trackedStream{p: p, b: b, up: up, src: bs, sent: sent}
+	*ts = trackedStream{p: p, b: b, up: up, src: bs, sent: sent,
+		client: holdStreamHeaders(ctx.Conn(), up.LocalAddr())}
 	resp.ImmediateHeaderFlush = true
 	resp.SetBodyStream(ts, up.Header.ContentLength())
 	return false, nil

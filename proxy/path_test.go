@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/warmroute/warmroute/ring"
 )
@@ -102,4 +103,93 @@ func TestPooledConnectionClosedByBackend(t *testing.T) {
 	if n := accepted.Load(); n != 3 {
 		t.Errorf("backend accepted %d connections, want 3", n)
 	}
+}
+
+// An engine that sends its headers first and its first event later (as
+// vLLM does during prefill): the client gets the headers at once.
+func TestStreamHeadersBeforeFirstEvent(t *testing.T) {
+	release := make(chan struct{})
+	a := newStub(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+		io.WriteString(w, "data: {\"n\":1}\n\ndata: [DONE]\n\n")
+	})
+	h := startProxy(t, testProxyConfig(), ring.DefaultConfig(), a)
+	for i := 0; i < 2; i++ { // a fresh and a pooled upstream connection
+		got := make(chan *http.Response, 1)
+		go func() {
+			resp, err := http.Post(h.url+"/v1/chat/completions", "application/json", strings.NewReader(chatReq("p", `,"stream":true`)))
+			if err != nil {
+				t.Error(err)
+				close(got)
+				return
+			}
+			got <- resp
+		}()
+		var resp *http.Response
+		select {
+		case resp = <-got:
+		case <-time.After(5 * time.Second):
+			t.Fatal("headers held until the first event")
+		}
+		if resp == nil {
+			t.FailNow()
+		}
+		release <- struct{}{}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.Header.Get("Content-Type") != "text/event-stream" || string(body) != "data: {\"n\":1}\n\ndata: [DONE]\n\n" {
+			t.Fatalf("got %v %q", resp.Header, body)
+		}
+	}
+}
+
+// An engine that sends its headers and first event together: both arrive,
+// then the rest as it comes; an empty stream ends cleanly.
+func TestStreamHeadersWithFirstEvent(t *testing.T) {
+	release := make(chan struct{})
+	a := newStub(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		if strings.Contains(string(body), "empty") {
+			w.Header().Set("Content-Length", "0")
+			return
+		}
+		io.WriteString(w, "data: {\"n\":1}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+	})
+	h := startProxy(t, testProxyConfig(), ring.DefaultConfig(), a)
+	for i := 0; i < 3; i++ {
+		resp, err := http.Post(h.url+"/v1/chat/completions", "application/json", strings.NewReader(chatReq("p", `,"stream":true`)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(resp.Body)
+		line, err := br.ReadString('\n')
+		if err != nil || line != "data: {\"n\":1}\n" {
+			t.Fatalf("first line %q, %v", line, err)
+		}
+		release <- struct{}{}
+		rest, _ := io.ReadAll(br)
+		resp.Body.Close()
+		if string(rest) != "\ndata: [DONE]\n\n" {
+			t.Fatalf("rest %q", rest)
+		}
+		resp, body := post(t, h.url+"/v1/chat/completions", chatReq("empty", `,"stream":true`))
+		if resp.StatusCode != 200 || len(body) != 0 {
+			t.Fatalf("empty stream: %d %q", resp.StatusCode, body)
+		}
+	}
+	waitFor(t, func() bool { return h.p.Status()[0].InFlight == 0 }, "in-flight back to 0")
 }

@@ -30,11 +30,15 @@ type rawSocket struct {
 	rc   syscall.RawConn
 
 	// Callback arguments and results.
-	p                       []byte
-	n                       int
-	err                     error
-	closed                  bool
-	readCB, writeCB, peekCB func(uintptr) bool
+	p                              []byte
+	n                              int
+	err                            error
+	closed                         bool
+	wouldBlock                     bool
+	readCB, writeCB, peekCB, tryCB func(uintptr) bool
+
+	// onBlock, when set, runs once before a read waits for data.
+	onBlock func()
 }
 
 func newRawSocket(c net.Conn) *rawSocket {
@@ -47,7 +51,7 @@ func newRawSocket(c net.Conn) *rawSocket {
 		return nil
 	}
 	s := &rawSocket{conn: c, rc: rc}
-	s.readCB, s.writeCB, s.peekCB = s.rawRead, s.rawWrite, s.rawPeek
+	s.readCB, s.writeCB, s.peekCB, s.tryCB = s.rawRead, s.rawWrite, s.rawPeek, s.rawTry
 	return s
 }
 
@@ -98,13 +102,32 @@ func (s *rawSocket) rawWrite(fd uintptr) bool {
 	return true
 }
 
+// rawTry is rawRead that reports, instead of waiting, that it would.
+func (s *rawSocket) rawTry(fd uintptr) bool {
+	if !s.rawRead(fd) {
+		s.wouldBlock = true
+	}
+	return true
+}
+
 // read is net.Conn.Read.
 func (s *rawSocket) read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
 	s.p, s.n, s.err = p, 0, nil
-	err := s.rc.Read(s.readCB)
+	cb := s.readCB
+	if s.onBlock != nil {
+		s.wouldBlock = false
+		cb = s.tryCB
+	}
+	err := s.rc.Read(cb)
+	if err == nil && s.wouldBlock {
+		f := s.onBlock
+		s.onBlock, s.wouldBlock = nil, false
+		f()
+		err = s.rc.Read(s.readCB)
+	}
 	s.p = nil
 	if err == nil {
 		err = s.err
@@ -159,10 +182,24 @@ func (s *rawSocket) opError(op string, err error) error {
 	return &net.OpError{Op: op, Net: "tcp", Source: s.conn.LocalAddr(), Addr: s.conn.RemoteAddr(), Err: err}
 }
 
-// rawConn is a net.Conn whose reads and writes go through a rawSocket.
+// rawConn is a client connection whose reads and writes go through a
+// rawSocket.
+//
+// For a streamed answer it can hold the headers back (holdHeaders): when
+// the engine sent its headers together with the first event, both go out in
+// one write, so the client wakes once for them; when the upstream read for
+// the first event would wait (the engine sent its headers first, as vLLM
+// does, and is still prefilling), the headers go out before it waits, as
+// they did before.
 type rawConn struct {
 	net.Conn
 	s *rawSocket
+
+	hold    bool       // the next write goes out together with held
+	held    []byte     // headers held back
+	heldErr error      // a failed write of held, returned by the next write
+	up      *rawSocket // the upstream whose blocking read flushes held
+	flushFn func()     // flushHeld, bound once
 }
 
 // newRawConn wraps c, or returns c when it has no raw descriptor.
@@ -171,11 +208,89 @@ func newRawConn(c net.Conn) net.Conn {
 	if s == nil {
 		return c
 	}
-	return &rawConn{Conn: c, s: s}
+	rc := &rawConn{Conn: c, s: s}
+	rc.flushFn = rc.flushHeld
+	return rc
 }
 
-func (c *rawConn) Read(p []byte) (int, error)  { return c.s.read(p) }
-func (c *rawConn) Write(p []byte) (int, error) { return c.s.write(p) }
+func (c *rawConn) Read(p []byte) (int, error) {
+	c.flushHeld()
+	return c.s.read(p)
+}
+
+func (c *rawConn) Write(p []byte) (int, error) {
+	if c.heldErr != nil {
+		err := c.heldErr
+		c.heldErr = nil
+		return 0, err
+	}
+	if !c.hold {
+		return c.s.write(p)
+	}
+	if len(c.held) == 0 {
+		c.held = append(c.held, p...)
+		return len(p), nil
+	}
+	// The first body bytes: out with the headers, in one write.
+	c.stopHolding()
+	first := len(c.held)
+	c.held = append(c.held, p...)
+	n, err := c.s.write(c.held)
+	c.held = c.held[:0]
+	return max(0, n-first), err
+}
+
+// holdHeaders holds the next write (the answer's headers) until the one
+// after it, or until a read on up would wait.
+func (c *rawConn) holdHeaders(up *rawSocket) {
+	c.hold, c.up = true, up
+	up.onBlock = c.flushFn
+}
+
+func (c *rawConn) stopHolding() {
+	c.hold = false
+	if c.up != nil {
+		c.up.onBlock = nil
+		c.up = nil
+	}
+}
+
+// flushHeld sends the held headers now.
+func (c *rawConn) flushHeld() {
+	c.stopHolding()
+	if len(c.held) == 0 {
+		return
+	}
+	if _, err := c.s.write(c.held); err != nil {
+		c.heldErr = err
+	}
+	c.held = c.held[:0]
+}
+
+// releaseHold ends holding for a stream that is over; nil-safe.
+func (c *rawConn) releaseHold() {
+	if c != nil {
+		c.flushHeld()
+	}
+}
+
+// holdStreamHeaders makes client hold a streamed answer's headers until its
+// first body bytes (see rawConn), when both ends are raw connections. laddr
+// is the upstream response's LocalAddr, which names the connection it came
+// on. It returns the client connection to release when the stream ends, or
+// nil.
+func holdStreamHeaders(client net.Conn, laddr net.Addr) *rawConn {
+	rc, ok := client.(*rawConn)
+	if !ok {
+		return nil
+	}
+	a, ok := laddr.(*upstreamAddr)
+	if !ok || a.c.d == nil {
+		return nil
+	}
+	rc.holdHeaders(a.c.d.rawSocket)
+	return rc
+}
 
 // deferredWrite saves two system calls per exchange on an upstream
 // connection, where a request is written and then its answer read. Go's

@@ -16,3 +16,9 @@ func newRawConn(c net.Conn) net.Conn { return c }
 func (d *deferredWrite) write(p []byte) (int, error) { return d.conn.Write(p) }
 func (d *deferredWrite) read(p []byte) (int, error)  { return d.conn.Read(p) }
 func (d *deferredWrite) peerClosed() bool            { return peerClosed(d.conn) }
+
+type rawConn struct{}
+
+func holdStreamHeaders(net.Conn, net.Addr) *rawConn { return nil }
+
+func (c *rawConn) releaseHold() {}

@@ -19,6 +19,8 @@ type trackedStream struct {
 	up   *fasthttp.Response
 	src  fasthttp.ReadCloserWithError
 	sent time.Time
+	// client holds the answer's headers until the first event, or nil.
+	client *rawConn
 
 	gotFirst bool
 	readErr  bool // the upstream read failed (not EOF)
@@ -44,6 +46,7 @@ func (s *trackedStream) CloseWithError(err error) error {
 		return nil
 	}
 	s.closed = true
+	s.client.releaseHold()
 	cerr := s.src.CloseWithError(err)
 	switch {
 	case s.readErr:
