@@ -130,8 +130,8 @@ func TestStub(t *testing.T) {
 	sb, _ := workload{BodySize: 1024, Prefixes: 1, Suffixes: 1, Stream: true}.bodies()
 	c := newStreamClient(ln.Addr().String())
 	defer c.close()
-	for i := 0; i < 3; i++ { // one keep-alive connection
-		st, err := c.do(sb[0], 5*time.Second)
+	for i := 0; i < 4; i++ { // one keep-alive connection, both engine styles
+		st, err := c.do(sb[0], i%2 == 1, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}

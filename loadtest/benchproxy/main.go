@@ -314,15 +314,18 @@ func runMain(args []string, stdout io.Writer) error {
 					rep, t.Name, c, r.RPS, us(r.P50), us(r.P99), us(r.CPUPerReq), us(r.StubCPUPerReq), 100*r.OtherSUTBusy)
 			}
 		}
-		if o.Streams > 0 {
-			st, err := measureStreams(ctx, targets, streamBodies, o)
+		for _, together := range []bool{false, true} {
+			if o.Streams == 0 {
+				break
+			}
+			st, err := measureStreams(ctx, targets, streamBodies, together, o)
 			if err != nil {
 				return fmt.Errorf("streams: %w", err)
 			}
 			for i := range st {
 				st[i].Rep = rep
-				fmt.Fprintf(stdout, "rep %d %-9s stream first chunk p50 %7.3fms p90 %7.3fms  (whole stream p50 %.1fms, %d events)\n",
-					rep, st[i].Target, ms(st[i].FirstP50), ms(st[i].FirstP90), ms(st[i].TotalP50), st[i].Events)
+				fmt.Fprintf(stdout, "rep %d %-9s stream (%s) first chunk p50 %7.3fms p90 %7.3fms  (whole stream p50 %.1fms, %d events)\n",
+					rep, st[i].Target, st[i].Engine, ms(st[i].FirstP50), ms(st[i].FirstP90), ms(st[i].TotalP50), st[i].Events)
 			}
 			res.Streams = append(res.Streams, st...)
 		}
@@ -412,7 +415,7 @@ func measure(ctx context.Context, w *wrkRunner, t target, stubs *child, conns in
 // measureStreams sends o.Streams streamed requests to every target in
 // turn (interleaved, one keep-alive connection each) and summarises the
 // time to the first chunk.
-func measureStreams(ctx context.Context, targets []target, bodies [][]byte, o options) ([]streamRun, error) {
+func measureStreams(ctx context.Context, targets []target, bodies [][]byte, together bool, o options) ([]streamRun, error) {
 	clients := make([]*streamClient, len(targets))
 	firsts := make([][]time.Duration, len(targets))
 	totals := make([][]time.Duration, len(targets))
@@ -423,7 +426,7 @@ func measureStreams(ctx context.Context, targets []target, bodies [][]byte, o op
 	}
 	// One unmeasured stream each to open the connections.
 	for i := range targets {
-		if _, err := clients[i].do(bodies[0], 10*time.Second); err != nil {
+		if _, err := clients[i].do(bodies[0], together, 10*time.Second); err != nil {
 			return nil, fmt.Errorf("%s: %w", targets[i].Name, err)
 		}
 	}
@@ -433,7 +436,7 @@ func measureStreams(ctx context.Context, targets []target, bodies [][]byte, o op
 				return nil, ctx.Err()
 			}
 			i := (k + n) % len(targets)
-			st, err := clients[i].do(bodies[n%len(bodies)], 10*time.Second)
+			st, err := clients[i].do(bodies[n%len(bodies)], together, 10*time.Second)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", targets[i].Name, err)
 			}
@@ -447,11 +450,19 @@ func measureStreams(ctx context.Context, targets []target, bodies [][]byte, o op
 	}
 	out := make([]streamRun, len(targets))
 	for i, t := range targets {
-		out[i] = streamRun{Target: t.Name, N: len(firsts[i]), Events: events[i],
+		out[i] = streamRun{Target: t.Name, Engine: engineStyle(together), N: len(firsts[i]), Events: events[i],
 			FirstP50: percentile(firsts[i], 50), FirstP90: percentile(firsts[i], 90),
 			TotalP50: percentile(totals[i], 50)}
 	}
 	return out, nil
+}
+
+// engineStyle names how the stub sends a stream's headers.
+func engineStyle(together bool) string {
+	if together {
+		return "headers with first event"
+	}
+	return "headers first"
 }
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }

@@ -35,6 +35,7 @@ type run struct {
 type streamRun struct {
 	Rep      int           `json:"rep"`
 	Target   string        `json:"target"`
+	Engine   string        `json:"engine"`
 	N        int           `json:"n"`
 	Events   int           `json:"events"`
 	FirstP50 time.Duration `json:"first_p50_ns"`
@@ -93,6 +94,7 @@ type ratio struct {
 
 type streamRow struct {
 	Target   string `json:"target"`
+	Engine   string `json:"engine"`
 	FirstP50 spread `json:"first_p50_ms"`
 	FirstP90 spread `json:"first_p90_ms"`
 	Delta    spread `json:"delta_p50_vs_direct_ms"`
@@ -200,9 +202,18 @@ func (r *results) summarise() {
 			return float64(w.P50-d.P50) / float64(hd), hd > 0
 		}, 1), 1.0, true)
 	}
-	// Streams.
+	// Streams, per engine style.
+	for _, engine := range []string{engineStyle(false), engineStyle(true)} {
+		r.summariseStreams(engine)
+	}
+}
+
+func (r *results) summariseStreams(engine string) {
 	byRep := map[int]map[string]streamRun{}
 	for _, s := range r.Streams {
+		if s.Engine != engine {
+			continue
+		}
 		if byRep[s.Rep] == nil {
 			byRep[s.Rep] = map[string]streamRun{}
 		}
@@ -223,7 +234,7 @@ func (r *results) summarise() {
 			}
 		}
 		if len(f50) > 0 {
-			r.StreamRows = append(r.StreamRows, streamRow{Target: tgt, FirstP50: spreadOf(f50), FirstP90: spreadOf(f90), Delta: spreadOf(delta), TotalP50: spreadOf(tot)})
+			r.StreamRows = append(r.StreamRows, streamRow{Target: tgt, Engine: engine, FirstP50: spreadOf(f50), FirstP90: spreadOf(f90), Delta: spreadOf(delta), TotalP50: spreadOf(tot)})
 		}
 	}
 }
@@ -252,9 +263,9 @@ func (r *results) text() string {
 	if len(r.StreamRows) > 0 {
 		fmt.Fprintf(&b, "\nStreaming (%d SSE chunks, %s prefill, %d streams per target per repetition)\n",
 			r.Options.StreamChunks, r.Options.StreamPrefill, r.Options.Streams)
-		fmt.Fprintf(&b, "%-10s %-26s %-26s %-26s\n", "target", "first chunk p50 ms", "first chunk p90 ms", "p50 vs direct ms")
+		fmt.Fprintf(&b, "%-26s %-10s %-26s %-26s %-26s\n", "engine", "target", "first chunk p50 ms", "first chunk p90 ms", "p50 vs direct ms")
 		for _, s := range r.StreamRows {
-			fmt.Fprintf(&b, "%-10s %-26s %-26s %-26s\n", s.Target, s.FirstP50.fmt(3, ""), s.FirstP90.fmt(3, ""), s.Delta.fmt(3, ""))
+			fmt.Fprintf(&b, "%-26s %-10s %-26s %-26s %-26s\n", s.Engine, s.Target, s.FirstP50.fmt(3, ""), s.FirstP90.fmt(3, ""), s.Delta.fmt(3, ""))
 		}
 	}
 	fmt.Fprintf(&b, "\nload average: start %s, end %s\n", r.LoadAvgStart, r.LoadAvgEnd)
@@ -282,9 +293,9 @@ func (r *results) markdown() string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", q.Name, q.Spread.fmt(2, ""), q.Goal, met)
 	}
 	if len(r.StreamRows) > 0 {
-		b.WriteString("\n| streaming | first chunk p50 ms | first chunk p90 ms | p50 vs direct ms |\n|---|---|---|---|\n")
+		b.WriteString("\n| engine | streaming through | first chunk p50 ms | first chunk p90 ms | p50 vs direct ms |\n|---|---|---|---|---|\n")
 		for _, s := range r.StreamRows {
-			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", s.Target, s.FirstP50.fmt(3, ""), s.FirstP90.fmt(3, ""), s.Delta.fmt(3, ""))
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", s.Engine, s.Target, s.FirstP50.fmt(3, ""), s.FirstP90.fmt(3, ""), s.Delta.fmt(3, ""))
 		}
 	}
 	fmt.Fprintf(&b, "\nLoad average at start %s, at end %s.\n", r.LoadAvgStart, r.LoadAvgEnd)

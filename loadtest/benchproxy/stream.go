@@ -41,8 +41,9 @@ type streamTiming struct {
 	Events int
 }
 
-// do sends one request and reads the whole stream.
-func (c *streamClient) do(body []byte, timeout time.Duration) (streamTiming, error) {
+// do sends one request and reads the whole stream. With together the stub
+// is asked to send the headers with the first event.
+func (c *streamClient) do(body []byte, together bool, timeout time.Duration) (streamTiming, error) {
 	var t streamTiming
 	if c.conn == nil {
 		conn, err := net.DialTimeout("tcp", c.addr, timeout)
@@ -51,9 +52,13 @@ func (c *streamClient) do(body []byte, timeout time.Duration) (streamTiming, err
 		}
 		c.conn, c.br = conn, bufio.NewReaderSize(conn, 64<<10)
 	}
+	extra := ""
+	if together {
+		extra = headersHeader + ": with-first-event\r\n"
+	}
 	req := "POST /v1/chat/completions HTTP/1.1\r\nHost: " + c.addr +
-		"\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: " +
-		strconv.Itoa(len(body)) + "\r\n\r\n"
+		"\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n" + extra +
+		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n"
 	_ = c.conn.SetDeadline(time.Now().Add(timeout))
 	start := time.Now()
 	if _, err := c.conn.Write(append([]byte(req), body...)); err != nil {

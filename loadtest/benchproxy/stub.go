@@ -90,7 +90,7 @@ func serveStubConn(ctx context.Context, c net.Conn, cfg stubConfig) {
 	var body []byte
 	var out []byte
 	for {
-		method, path, clen, err := readHead(br)
+		method, path, clen, together, err := readHead(br)
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
 				c.Write(badResp)
@@ -114,7 +114,7 @@ func serveStubConn(ctx context.Context, c net.Conn, cfg stubConfig) {
 		case method != "POST":
 			_, err = c.Write(notFoundResp)
 		case bytes.Contains(body, streamFlag):
-			out, err = stream(ctx, c, cfg, out)
+			out, err = stream(ctx, c, cfg, out, together)
 		default:
 			_, err = c.Write(completionResp)
 		}
@@ -124,11 +124,17 @@ func serveStubConn(ctx context.Context, c net.Conn, cfg stubConfig) {
 	}
 }
 
-// stream writes the SSE headers at once (as uvicorn does when a streaming
-// response starts), then the chunks.
-func stream(ctx context.Context, c net.Conn, cfg stubConfig, buf []byte) ([]byte, error) {
-	if _, err := c.Write(sseHead); err != nil {
-		return buf, err
+// headersHeader asks the stub to send a stream's headers together with its
+// first event (as Go's net/http does on the first Flush) instead of at once
+// (as uvicorn does for vLLM and SGLang when a streaming response starts).
+const headersHeader = "X-Bench-Headers"
+
+// stream writes the SSE headers, then the chunks.
+func stream(ctx context.Context, c net.Conn, cfg stubConfig, buf []byte, together bool) ([]byte, error) {
+	if !together {
+		if _, err := c.Write(sseHead); err != nil {
+			return buf, err
+		}
 	}
 	t := time.NewTimer(cfg.Prefill)
 	defer t.Stop()
@@ -145,7 +151,11 @@ func stream(ctx context.Context, c net.Conn, cfg stubConfig, buf []byte) ([]byte
 				return buf, ctx.Err()
 			}
 		}
-		buf = sseChunk(buf[:0], i)
+		buf = buf[:0]
+		if together && i == 0 {
+			buf = append(buf, sseHead...)
+		}
+		buf = sseChunk(buf, i)
 		if _, err := c.Write(buf); err != nil {
 			return buf, err
 		}
@@ -157,43 +167,46 @@ func stream(ctx context.Context, c net.Conn, cfg stubConfig, buf []byte) ([]byte
 var errBadRequest = errors.New("bad request")
 
 // readHead reads a request line and headers and returns the method, the
-// path and the Content-Length. Chunked request bodies are refused.
-func readHead(br *bufio.Reader) (method, path string, clen int, err error) {
+// path, the Content-Length and whether headersHeader asks for headers
+// together with the first event. Chunked request bodies are refused.
+func readHead(br *bufio.Reader) (method, path string, clen int, together bool, err error) {
 	line, err := br.ReadSlice('\n')
 	if err != nil {
 		if len(line) == 0 {
-			return "", "", 0, io.EOF
+			return "", "", 0, false, io.EOF
 		}
-		return "", "", 0, err
+		return "", "", 0, false, err
 	}
 	f := bytes.Fields(line)
 	if len(f) != 3 {
-		return "", "", 0, errBadRequest
+		return "", "", 0, false, errBadRequest
 	}
 	method, path = string(f[0]), string(f[1])
 	for {
 		h, err := br.ReadSlice('\n')
 		if err != nil {
-			return "", "", 0, err
+			return "", "", 0, false, err
 		}
 		h = bytes.TrimRight(h, "\r\n")
 		if len(h) == 0 {
-			return method, path, clen, nil
+			return method, path, clen, together, nil
 		}
 		k, v, ok := bytes.Cut(h, []byte(":"))
 		if !ok {
-			return "", "", 0, errBadRequest
+			return "", "", 0, false, errBadRequest
 		}
 		v = bytes.TrimSpace(v)
 		switch {
 		case bytes.EqualFold(k, []byte("Content-Length")):
 			n, err := strconv.Atoi(string(v))
 			if err != nil || n < 0 || n > 64<<20 {
-				return "", "", 0, errBadRequest
+				return "", "", 0, false, errBadRequest
 			}
 			clen = n
 		case bytes.EqualFold(k, []byte("Transfer-Encoding")):
-			return "", "", 0, errBadRequest
+			return "", "", 0, false, errBadRequest
+		case bytes.EqualFold(k, []byte(headersHeader)):
+			together = bytes.Equal(v, []byte("with-first-event"))
 		}
 	}
 }
