@@ -1,0 +1,100 @@
+package chaos
+
+import "time"
+
+// Event is one step of a fault's timeline.
+type Event struct {
+	At   time.Duration `json:"t"` // since the start of the run
+	What string        `json:"what"`
+}
+
+// Settle is a change that settled (a write acknowledged, a router back, a
+// commit observed) and how long agreement took to come back after it.
+type Settle struct {
+	What  string        `json:"what"`
+	At    time.Duration `json:"t"`
+	Delay time.Duration `json:"delay_ns"` // to the first tick of lasting 100% agreement
+	OK    bool          `json:"ok"`       // false: not back to 100% by the end
+}
+
+// Result is what one fault did to the cluster.
+type Result struct {
+	Fault   Fault  `json:"fault"`
+	Skipped string `json:"skipped,omitempty"` // why it did not run
+	Failed  string `json:"failed,omitempty"`  // why it stopped part way
+	// Victim is the router or backend the fault hit.
+	Victim string `json:"victim,omitempty"`
+	// Start is the start of the pre-fault window, Inject the fault, End
+	// the end of observation (all since the start of the run).
+	Start  time.Duration `json:"start"`
+	Inject time.Duration `json:"inject"`
+	End    time.Duration `json:"end"`
+	Events []Event       `json:"events"`
+
+	Errors  Errors   `json:"errors"`
+	Outages []Outage `json:"outages,omitempty"`
+	victims []string
+
+	// AgreementMin is the lowest agreement from the fault to the end;
+	// AgreementSeen is false when no tick had two routers answering.
+	AgreementMin  float64  `json:"agreement_min"`
+	AgreementSeen bool     `json:"agreement_seen"`
+	Settles       []Settle `json:"settles"`
+
+	// Moved compares the owners before the fault with those while it
+	// lasted (or after a backend change); Returned compares before with
+	// after the fault was healed (nil when not taken).
+	Moved    *Movement `json:"moved,omitempty"`
+	Returned *Movement `json:"returned,omitempty"`
+	// Backends is the fleet size before the change (for the 1/N bound).
+	Backends int `json:"backends"`
+
+	KV Dip `json:"kv"`
+
+	// Backend removal: the committed epoch and the requests that reached
+	// the removed backend with an epoch at or past it, or started after
+	// the write was acknowledged.
+	RemovalEpoch uint64 `json:"removal_epoch,omitempty"`
+	LateByEpoch  int    `json:"late_by_epoch"`
+	LateByTime   int    `json:"late_by_time"`
+	removalAck   time.Duration
+
+	// Failover is the time from a leader kill to the survivors agreeing on
+	// a new leader.
+	Failover  time.Duration `json:"failover_ns,omitempty"`
+	NewLeader string        `json:"new_leader,omitempty"`
+
+	Notes []string `json:"notes,omitempty"`
+}
+
+// Worst returns the settle with the longest delay to agreement (a settle
+// never back to 100% counts as the longest), and false when there is none.
+func (r *Result) Worst() (Settle, bool) {
+	var w Settle
+	found := false
+	for _, s := range r.Settles {
+		switch {
+		case !found:
+			w, found = s, true
+		case w.OK && !s.OK:
+			w = s
+		case w.OK == s.OK && s.Delay > w.Delay:
+			w = s
+		}
+	}
+	return w, found
+}
+
+// Report is a whole run against one target.
+type Report struct {
+	Target   string        `json:"target"`
+	Describe string        `json:"describe"`
+	Rate     float64       `json:"rate"`
+	Workload string        `json:"workload"`
+	Duration time.Duration `json:"duration_ns"`
+	Requests int           `json:"requests"`
+	Results  []Result      `json:"results"`
+	Ticks    int           `json:"ticks"`
+	// ProbeResolution is the median time between agreement samples.
+	ProbeResolution time.Duration `json:"probe_resolution_ns"`
+}
