@@ -129,7 +129,7 @@ func (c *streamClient) readChunk() ([]byte, error) {
 		return nil, err
 	}
 	size, err := strconv.ParseUint(strings.TrimSpace(strings.SplitN(line, ";", 2)[0]), 16, 32)
-	if err != nil {
+	if err != nil || size > 16<<20 {
 		return nil, fmt.Errorf("bad chunk size %q", line)
 	}
 	if size == 0 {
