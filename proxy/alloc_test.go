@@ -1,8 +1,3 @@
-//go:build !race
-
-// The race detector makes sync.Pool drop objects at random, so allocation
-// counts only mean something without it.
-
 package proxy
 
 import (
@@ -56,8 +51,14 @@ func TestRequestPathAllocations(t *testing.T) {
 	for i := 0; i < 200; i++ { // warm the pools and connections
 		do()
 	}
-	if n := testing.AllocsPerRun(1000, do); n != 0 {
-		t.Errorf("a proxied request allocates %.2f times, want 0", n)
+	// Under the race detector sync.Pool drops objects on purpose: about 1.6
+	// allocations per request then come from refilling pools.
+	want := 0.0
+	if raceEnabled {
+		want = 1
+	}
+	if n := testing.AllocsPerRun(1000, do); n > want {
+		t.Errorf("a proxied request allocates %.2f times, want %v", n, want)
 	}
 }
 
@@ -81,10 +82,14 @@ func TestStreamPathAllocations(t *testing.T) {
 	for i := 0; i < 200; i++ {
 		do()
 	}
+	want := 4.0
+	if raceEnabled {
+		want = 10 // about 10.5 with pools refilled
+	}
 	n := testing.AllocsPerRun(1000, do)
 	t.Logf("a streamed request allocates %.2f times", n)
-	if n > 4 {
-		t.Errorf("a streamed request allocates %.2f times, want at most 4", n)
+	if n > want {
+		t.Errorf("a streamed request allocates %.2f times, want at most %v", n, want)
 	}
 }
 
