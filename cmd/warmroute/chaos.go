@@ -163,7 +163,7 @@ func cmdChaos(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	var failed []string
 	for _, rep := range reps {
-		failed = append(failed, chaos.Check(rep)...)
+		failed = append(failed, chaos.Check(rep, chaos.Picks)...)
 	}
 	fmt.Fprintln(stdout)
 	if len(failed) == 0 {

@@ -136,7 +136,7 @@ func TestCheck(t *testing.T) {
 		{Fault: BackendRemove, Backends: 6, Moved: &Movement{Prompts: 1000, Moved: 200}, Settles: []Settle{{OK: true}}},
 		{Fault: RouterPartition, Skipped: "no iptables"},
 	}}
-	if bad := Check(good); len(bad) != 0 {
+	if bad := Check(good, Picks); len(bad) != 0 {
 		t.Fatalf("good report failed: %v", bad)
 	}
 	cases := map[string]func(r *Report){
@@ -155,22 +155,26 @@ func TestCheck(t *testing.T) {
 		m := *good.Results[1].Moved
 		r.Results[1].Moved = &m
 		mut(&r)
-		if bad := Check(r); len(bad) == 0 {
+		if bad := Check(r, Picks); len(bad) == 0 {
 			t.Errorf("%s: passed", name)
 		}
 	}
 }
 
 func TestWorst(t *testing.T) {
-	r := Result{Settles: []Settle{{What: "a", Delay: time.Second, OK: true}, {What: "b", Delay: 3 * time.Second, OK: true}, {What: "c", Delay: 0, OK: true}}}
-	if w, ok := r.Worst(); !ok || w.What != "b" {
+	r := Result{Settles: []Settle{{What: "a", Delay: time.Second, OK: true, OwnerOK: true},
+		{What: "b", Delay: 3 * time.Second, OK: true, OwnerOK: true}, {What: "c", Delay: 0, OK: true, OwnerOK: true}}}
+	if w, ok := r.Worst(Picks); !ok || w.What != "b" {
 		t.Errorf("worst %v", w)
 	}
 	r.Settles = append(r.Settles, Settle{What: "d", OK: false})
-	if w, _ := r.Worst(); w.What != "d" {
+	if w, _ := r.Worst(Picks); w.What != "d" {
 		t.Errorf("a settle never reconverged must be the worst, got %v", w)
 	}
-	if _, ok := (&Result{}).Worst(); ok {
+	if w, _ := r.Worst(Owners); w.What != "d" {
+		t.Errorf("owners: a settle never reconverged must be the worst, got %v", w)
+	}
+	if _, ok := (&Result{}).Worst(Picks); ok {
 		t.Error("no settles: want none")
 	}
 }

@@ -23,12 +23,13 @@ func Run(ctx context.Context, cfg Config, tgt Target) (Report, error) {
 		return rep, err
 	}
 	defer tgt.Close()
-	e := &engine{cfg: cfg, tgt: tgt, admin: newAdminClient(tgt.AdminToken(), 8)}
-	defer e.admin.close()
+	e := &engine{cfg: cfg, tgt: tgt}
 	e.logf0("starting the %s target", tgt.Name())
 	if err := tgt.Start(ctx); err != nil {
 		return rep, err
 	}
+	e.admin = newAdminClient(tgt.AdminToken(), 8)
+	defer e.admin.close()
 	rep.Describe = tgt.Describe()
 	e.routers = tgt.Routers()
 	e.backends = tgt.Backends()
@@ -313,6 +314,53 @@ func (e *engine) backendState(ctx context.Context, r Router, id string) (string,
 	return "", v.Epoch, nil
 }
 
+// health returns whether router r's proxy counts backend id as healthy
+// (agreed active and passing its own checks) and the agreed state; found
+// is false when r does not know the backend.
+func (e *engine) health(ctx context.Context, r Router, id string) (healthy bool, state string, found bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	var v struct {
+		Backends []struct {
+			ID      string `json:"id"`
+			State   string `json:"state"`
+			Healthy bool   `json:"healthy"`
+		} `json:"backends"`
+	}
+	if err := e.admin.do(ctx, http.MethodGet, r.AdminURL+"/status", nil, &v); err != nil {
+		return false, "", false, err
+	}
+	for _, b := range v.Backends {
+		if b.ID == id {
+			return b.Healthy, b.State, true, nil
+		}
+	}
+	return false, "", false, nil
+}
+
+// waitHealth polls every router until each one counts backend id as
+// healthy (want) or not, and returns when that was first seen and the
+// agreed states the routers reported then.
+func (e *engine) waitHealth(ctx context.Context, id string, want bool) (time.Duration, error) {
+	err := poll(ctx, e.cfg.ReadyTimeout, 100*time.Millisecond, func() bool {
+		for _, r := range e.routers {
+			h, _, found, err := e.health(ctx, r, id)
+			if err != nil || !found || h != want {
+				return false
+			}
+		}
+		return true
+	})
+	if err != nil {
+		word := "healthy"
+		if !want {
+			word = "unhealthy"
+		}
+		return 0, fmt.Errorf("%w: not every router saw backend %s %s within %s", ErrNotReady, id, word, e.cfg.ReadyTimeout)
+	}
+	return e.since(), nil
+}
+
 // writeAck is an admin write's answer.
 type writeAck struct {
 	Epoch uint64 `json:"epoch"`
@@ -344,7 +392,7 @@ func (e *engine) stable(ctx context.Context, timeout time.Duration) error {
 	from := e.since()
 	return poll(ctx, timeout, e.cfg.ProbeInterval, func() bool {
 		ticks := ticksFrom(e.probe.Ticks(), from)
-		return StableSince(ticks, len(e.routers)) >= e.cfg.StableFor
+		return StableSince(ticks, Owners, len(e.routers)) >= e.cfg.StableFor
 	})
 }
 
@@ -387,12 +435,8 @@ func (e *engine) restore(ctx context.Context, next Fault) error {
 		if e.removed != nil && b.ID == e.removed.ID {
 			continue
 		}
-		err := poll(ctx, e.cfg.ReadyTimeout, 200*time.Millisecond, func() bool {
-			st, _, err := e.backendState(ctx, e.routers[0], b.ID)
-			return err == nil && st == "active"
-		})
-		if err != nil {
-			return fmt.Errorf("%w: backend %s not active within %s", ErrNotReady, b.ID, e.cfg.ReadyTimeout)
+		if _, err := e.waitHealth(ctx, b.ID, true); err != nil {
+			return err
 		}
 	}
 	if err := e.stable(ctx, e.cfg.ReadyTimeout); err != nil {
@@ -426,11 +470,22 @@ func (e *engine) finish(res *Result, recs []Record, ticks []Tick, points []KVPoi
 		}
 	}
 	res.Errors = Classify(window, res.victims, res.Outages)
-	res.AgreementMin, res.AgreementSeen = MinAgreement(ticks, res.Inject, res.End)
+	res.AgreementMin, res.AgreementSeen = MinAgreement(ticks, Picks, res.Inject, res.End)
+	res.OwnerAgreementMin, _ = MinAgreement(ticks, Owners, res.Inject, res.End)
 	for i := range res.Settles {
 		s := &res.Settles[i]
-		until := res.End
-		s.Delay, s.OK = Reconverge(ticks, s.At, until)
+		s.Delay, s.OK = Reconverge(ticks, Picks, s.At, res.End)
+		s.OwnerDelay, s.OwnerOK = Reconverge(ticks, Owners, s.At, res.End)
+		// the first disagreement sample after the settle, if any
+		for _, t := range ticksFrom(ticks, s.At) {
+			if t.At > res.End {
+				break
+			}
+			if t.Sample != "" {
+				s.Sample = fmt.Sprintf("%.2fs after: %s", (t.At - s.At).Seconds(), t.Sample)
+				break
+			}
+		}
 	}
 	res.KV = HitDip(points, res.Start, res.Inject, res.End, e.cfg.KVWindow, e.cfg.KVInterval, e.cfg.KVTolerance)
 	if res.Fault == BackendRemove && res.RemovalEpoch > 0 {

@@ -65,7 +65,7 @@ func (fr *faultRun) observe(ctx context.Context) {
 	err := poll(ctx, maxEnd-e.since(), e.cfg.ProbeInterval, func() bool {
 		now := e.since()
 		ticks := ticksFrom(e.probe.Ticks(), last)
-		stableOK = StableSince(ticks, len(e.routers)) >= e.cfg.StableFor
+		stableOK = StableSince(ticks, Picks, len(e.routers)) >= e.cfg.StableFor
 		d := HitDip(e.kv.Points(), fr.res.Start, fr.res.Inject, now, e.cfg.KVWindow, e.cfg.KVInterval, e.cfg.KVTolerance)
 		kvOK = !d.Measured || d.RecoveredOK
 		return now >= minEnd && stableOK && kvOK
@@ -287,37 +287,32 @@ func (fr *faultRun) routerPartition(ctx context.Context, v Router) error {
 	return nil
 }
 
-// waitState polls the agreed state of backend id until want, and returns
-// when it was seen and at which epoch.
-func (fr *faultRun) waitState(ctx context.Context, id, want string) (time.Duration, uint64, error) {
-	e := fr.e
-	var epoch uint64
-	err := poll(ctx, e.cfg.ReadyTimeout, 100*time.Millisecond, func() bool {
-		st, ep, err := e.backendState(ctx, fr.snapAt, id)
-		epoch = ep
-		return err == nil && st == want
-	})
-	if err != nil {
-		return 0, 0, fmt.Errorf("%w: backend %s not %s within %s", ErrNotReady, id, want, e.cfg.ReadyTimeout)
-	}
-	return e.since(), epoch, nil
-}
-
-func (fr *faultRun) backendKill(ctx context.Context, b Backend) error {
+func (fr *faultRun) backendKill(ctx context.Context, b Backend) (err error) {
 	e := fr.e
 	from := e.since()
-	err := e.tgt.KillBackend(ctx, b.ID)
+	err = e.tgt.KillBackend(ctx, b.ID)
 	fr.res.Outages = append(fr.res.Outages, Outage{Backend: b.ID, From: from, To: e.since()})
 	if err != nil {
 		return err
 	}
 	fr.event("killed %s", b.ID)
-	at, epoch, err := fr.waitState(ctx, b.ID, "down")
+	down := true
+	defer func() {
+		// a backend must not stay dead after a failure part way
+		if down && ctx.Err() == nil {
+			if rerr := e.tgt.StartBackend(ctx, b.ID); rerr != nil && err == nil {
+				err = rerr
+			}
+			e.kv.setTargets(e.tgt.Backends())
+		}
+	}()
+	at, err := e.waitHealth(ctx, b.ID, false)
 	if err != nil {
 		return err
 	}
-	fr.event("%s committed down at epoch %d, %.2fs after the kill", b.ID, epoch, (at - from).Seconds())
-	fr.settle(b.ID+" down committed", at)
+	st, epoch, _ := e.backendState(ctx, fr.snapAt, b.ID)
+	fr.event("every router counts %s unhealthy, %.2fs after the kill (agreed state %s at epoch %d)", b.ID, (at - from).Seconds(), st, epoch)
+	fr.settle("all routers see "+b.ID+" down", at)
 	if err := e.stable(ctx, e.cfg.MaxObserve); err != nil {
 		fr.note("agreement not stable while %s was down", b.ID)
 	}
@@ -328,14 +323,16 @@ func (fr *faultRun) backendKill(ctx context.Context, b Backend) error {
 	if err := e.tgt.StartBackend(ctx, b.ID); err != nil {
 		return err
 	}
+	down = false
 	e.kv.setTargets(e.tgt.Backends())
 	fr.event("started %s again", b.ID)
-	at, epoch, err = fr.waitState(ctx, b.ID, "active")
+	at, err = e.waitHealth(ctx, b.ID, true)
 	if err != nil {
 		return err
 	}
-	fr.event("%s committed active at epoch %d", b.ID, epoch)
-	fr.settle(b.ID+" active committed", at)
+	st, epoch, _ = e.backendState(ctx, fr.snapAt, b.ID)
+	fr.event("every router counts %s healthy again (agreed state %s at epoch %d)", b.ID, st, epoch)
+	fr.settle("all routers see "+b.ID+" up", at)
 	fr.observe(ctx)
 	fr.res.Returned = fr.moved(fr.snapshot(ctx, "after"), b.ID)
 	return nil

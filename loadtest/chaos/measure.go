@@ -51,21 +51,51 @@ type Tick struct {
 	At        time.Duration `json:"t"`         // since the start of the run (end of the sample)
 	Answering int           `json:"answering"` // routers that answered at least one prompt
 	Compared  int           `json:"compared"`  // prompts answered by at least one router
-	Agreeing  int           `json:"agreeing"`  // prompts on which every answering router agreed
-	Epochs    []uint64      `json:"epochs"`    // each answering router's epoch
+	Agreeing  int           `json:"agreeing"`  // prompts on which every answering router picked the same backend
+	// OwnersAgreeing counts the prompts on which the routers agreed on the
+	// load-blind owner: the first active backend each router counts as
+	// healthy in the partition's order. Picks can differ where owners do
+	// not when gossiped load or busy flags send a prompt to overflow.
+	OwnersAgreeing int      `json:"owners_agreeing"`
+	Epochs         []uint64 `json:"epochs"` // each answering router's epoch
+	// Sample describes one prompt the picks disagreed on.
+	Sample string `json:"sample,omitempty"`
+}
+
+// Level selects what agreement compares.
+type Level int
+
+// The agreement levels.
+const (
+	Picks  Level = iota // the backend each router would send the prompt to
+	Owners              // the load-blind owner (ring and health)
+)
+
+func (l Level) String() string {
+	if l == Owners {
+		return "owners"
+	}
+	return "picks"
+}
+
+func (t Tick) agreeing(l Level) int {
+	if l == Owners {
+		return t.OwnersAgreeing
+	}
+	return t.Agreeing
 }
 
 // Agreement is the fraction of compared prompts on which the routers
-// agreed; 1 when nothing was compared (no disagreement was seen).
-func (t Tick) Agreement() float64 {
+// agreed at level l; 1 when nothing was compared (no disagreement seen).
+func (t Tick) Agreement(l Level) float64 {
 	if t.Compared == 0 {
 		return 1
 	}
-	return float64(t.Agreeing) / float64(t.Compared)
+	return float64(t.agreeing(l)) / float64(t.Compared)
 }
 
-// Full reports whether every compared prompt agreed.
-func (t Tick) Full() bool { return t.Agreeing == t.Compared }
+// Full reports whether every compared prompt agreed at level l.
+func (t Tick) Full(l Level) bool { return t.agreeing(l) == t.Compared }
 
 // MaxEpoch is the highest epoch any router answered with.
 func (t Tick) MaxEpoch() uint64 {
@@ -78,14 +108,14 @@ func (t Tick) MaxEpoch() uint64 {
 
 // MinAgreement returns the lowest agreement of the ticks in [from, until]
 // and whether there was a tick with two or more routers answering there.
-func MinAgreement(ticks []Tick, from, until time.Duration) (float64, bool) {
+func MinAgreement(ticks []Tick, l Level, from, until time.Duration) (float64, bool) {
 	lo, seen := 1.0, false
 	for _, t := range ticks {
 		if t.At < from || t.At > until || t.Answering < 2 {
 			continue
 		}
 		seen = true
-		lo = math.Min(lo, t.Agreement())
+		lo = math.Min(lo, t.Agreement(l))
 	}
 	return lo, seen
 }
@@ -96,13 +126,13 @@ func MinAgreement(ticks []Tick, from, until time.Duration) (float64, bool) {
 // agrees fully. It returns that tick's time minus settle (an upper bound,
 // at the resolution of the sampling) and false when the last tick before
 // until still disagreed or no tick fell in the window.
-func Reconverge(ticks []Tick, settle, until time.Duration) (time.Duration, bool) {
+func Reconverge(ticks []Tick, l Level, settle, until time.Duration) (time.Duration, bool) {
 	first := -1
 	for i, t := range ticks {
 		if t.At < settle || t.At > until {
 			continue
 		}
-		if !t.Full() {
+		if !t.Full(l) {
 			first = -1 // a disagreement: look for the next full tick
 			continue
 		}
@@ -120,7 +150,7 @@ func Reconverge(ticks []Tick, settle, until time.Duration) (time.Duration, bool)
 // the time from the earliest tick of the final run of full ticks to the
 // last tick (0 when the last tick disagrees or there is none). Ticks with
 // fewer than minAnswering routers answering end a run.
-func StableSince(ticks []Tick, minAnswering int) time.Duration {
+func StableSince(ticks []Tick, l Level, minAnswering int) time.Duration {
 	if len(ticks) == 0 {
 		return 0
 	}
@@ -128,7 +158,7 @@ func StableSince(ticks []Tick, minAnswering int) time.Duration {
 	start := -1
 	for i := len(ticks) - 1; i >= 0; i-- {
 		t := ticks[i]
-		if !t.Full() || t.Answering < minAnswering {
+		if !t.Full(l) || t.Answering < minAnswering {
 			break
 		}
 		start = i

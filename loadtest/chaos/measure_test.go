@@ -34,19 +34,25 @@ func TestAgree(t *testing.T) {
 	}
 }
 
+// tick is a sample where owners and picks agree alike.
 func tick(at time.Duration, agreeing, compared int) Tick {
-	return Tick{At: at, Answering: 3, Agreeing: agreeing, Compared: compared}
+	return Tick{At: at, Answering: 3, Agreeing: agreeing, OwnersAgreeing: agreeing, Compared: compared}
 }
 
 func TestTickAgreement(t *testing.T) {
-	if got := tick(0, 45, 50).Agreement(); got != 0.9 {
+	if got := tick(0, 45, 50).Agreement(Picks); got != 0.9 {
 		t.Errorf("agreement %v, want 0.9", got)
 	}
-	if got := tick(0, 0, 0).Agreement(); got != 1 {
+	if got := tick(0, 0, 0).Agreement(Picks); got != 1 {
 		t.Errorf("nothing compared: agreement %v, want 1", got)
 	}
-	if tick(0, 49, 50).Full() || !tick(0, 50, 50).Full() {
+	if tick(0, 49, 50).Full(Picks) || !tick(0, 50, 50).Full(Picks) {
 		t.Error("Full wrong")
+	}
+	// overflow: picks differ where owners agree
+	tk := Tick{Answering: 3, Compared: 50, Agreeing: 40, OwnersAgreeing: 50}
+	if tk.Full(Picks) || !tk.Full(Owners) || tk.Agreement(Picks) != 0.8 || tk.Agreement(Owners) != 1 {
+		t.Errorf("levels mixed up: %+v", tk)
 	}
 	if e := (Tick{Epochs: []uint64{7, 9, 8}}).MaxEpoch(); e != 9 {
 		t.Errorf("max epoch %d", e)
@@ -56,13 +62,13 @@ func TestTickAgreement(t *testing.T) {
 func TestMinAgreement(t *testing.T) {
 	ticks := []Tick{tick(1*s, 50, 50), tick(2*s, 10, 50), tick(3*s, 40, 50), tick(4*s, 50, 50)}
 	ticks = append(ticks, Tick{At: 5 * s, Answering: 1, Agreeing: 0, Compared: 50}) // one router: ignored
-	if lo, ok := MinAgreement(ticks, 0, 10*s); !ok || lo != 0.2 {
+	if lo, ok := MinAgreement(ticks, Picks, 0, 10*s); !ok || lo != 0.2 {
 		t.Errorf("min %v %v, want 0.2 true", lo, ok)
 	}
-	if lo, ok := MinAgreement(ticks, 2500*time.Millisecond, 10*s); !ok || lo != 0.8 {
+	if lo, ok := MinAgreement(ticks, Picks, 2500*time.Millisecond, 10*s); !ok || lo != 0.8 {
 		t.Errorf("min from 2.5s %v %v, want 0.8 true", lo, ok)
 	}
-	if _, ok := MinAgreement(ticks, 4500*time.Millisecond, 10*s); ok {
+	if _, ok := MinAgreement(ticks, Picks, 4500*time.Millisecond, 10*s); ok {
 		t.Error("a window with only single-router ticks must report no sample")
 	}
 }
@@ -79,42 +85,53 @@ func TestReconverge(t *testing.T) {
 		tick(2200*ms, 50, 50),
 		tick(2400*ms, 50, 50),
 	}
-	d, ok := Reconverge(ticks, 1100*ms, 3000*ms)
+	d, ok := Reconverge(ticks, Picks, 1100*ms, 3000*ms)
 	if !ok || d != 900*ms {
 		t.Errorf("Reconverge = %v %v, want 900ms true", d, ok)
 	}
 	// settled after the last disagreement: the first tick after it
-	if d, ok := Reconverge(ticks, 1900*ms, 3000*ms); !ok || d != 100*ms {
+	if d, ok := Reconverge(ticks, Picks, 1900*ms, 3000*ms); !ok || d != 100*ms {
 		t.Errorf("Reconverge after the disagreement = %v %v, want 100ms true", d, ok)
 	}
 	// window ends while still disagreeing
-	if _, ok := Reconverge(ticks, 1100*ms, 1850*ms); ok {
+	if _, ok := Reconverge(ticks, Picks, 1100*ms, 1850*ms); ok {
 		t.Error("still disagreeing at the end of the window: want not reconverged")
 	}
 	// no tick in the window
-	if _, ok := Reconverge(ticks, 5*s, 6*s); ok {
+	if _, ok := Reconverge(ticks, Picks, 5*s, 6*s); ok {
 		t.Error("no tick: want not reconverged")
+	}
+	// owners agree throughout while the picks still differ at 1.8 s
+	own := append([]Tick(nil), ticks...)
+	for i := range own {
+		own[i].OwnersAgreeing = own[i].Compared
+	}
+	if d, ok := Reconverge(own, Owners, 1100*ms, 3000*ms); !ok || d != 100*ms {
+		t.Errorf("owners: %v %v, want 100ms true", d, ok)
+	}
+	if d, ok := Reconverge(own, Picks, 1100*ms, 3000*ms); !ok || d != 900*ms {
+		t.Errorf("picks with owners agreeing: %v %v, want 900ms true", d, ok)
 	}
 }
 
 func TestStableSince(t *testing.T) {
 	ms := time.Millisecond
 	ticks := []Tick{tick(0, 50, 50), tick(200*ms, 10, 50), tick(400*ms, 50, 50), tick(600*ms, 50, 50), tick(800*ms, 50, 50)}
-	if d := StableSince(ticks, 3); d != 400*ms {
+	if d := StableSince(ticks, Picks, 3); d != 400*ms {
 		t.Errorf("stable %v, want 400ms", d)
 	}
-	if d := StableSince(ticks, 4); d != 0 {
+	if d := StableSince(ticks, Picks, 4); d != 0 {
 		t.Errorf("fewer routers answering than required: stable %v, want 0", d)
 	}
-	if d := StableSince(ticks[:2], 3); d != 0 {
+	if d := StableSince(ticks[:2], Picks, 3); d != 0 {
 		t.Errorf("last tick disagrees: stable %v, want 0", d)
 	}
-	if d := StableSince(nil, 1); d != 0 {
+	if d := StableSince(nil, Picks, 1); d != 0 {
 		t.Errorf("no ticks: %v", d)
 	}
 	gap := append([]Tick(nil), ticks...)
 	gap[3].Answering = 2 // a router missed a sample: the run restarts after it
-	if d := StableSince(gap, 3); d != 0 {
+	if d := StableSince(gap, Picks, 3); d != 0 {
 		t.Errorf("stable across a tick with a router missing: %v, want 0 (the last run is one tick)", d)
 	}
 }

@@ -99,10 +99,36 @@ func (c *adminClient) do(ctx context.Context, method, url string, body []byte, o
 
 // explanation is the part of a /debug/route answer the probe reads.
 type explanation struct {
-	Node    string `json:"node"`
-	Epoch   uint64 `json:"epoch"`
-	Backend string `json:"backend"`
-	Reason  string `json:"reason"`
+	Node       string `json:"node"`
+	Epoch      uint64 `json:"epoch"`
+	Backend    string `json:"backend"`
+	Reason     string `json:"reason"`
+	Rank       int    `json:"rank"`
+	Candidates []struct {
+		ID      string `json:"id"`
+		State   string `json:"state"`
+		Healthy bool   `json:"healthy"`
+	} `json:"candidates"`
+}
+
+// owner is the load-blind choice: the first candidate in the partition's
+// order that is active and healthy in this router's view (NoPick when
+// none is).
+func (e explanation) owner() string {
+	for _, c := range e.Candidates {
+		if c.Healthy && c.State == "active" {
+			return c.ID
+		}
+	}
+	return NoPick
+}
+
+// describe is a short form of the pick for disagreement samples.
+func (e explanation) describe() string {
+	if e.Reason == "overflow" {
+		return fmt.Sprintf("%s (overflow rank %d)", e.Backend, e.Rank)
+	}
+	return fmt.Sprintf("%s (%s)", e.Backend, e.Reason)
 }
 
 // prober samples the routers' explainers.
@@ -169,6 +195,8 @@ func (p *prober) tick(ctx context.Context, i int) Tick {
 		idx[j] = (i*b + j) % n
 	}
 	picks := make([][]string, len(p.routers))
+	owners := make([][]string, len(p.routers))
+	said := make([][]string, len(p.routers))
 	epochs := make([]uint64, len(p.routers))
 	answered := make([]bool, len(p.routers))
 	var wg sync.WaitGroup
@@ -176,7 +204,7 @@ func (p *prober) tick(ctx context.Context, i int) Tick {
 		wg.Add(1)
 		go func(r int) {
 			defer wg.Done()
-			picks[r] = make([]string, b)
+			picks[r], owners[r], said[r] = make([]string, b), make([]string, b), make([]string, b)
 			for j, k := range idx {
 				e, err := p.explain(ctx, p.routers[r], p.prompts[k])
 				if err != nil {
@@ -185,7 +213,7 @@ func (p *prober) tick(ctx context.Context, i int) Tick {
 					}
 					continue
 				}
-				picks[r][j] = e.Backend
+				picks[r][j], owners[r][j], said[r][j] = e.Backend, e.owner(), e.describe()
 				epochs[r] = max(epochs[r], e.Epoch)
 				answered[r] = true
 			}
@@ -200,7 +228,41 @@ func (p *prober) tick(ctx context.Context, i int) Tick {
 		}
 	}
 	tk.Agreeing, tk.Compared = Agree(picks)
+	tk.OwnersAgreeing, _ = Agree(owners)
+	if tk.Agreeing < tk.Compared {
+		tk.Sample = disagreement(picks, said, idx, p.routers)
+	}
 	return tk
+}
+
+// disagreement describes the first prompt on which the routers' picks
+// differ.
+func disagreement(picks, said [][]string, idx []int, routers []Router) string {
+	for j := range idx {
+		first, differ := "", false
+		for r := range picks {
+			if picks[r][j] == "" {
+				continue
+			}
+			if first == "" {
+				first = picks[r][j]
+			} else if picks[r][j] != first {
+				differ = true
+			}
+		}
+		if !differ {
+			continue
+		}
+		var b bytes.Buffer
+		fmt.Fprintf(&b, "probe prompt %d:", idx[j])
+		for r := range picks {
+			if picks[r][j] != "" {
+				fmt.Fprintf(&b, " %s->%s", routers[r].Name, said[r][j])
+			}
+		}
+		return b.String()
+	}
+	return ""
 }
 
 func isTimeoutOrRefused(err error) bool {

@@ -24,32 +24,43 @@ func sorted(s []string) []string {
 	return out
 }
 
+func fmtDelay(d time.Duration, ok bool) string {
+	if !ok {
+		return "never"
+	}
+	return fmt.Sprintf("%.2fs", d.Seconds())
+}
+
 func pct(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) }
 
 func secs(d time.Duration) string { return fmt.Sprintf("%.1fs", d.Seconds()) }
 
 // Columns of the table.
 var columns = []string{"fault", "victim", "requests", "errors unavoidable/faulted/other",
-	"agreement min", "back to 100%", "prefixes moved", "hit rate before -> min", "hit rate back"}
+	"agreement min picks/owners", "back to 100% picks/owners", "prefixes moved", "hit rate before -> min", "hit rate back"}
 
 // row formats one result.
 func row(r *Result) []string {
 	if r.Skipped != "" {
 		return []string{string(r.Fault), "-", "-", "skipped", "-", "-", "-", "-", "-"}
 	}
-	out := []string{string(r.Fault), r.Victim, fmt.Sprint(r.Errors.Requests),
+	victim := r.Victim
+	if victim == "" {
+		victim = "all"
+	}
+	out := []string{string(r.Fault), victim, fmt.Sprint(r.Errors.Requests),
 		fmt.Sprintf("%d/%d/%d", r.Errors.Unavoidable, r.Errors.Faulted, r.Errors.Other)}
 	if r.AgreementSeen {
-		out = append(out, pct(r.AgreementMin))
+		out = append(out, pct(r.AgreementMin)+" / "+pct(r.OwnerAgreementMin))
 	} else {
 		out = append(out, "n/a")
 	}
-	if w, ok := r.Worst(); !ok {
+	wp, ok := r.Worst(Picks)
+	wo, _ := r.Worst(Owners)
+	if !ok {
 		out = append(out, "-")
-	} else if !w.OK {
-		out = append(out, "not reached ("+w.What+")")
 	} else {
-		out = append(out, fmt.Sprintf("%.2fs (%s)", w.Delay.Seconds(), w.What))
+		out = append(out, fmt.Sprintf("%s / %s (%s)", fmtDelay(wp.delay(Picks)), fmtDelay(wo.delay(Owners)), wp.What))
 	}
 	out = append(out, moved(r))
 	if r.KV.Measured {
@@ -152,10 +163,10 @@ func details(r *Result) []string {
 		out = append(out, fmt.Sprintf("%d requests refused by a router and sent to the next one (as an L4 balancer retries)", r.Errors.Redispatched))
 	}
 	for _, s := range r.Settles {
-		if s.OK {
-			out = append(out, fmt.Sprintf("agreement 100%% %.2fs after %s", s.Delay.Seconds(), s.What))
-		} else {
-			out = append(out, fmt.Sprintf("agreement not back to 100%% after %s", s.What))
+		out = append(out, fmt.Sprintf("after %s: picks back to 100%% agreement in %s, owners in %s", s.What,
+			fmtDelay(s.delay(Picks)), fmtDelay(s.delay(Owners))))
+		if s.Sample != "" {
+			out = append(out, "  first disagreement "+s.Sample)
 		}
 	}
 	if r.Failover > 0 {
@@ -166,8 +177,8 @@ func details(r *Result) []string {
 			r.RemovalEpoch, r.LateByEpoch, r.Victim, r.LateByTime))
 	}
 	if m := r.Moved; m != nil && m.Prompts > 0 && (r.Fault == BackendRemove || r.Fault == BackendAdd || r.Fault == BackendKill) {
-		out = append(out, fmt.Sprintf("of %d probe prompts %d moved: %d from %s, %d to it, %d between other backends (ideal bound for a removal 1/N = %s)",
-			m.Prompts, m.Moved, m.FromBackend, r.Victim, m.ToBackend, m.Unneeded(), pct(1/float64(max(r.Backends, 1)))))
+		out = append(out, fmt.Sprintf("of %d probe prompts %d moved: %d from %s, %d to it, %d between other backends (%d backends before the change: 1/N = %s)",
+			m.Prompts, m.Moved, m.FromBackend, r.Victim, m.ToBackend, m.Unneeded(), r.Backends, pct(1/float64(max(r.Backends, 1)))))
 	}
 	if r.KV.Measured && r.KV.Min < r.KV.Before {
 		out = append(out, fmt.Sprintf("hit rate lowest %.1fs after the fault", r.KV.MinAt.Seconds()))
@@ -183,8 +194,8 @@ func details(r *Result) []string {
 // on surviving routers for a router kill, pause or partition (and a
 // leader kill); a removal moving at most 1/N + 5% of prefixes and no
 // request reaching the removed backend at or past the removal's epoch;
-// agreement back to 100% within 2 s of every change settling.
-func Check(rep Report) []string {
+// agreement at level back to 100% within 2 s of every change settling.
+func Check(rep Report, level Level) []string {
 	var bad []string
 	for i := range rep.Results {
 		r := &rep.Results[i]
@@ -212,11 +223,12 @@ func Check(rep Report) []string {
 			}
 		}
 		for _, s := range r.Settles {
+			d, ok := s.delay(level)
 			switch {
-			case !s.OK:
-				bad = append(bad, fmt.Sprintf("%s: agreement not back to 100%% after %s", tag, s.What))
-			case s.Delay > MaxReconverge:
-				bad = append(bad, fmt.Sprintf("%s: agreement back to 100%% %.2fs after %s (bound %s)", tag, s.Delay.Seconds(), s.What, MaxReconverge))
+			case !ok:
+				bad = append(bad, fmt.Sprintf("%s: %s agreement not back to 100%% after %s", tag, level, s.What))
+			case d > MaxReconverge:
+				bad = append(bad, fmt.Sprintf("%s: %s agreement back to 100%% %.2fs after %s (bound %s)", tag, level, d.Seconds(), s.What, MaxReconverge))
 			}
 		}
 	}

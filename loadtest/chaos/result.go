@@ -11,10 +11,17 @@ type Event struct {
 // Settle is a change that settled (a write acknowledged, a router back, a
 // commit observed) and how long agreement took to come back after it.
 type Settle struct {
-	What  string        `json:"what"`
-	At    time.Duration `json:"t"`
-	Delay time.Duration `json:"delay_ns"` // to the first tick of lasting 100% agreement
-	OK    bool          `json:"ok"`       // false: not back to 100% by the end
+	What string        `json:"what"`
+	At   time.Duration `json:"t"`
+	// Delay is the time to the first tick of lasting 100% agreement of
+	// the picks; OK is false when they were not back to 100% by the end.
+	Delay time.Duration `json:"delay_ns"`
+	OK    bool          `json:"ok"`
+	// OwnerDelay and OwnerOK are the same for the load-blind owners.
+	OwnerDelay time.Duration `json:"owner_delay_ns"`
+	OwnerOK    bool          `json:"owner_ok"`
+	// Sample describes the first disagreement of picks seen after it.
+	Sample string `json:"sample,omitempty"`
 }
 
 // Result is what one fault did to the cluster.
@@ -37,9 +44,11 @@ type Result struct {
 
 	// AgreementMin is the lowest agreement from the fault to the end;
 	// AgreementSeen is false when no tick had two routers answering.
-	AgreementMin  float64  `json:"agreement_min"`
-	AgreementSeen bool     `json:"agreement_seen"`
-	Settles       []Settle `json:"settles"`
+	AgreementMin  float64 `json:"agreement_min"`
+	AgreementSeen bool    `json:"agreement_seen"`
+	// OwnerAgreementMin is the same for the load-blind owners.
+	OwnerAgreementMin float64  `json:"owner_agreement_min"`
+	Settles           []Settle `json:"settles"`
 
 	// Moved compares the owners before the fault with those while it
 	// lasted (or after a backend change); Returned compares before with
@@ -67,18 +76,29 @@ type Result struct {
 	Notes []string `json:"notes,omitempty"`
 }
 
-// Worst returns the settle with the longest delay to agreement (a settle
-// never back to 100% counts as the longest), and false when there is none.
-func (r *Result) Worst() (Settle, bool) {
+// delay returns a settle's delay to agreement at level l.
+func (s Settle) delay(l Level) (time.Duration, bool) {
+	if l == Owners {
+		return s.OwnerDelay, s.OwnerOK
+	}
+	return s.Delay, s.OK
+}
+
+// Worst returns the settle with the longest delay to agreement at level l
+// (one never back to 100% counts as the longest), and false when there is
+// none.
+func (r *Result) Worst(l Level) (Settle, bool) {
 	var w Settle
 	found := false
 	for _, s := range r.Settles {
+		sd, sok := s.delay(l)
+		wd, wok := w.delay(l)
 		switch {
 		case !found:
 			w, found = s, true
-		case w.OK && !s.OK:
+		case wok && !sok:
 			w = s
-		case w.OK == s.OK && s.Delay > w.Delay:
+		case wok == sok && sd > wd:
 			w = s
 		}
 	}
