@@ -128,7 +128,7 @@ type sseEngine struct {
 	firstDelay, gap     time.Duration
 	n                   int
 	hits, done, aborted atomic.Int64
-	hold                chan struct{} // when non-nil, answers wait for it
+	hold                atomic.Pointer[chan struct{}] // when set, answers wait for it
 	cur, peak           atomic.Int64
 }
 
@@ -151,9 +151,9 @@ func (e *sseEngine) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	defer e.cur.Add(-1)
 	body, _ := io.ReadAll(r.Body)
-	if e.hold != nil {
+	if h := e.hold.Load(); h != nil {
 		select {
-		case <-e.hold:
+		case <-*h:
 		case <-r.Context().Done():
 			return
 		}
@@ -288,7 +288,7 @@ func TestE2EAffinityOverflowAndFailover(t *testing.T) {
 	// Overflow: hold requests open; the owner takes exactly the threshold.
 	hold := make(chan struct{})
 	for _, e := range engines {
-		e.hold = hold
+		e.hold.Store(&hold)
 	}
 	prompt := "shared document 0"
 	owner := where[prompt]
@@ -347,7 +347,7 @@ func TestE2EAffinityOverflowAndFailover(t *testing.T) {
 		t.Errorf("decisions %v, want 3 affinity and 3 overflow", counts)
 	}
 	for _, e := range engines {
-		e.hold = nil
+		e.hold.Store(nil)
 	}
 
 	// Failover: kill the owner; every request still succeeds elsewhere.
@@ -468,7 +468,8 @@ func TestE2EAdminCLI(t *testing.T) {
 func TestE2EThreeProcessCluster(t *testing.T) {
 	needBinary(t)
 	hold := newEngine(t, 0, 0, 1)
-	hold.hold = make(chan struct{})
+	held := make(chan struct{})
+	hold.hold.Store(&held)
 	other := newEngine(t, 0, 0, 1)
 	var routers []*router
 	var gossipAddrs []string
@@ -539,7 +540,7 @@ func TestE2EThreeProcessCluster(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	t.Logf("in-flight from router 0 visible on router 2 after %v (polling every 5 ms)", time.Since(start))
-	close(hold.hold)
+	close(held)
 
 	// A change made through router 1 reaches every router at one epoch.
 	out, err := runCLI(t, "backends", "--admin", strings.TrimPrefix(routers[1].admin, "http://"), "add", other.srv.URL)
