@@ -25,13 +25,13 @@ import (
 // seven instances' caches together (448,000 tokens).
 const (
 	demoInstances    = 7
-	demoKVBlocks     = 4000
+	demoKVBlocks     = 6000
 	demoPrefixLength = 2048
 	demoThreshold    = 16
-	demoLoadFactor   = 1.1
+	demoLoadFactor   = 1.15
 	demoMaxTokens    = 96
-	demoWarmup       = 5 * time.Second
-	demoDuration     = 25 * time.Second
+	demoWarmup       = 8 * time.Second
+	demoDuration     = 20 * time.Second
 	demoNoReuse      = 10 * time.Second
 )
 
@@ -50,16 +50,16 @@ func demoCase(name string, seed uint64, warmup, duration time.Duration, rateScal
 	l.MetricsInterval = time.Second
 	switch name {
 	case "rag":
-		// 96 documents of 2,000 tokens: 192,000 tokens
+		// 288 documents of 1,000 tokens: 288,000 tokens
 		w.Kind = workload.KindRAG
-		w.RAG = workload.RAGConfig{Documents: 96, DocumentTokens: 2000, QuestionsPerDoc: 8, QuestionTokens: 24}
-		l.Rate = 40
+		w.RAG = workload.RAGConfig{Documents: 288, DocumentTokens: 1000, QuestionsPerDoc: 8, QuestionTokens: 24}
+		l.Rate = 60
 	case "chat":
-		// 75 open conversations of 20 turns opening with 2,000 tokens and
-		// growing by 100 a turn: about 225,000 tokens of history
+		// 180 open conversations of 24 turns opening with 1,000 tokens and
+		// growing by 60 a turn: about 310,000 tokens of history
 		w.Kind = workload.KindChat
-		w.Chat = workload.ChatConfig{Active: 75, Turns: 20, SystemTokens: 40, FirstUserTokens: 2000, UserTokens: 25, AssistantTokens: 75}
-		l.Rate = 36
+		w.Chat = workload.ChatConfig{Active: 180, Turns: 24, SystemTokens: 40, FirstUserTokens: 1000, UserTokens: 20, AssistantTokens: 40, Stagger: true}
+		l.Rate = 48
 	case "noreuse":
 		// the control: light load, so that TTFT is the cost of a prompt
 		// rather than of queueing

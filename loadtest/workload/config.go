@@ -58,6 +58,11 @@ type ChatConfig struct {
 	FirstUserTokens int // first user message (makes conversations distinct early)
 	UserTokens      int // later user messages
 	AssistantTokens int // assistant replies written into the history
+	// Stagger starts the first conversation of each slot part way through
+	// its turns (slot i at turn i x Turns / Active, with a history it
+	// never sent), so that a short run sees the long-run mix of turns
+	// instead of every conversation starting together.
+	Stagger bool
 }
 
 // BotConfig shapes the templated-bot workload: every user of a template
@@ -143,6 +148,7 @@ func DefaultConfig() Config {
 			FirstUserTokens: 400,
 			UserTokens:      60,
 			AssistantTokens: 120,
+			Stagger:         true,
 		},
 		Bot: BotConfig{
 			Templates:    4,

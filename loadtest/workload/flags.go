@@ -66,6 +66,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Chat.FirstUserTokens, "chat-first-tokens", c.Chat.FirstUserTokens, "chat: tokens of a conversation's first message")
 	fs.IntVar(&c.Chat.UserTokens, "chat-user-tokens", c.Chat.UserTokens, "chat: tokens of later user messages")
 	fs.IntVar(&c.Chat.AssistantTokens, "chat-assistant-tokens", c.Chat.AssistantTokens, "chat: tokens of each assistant reply in the history")
+	fs.BoolVar(&c.Chat.Stagger, "chat-stagger", c.Chat.Stagger, "chat: start the first conversations part way through, for a steady mix of turns from the start")
 
 	fs.IntVar(&c.Bot.Templates, "bot-templates", c.Bot.Templates, "bot: distinct policy templates")
 	fs.IntVar(&c.Bot.PolicyTokens, "bot-policy-tokens", c.Bot.PolicyTokens, "bot: tokens per policy block")

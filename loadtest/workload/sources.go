@@ -95,29 +95,54 @@ func newChat(c *Config, r *rand.Rand) *chat {
 	return s
 }
 
-func (s *chat) start() *conversation {
+// start opens a new conversation. skip > 0 opens it skip turns in: the
+// history of those turns is written but never sent (a conversation resumed
+// from an earlier session).
+func (s *chat) start(skip int) *conversation {
 	id := s.nextID
 	s.nextID++
 	r := subRand(s.cfg.Seed, "chat-conversation", id)
 	first := "Conversation " + strconv.Itoa(id) + ". " + words(r, s.cfg.Chat.FirstUserTokens)
-	return &conversation{
+	c := &conversation{
 		id:    id,
 		group: "chat/conv-" + strconv.Itoa(id),
 		rng:   r,
 		msgs:  []message{{"user", []string{first}}},
 	}
+	for ; skip > 0; skip-- {
+		c.addTurn(&s.cfg.Chat)
+		c.turn++
+	}
+	return c
+}
+
+// addTurn appends the assistant's reply to the last message and the
+// user's next message.
+func (c *conversation) addTurn(h *ChatConfig) {
+	c.msgs = append(c.msgs,
+		message{"assistant", []string{words(c.rng, h.AssistantTokens)}},
+		message{"user", []string{words(c.rng, h.UserTokens)}})
 }
 
 func (s *chat) next(r *Request) {
 	i := s.rng.IntN(len(s.slots))
 	c := s.slots[i]
-	if c == nil || c.turn >= s.cfg.Chat.Turns {
-		c = s.start()
+	switch {
+	case c == nil:
+		// With Stagger, the first conversation of slot i starts i/Active
+		// of the way through its turns, so the mix of turns is the same
+		// from the first request on as in the long run.
+		skip := 0
+		if s.cfg.Chat.Stagger {
+			skip = i * s.cfg.Chat.Turns / len(s.slots)
+		}
+		c = s.start(skip)
 		s.slots[i] = c
-	} else {
-		c.msgs = append(c.msgs,
-			message{"assistant", []string{words(c.rng, s.cfg.Chat.AssistantTokens)}},
-			message{"user", []string{words(c.rng, s.cfg.Chat.UserTokens)}})
+	case c.turn >= s.cfg.Chat.Turns:
+		c = s.start(0)
+		s.slots[i] = c
+	default:
+		c.addTurn(&s.cfg.Chat)
 	}
 	c.turn++
 	s.msgs = s.msgs[:0]

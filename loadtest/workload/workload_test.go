@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"math"
 	"strings"
@@ -207,6 +208,7 @@ func TestChatHistoryGrows(t *testing.T) {
 	c := kindConfig(KindChat)
 	c.Chat.Active = 4
 	c.Chat.Turns = 5
+	c.Chat.Stagger = false
 	ss := generate(t, c, 200)
 	last := map[string]chatBody{}
 	turns := map[string]int{}
@@ -524,6 +526,48 @@ func TestBindFlags(t *testing.T) {
 		d.BindFlags(fs)
 		if err := fs.Parse(bad); err == nil {
 			t.Errorf("%v accepted", bad)
+		}
+	}
+}
+
+func TestChatStagger(t *testing.T) {
+	c := kindConfig(KindChat)
+	c.Chat.Active = 5
+	c.Chat.Turns = 10
+	c.Chat.Stagger = true
+	ss := generate(t, c, 400)
+	// the first request of each of the first conversations carries the
+	// history of the turns it skipped: 2 x (i x 10 / 5) + 2 messages for
+	// slot i, so the first five conversations open with different lengths
+	first := map[string]int{}
+	seen := map[int]bool{}
+	for _, s := range ss {
+		if _, ok := first[s.req.Group]; ok {
+			continue
+		}
+		first[s.req.Group] = len(s.body.Messages)
+		var id int
+		fmt.Sscanf(s.req.Group, "chat/conv-%d", &id)
+		if id < 5 {
+			seen[len(s.body.Messages)] = true
+		} else if len(s.body.Messages) != 2 {
+			t.Fatalf("later conversation %s opens with %d messages", s.req.Group, len(s.body.Messages))
+		}
+	}
+	for _, n := range []int{2, 6, 10, 14, 18} {
+		if !seen[n] {
+			t.Fatalf("no initial conversation opens with %d messages: %v", n, seen)
+		}
+	}
+	// turn counts still stop at Turns: a conversation that started at
+	// turn 9 sends 1 request
+	count := map[string]int{}
+	for _, s := range ss {
+		count[s.req.Group]++
+	}
+	for g, n := range count {
+		if start := first[g]/2 - 1; start+n > c.Chat.Turns {
+			t.Fatalf("%s sent %d turns after starting at %d", g, n, start)
 		}
 	}
 }
