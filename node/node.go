@@ -76,6 +76,13 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 	pc := cfg.ProxyConfig()
 	pc.Logger = log.With("component", "proxy")
 	pc.Registry = n.reg
+	// Probe results go to the Raft leader, which commits down and up with
+	// hysteresis; until then this node skips a failing backend on its own.
+	pc.OnProbe = func(backend string, ok bool) {
+		if a := n.agree; a != nil {
+			a.ReportHealth(backend, ok, n.name)
+		}
+	}
 	p, err := proxy.New(pc)
 	if err != nil {
 		return nil, err

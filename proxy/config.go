@@ -60,6 +60,11 @@ type Config struct {
 	EjectAfter int
 	EjectFor   time.Duration
 
+	// OnProbe, when set, hears every active health-check result (the node
+	// reports them to the Raft leader, which commits down and up). It is
+	// called from the prober's goroutines and must not block.
+	OnProbe func(backend string, ok bool)
+
 	// Logger receives operational logs. Prompt text is never logged.
 	Logger *slog.Logger
 	// Registry receives the proxy's metrics; nil means none.

@@ -65,6 +65,9 @@ func (p *Proxy) probe(b *backend) {
 		}
 	}
 	ok := err == nil && resp.StatusCode() >= 200 && resp.StatusCode() < 300
+	if p.cfg.OnProbe != nil {
+		p.cfg.OnProbe(b.id, ok)
+	}
 
 	b.probeMu.Lock()
 	defer b.probeMu.Unlock()
