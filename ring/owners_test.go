@@ -84,7 +84,7 @@ func TestOwnersMatchLibrary(t *testing.T) {
 						name := fmt.Sprintf("n=%d/rf=%d/parts=%d/load=%g/%s", n, rf, parts, load, hname)
 						cases++
 						want, ok := libraryOwners(cfg, bs)
-						r, err := New(cfg, bs)
+						got, err := circleOwnerIDs(cfg, bs)
 						switch {
 						case !ok && err == nil:
 							t.Errorf("%s: library panics, New succeeded", name)
@@ -96,7 +96,11 @@ func TestOwnersMatchLibrary(t *testing.T) {
 							failures++
 							continue
 						}
-						got := ownersByID(r)
+						if r, err := New(cfg, bs); err != nil {
+							t.Errorf("%s: New failed where both placements succeed: %v", name, err)
+						} else if lib := ownersByID(r); !slices.Equal(lib, want) {
+							t.Errorf("%s: New's owners differ from the library's", name)
+						}
 						for p := range want {
 							if got[p] != want[p] {
 								mismatches++
@@ -113,6 +117,22 @@ func TestOwnersMatchLibrary(t *testing.T) {
 	if failures == 0 || failures == cases {
 		t.Errorf("want both placed and refused layouts among the cases, got %d refused of %d", failures, cases)
 	}
+}
+
+// circleOwnerIDs runs circleOwners as New would for bs (sorted by ID) and
+// returns owner IDs per partition.
+func circleOwnerIDs(cfg Config, bs []Backend) ([]string, error) {
+	sorted := slices.SortedFunc(slices.Values(bs), func(a, b Backend) int { return cmp.Compare(a.ID, b.ID) })
+	parts := cfg.partitions(len(sorted))
+	owners, err := circleOwners(cfg, sorted, virtualNodes(cfg, sorted), parts)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(owners))
+	for p, o := range owners {
+		out[p] = sorted[o].ID
+	}
+	return out, nil
 }
 
 // TestOwnersMatchLibraryLarge compares one 1,000-backend default ring.
