@@ -11,7 +11,7 @@ SHORTFUZZ ?= 5s
 
 export CGO_ENABLED ?= 0
 
-.PHONY: all build test test-unit fuzz-short fuzz bench bench-proxy lint demo clean
+.PHONY: all build test test-unit test-alloc fuzz-short fuzz bench bench-proxy lint demo clean
 .PHONY: images compose-smoke
 
 all: build
@@ -23,6 +23,10 @@ build:
 test-unit:
 	CGO_ENABLED=1 $(GO) test -race -shuffle=on -count=1 -timeout 15m $(PKGS)
 
+# Allocation bounds hold without the race detector (its pools refill).
+test-alloc:
+	$(GO) test -count=1 -run 'Allocations' ./ring ./proxy
+
 # Short runs of every fuzz target (the long ones are 'make fuzz').
 fuzz-short:
 	@FUZZTIME=$(SHORTFUZZ) ./scripts/fuzz.sh
@@ -30,7 +34,7 @@ fuzz-short:
 fuzz:
 	@FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
 
-test: lint test-unit fuzz-short compose-smoke
+test: lint test-unit test-alloc fuzz-short compose-smoke
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
