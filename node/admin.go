@@ -66,7 +66,7 @@ func (n *Node) status() Status {
 		Routing: Routing{
 			Strategy: rc.Strategy, PrefixLength: rc.PrefixLength, ConcurrencyThreshold: rc.ConcurrencyThreshold,
 			LoadFactor: rc.LoadFactor, InvocationsJSON: rc.InvocationsJSON, BusyIsFull: rc.BusyIsFull,
-			OverflowDepth: rc.OverflowDepth, PartitionCount: r.Partitions(),
+			OverflowDepth: rc.OverflowDepth, PartitionCount: r.Partitions(), ZoneAware: rc.ZoneAware,
 		},
 		Ready:    n.proxy.Ready(),
 		Backends: n.proxy.Status(),

@@ -33,7 +33,7 @@ func (c *Config) seedRouting() cluster.Routing {
 	return cluster.Routing{
 		Strategy: r.Strategy.String(), PrefixLength: r.PrefixLength, ConcurrencyThreshold: r.ConcurrencyThreshold,
 		LoadFactor: r.LoadFactor, InvocationsJSON: r.InvocationsJSON, BusyIsFull: r.BusyIsFull,
-		OverflowDepth: r.OverflowDepth, PartitionCount: r.PartitionCount,
+		OverflowDepth: r.OverflowDepth, PartitionCount: r.PartitionCount, ZoneAware: r.ZoneAware,
 	}
 }
 
@@ -124,6 +124,7 @@ func (n *Node) validateState(s cluster.State) error {
 	if err != nil {
 		return err
 	}
+	rc.LocalZone = n.cfg.Cluster.Zone
 	rbs := s.RingBackends()
 	for _, b := range rbs {
 		if _, err := proxy.ParseTarget(b.Addr); err != nil {
@@ -145,6 +146,7 @@ func (n *Node) applyAgreed() {
 	}
 	rc, err := st.Routing.RingConfig()
 	if err == nil {
+		rc.LocalZone = n.cfg.Cluster.Zone
 		err = n.installRing(rc, st.RingBackends(), epoch)
 	}
 	if err != nil {

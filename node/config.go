@@ -52,6 +52,8 @@ type Routing struct {
 	BusyIsFull           bool          `yaml:"busy_is_full"`
 	OverflowDepth        int           `yaml:"overflow_depth"`
 	PartitionCount       int           `yaml:"partition_count"`
+	// ZoneAware makes overflow prefer backends in this router's zone.
+	ZoneAware bool `yaml:"zone_aware"`
 }
 
 // SageMakerRouting is SageMaker's RoutingConfig shape.
@@ -297,6 +299,8 @@ func (c *Config) RingConfig() ring.Config {
 	rc.BusyIsFull = c.Routing.BusyIsFull
 	rc.OverflowDepth = c.Routing.OverflowDepth
 	rc.PartitionCount = c.Routing.PartitionCount
+	rc.ZoneAware = c.Routing.ZoneAware
+	rc.LocalZone = c.Cluster.Zone
 	return rc
 }
 

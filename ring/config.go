@@ -118,6 +118,13 @@ type Config struct {
 	// BusyIsFull treats a backend whose engine reports queued requests as
 	// over its limit, so PREFIX_AWARE overflows from it.
 	BusyIsFull bool
+	// ZoneAware makes PREFIX_AWARE overflow to backends in LocalZone before
+	// others (the owner stays first wherever it is). Routers in different
+	// zones then overflow a prefix to different backends: agreement across
+	// routers holds within a zone.
+	ZoneAware bool
+	// LocalZone is the zone of the router building the ring.
+	LocalZone string
 	// OverflowDepth is how many backends (owner included) each partition's
 	// overflow order holds. Past them, PREFIX_AWARE falls back to the least
 	// loaded backend.

@@ -125,32 +125,68 @@ func (r *Ring) pickFrom(start int, loads Loads, why Reason) (Decision, error) {
 
 func (r *Ring) pickPrefixAware(key uint64, loads Loads) (Decision, error) {
 	p := r.Partition(key)
-	bound := int64(math.MaxInt64)
-	boundDone := r.cfg.LoadFactor == 0
-	for rank, b32 := range r.Order(p) {
-		b := int(b32)
-		if !r.eligible(b, loads) {
-			continue
+	order := r.Order(p)
+	c := candidate{bound: math.MaxInt64, boundDone: r.cfg.LoadFactor == 0}
+	if !r.zoneAware() {
+		for rank, b32 := range order {
+			if d, ok := r.tryCandidate(int(b32), rank, loads, &c); ok {
+				return d, nil
+			}
 		}
-		n := loads.InFlight(b)
-		if n >= r.limits[b] || (r.cfg.BusyIsFull && loads.Busy(b)) {
-			continue
+		return r.pickLeast(p, loads, ReasonFallback, false)
+	}
+	// Zone-aware: the owner wherever it is (its cache is the point), then
+	// overflow within this router's zone, then beyond it, each in the
+	// partition's order.
+	if d, ok := r.tryCandidate(int(order[0]), 0, loads, &c); ok {
+		return d, nil
+	}
+	for pass := 0; pass < 2; pass++ {
+		for rank := 1; rank < len(order); rank++ {
+			b := int(order[rank])
+			if (r.backends[b].Zone == r.cfg.LocalZone) != (pass == 0) {
+				continue
+			}
+			if d, ok := r.tryCandidate(b, rank, loads, &c); ok {
+				return d, nil
+			}
 		}
-		if !boundDone {
-			bound = r.loadBound(loads)
-			boundDone = true
-		}
-		if n+1 > bound {
-			continue
-		}
-		why := ReasonOverflow
-		if rank == 0 {
-			why = ReasonAffinity
-		}
-		return Decision{Backend: b, Reason: why, Rank: rank}, nil
 	}
 	return r.pickLeast(p, loads, ReasonFallback, false)
 }
+
+// candidate carries the lazily computed bounded-loads cap through a walk.
+type candidate struct {
+	bound     int64
+	boundDone bool
+}
+
+// tryCandidate reports whether backend b at rank can take the request:
+// eligible, under its concurrency limit, not busy (with BusyIsFull) and
+// within the bounded-loads cap (with LoadFactor).
+func (r *Ring) tryCandidate(b, rank int, loads Loads, c *candidate) (Decision, bool) {
+	if !r.eligible(b, loads) {
+		return Decision{}, false
+	}
+	n := loads.InFlight(b)
+	if n >= r.limits[b] || (r.cfg.BusyIsFull && loads.Busy(b)) {
+		return Decision{}, false
+	}
+	if !c.boundDone {
+		c.bound = r.loadBound(loads)
+		c.boundDone = true
+	}
+	if n+1 > c.bound {
+		return Decision{}, false
+	}
+	why := ReasonOverflow
+	if rank == 0 {
+		why = ReasonAffinity
+	}
+	return Decision{Backend: b, Reason: why, Rank: rank}, true
+}
+
+func (r *Ring) zoneAware() bool { return r.cfg.ZoneAware && r.cfg.LocalZone != "" }
 
 // loadBound is the bounded-loads cap: ceil(LoadFactor x (total+1) / n) over
 // eligible backends, the +1 counting the request being placed (as HAProxy's

@@ -370,3 +370,69 @@ func TestExplain(t *testing.T) {
 		t.Fatalf("explanation %+v", e)
 	}
 }
+
+func TestZoneAwareOverflow(t *testing.T) {
+	bs := gpus(8)
+	for i := range bs {
+		bs[i].Zone = []string{"a", "b"}[i%2]
+	}
+	cfg := DefaultConfig()
+	cfg.ConcurrencyThreshold = 1
+	cfg.ZoneAware, cfg.LocalZone = true, "a"
+	r := mustRing(t, cfg, bs)
+	plain := DefaultConfig()
+	plain.ConcurrencyThreshold = 1
+	rp := mustRing(t, plain, bs)
+	loads := newLoads(8)
+	rng := rand.New(rand.NewPCG(9, 9))
+	crossZone := 0
+	for k := 0; k < 2000; k++ {
+		key := rng.Uint64()
+		owner := r.Owner(key)
+		if r.Owner(key) != rp.Owner(key) {
+			t.Fatal("zone awareness changed an owner")
+		}
+		// The owner is taken whatever its zone.
+		if d, _ := r.Pick(key, loads); d.Backend != owner || d.Reason != ReasonAffinity {
+			t.Fatalf("idle owner not picked: %+v", d)
+		}
+		loads.inflight[owner] = 1
+		d, err := r.Pick(key, loads)
+		if err != nil || d.Reason != ReasonOverflow {
+			t.Fatalf("full owner: %+v %v", d, err)
+		}
+		if r.Backend(d.Backend).Zone != "a" {
+			t.Fatalf("overflow to zone %s while zone a had room", r.Backend(d.Backend).Zone)
+		}
+		if dp, _ := rp.Pick(key, loads); r.Backend(dp.Backend).Zone != "a" {
+			crossZone++
+		}
+		loads.inflight[owner] = 0
+	}
+	if crossZone == 0 {
+		t.Fatal("without zone awareness overflow never left zone a: the test shows nothing")
+	}
+	// Zone a full: overflow goes to zone b rather than falling back.
+	for i := range bs {
+		if bs[i].Zone == "a" {
+			loads.inflight[r.mustIndex(t, bs[i].ID)] = 1
+		}
+	}
+	key := rng.Uint64()
+	for r.Backend(r.Owner(key)).Zone != "a" {
+		key = rng.Uint64()
+	}
+	d, _ := r.Pick(key, loads)
+	if d.Reason != ReasonOverflow || r.Backend(d.Backend).Zone != "b" {
+		t.Fatalf("zone a full: %+v in zone %s", d, r.Backend(d.Backend).Zone)
+	}
+}
+
+func (r *Ring) mustIndex(t *testing.T, id string) int {
+	t.Helper()
+	i, ok := r.Index(id)
+	if !ok {
+		t.Fatalf("no backend %s", id)
+	}
+	return i
+}

@@ -84,6 +84,7 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config) (configPath *string) {
 	fs.BoolVar(&r.InvocationsJSON, "invocations-json", r.InvocationsJSON, "/invocations: key on prompt fields of JSON bodies (messages, prompt, inputs) instead of the raw body")
 	fs.BoolVar(&r.BusyIsFull, "busy-is-full", r.BusyIsFull, "treat a backend whose engine reports queued requests as over its limit")
 	fs.IntVar(&r.OverflowDepth, "overflow-depth", r.OverflowDepth, "backends in each partition's overflow order before falling back to least-loaded")
+	fs.BoolVar(&r.ZoneAware, "zone-aware", r.ZoneAware, "overflow to backends in this router's --zone first (the owner is still taken wherever it is)")
 	fs.IntVar(&r.PartitionCount, "partition-count", r.PartitionCount, "ring partitions; 0 = chosen from the backend count")
 
 	l := &cfg.Limits

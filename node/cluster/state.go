@@ -104,8 +104,7 @@ func DefaultRouting() Routing {
 }
 
 // RingConfig is the ring.Config r describes (ring defaults for the knobs
-// Routing does not carry). ZoneAware has no ring field yet; the node reads
-// it from Routing.
+// Routing does not carry). LocalZone is each router's own; the node sets it.
 func (r Routing) RingConfig() (ring.Config, error) {
 	rc := ring.DefaultConfig()
 	s, err := ring.ParseStrategy(r.Strategy)
@@ -120,6 +119,7 @@ func (r Routing) RingConfig() (ring.Config, error) {
 	rc.BusyIsFull = r.BusyIsFull
 	rc.OverflowDepth = r.OverflowDepth
 	rc.PartitionCount = r.PartitionCount
+	rc.ZoneAware = r.ZoneAware
 	if err := rc.Validate(); err != nil {
 		return rc, err
 	}
