@@ -5,6 +5,7 @@ import (
 	"html/template"
 	"io"
 	"sort"
+	"strings"
 
 	"github.com/warmroute/warmroute/loadtest/stats"
 )
@@ -120,46 +121,71 @@ func ttftChart(wl string, runs []*stats.Summary, col map[string]string) string {
 		}
 		ss = append(ss, series{s.Label, col[s.Label], pts})
 	}
-	return lineChart(wl+": TTFT distribution", "time to first token (ms, log scale)", "fraction of requests", ss, true, 0, 1, true)
+	return lineChart(wl+": TTFT distribution", "time to first token (ms, log scale)", "fraction of requests", ss, true, 0, 1, true, 0, "")
 }
 
+// shareChart draws each run's share per instance. Runs of a comparison
+// use different fleets (a cold one each), so instances are matched by
+// their position in address order, not by address.
 func shareChart(wl string, runs []*stats.Summary, col map[string]string) string {
-	set := map[string]bool{}
-	for _, s := range runs {
+	n := 0
+	ordered := make([][]string, len(runs))
+	for i, s := range runs {
 		for k := range s.Shares {
-			set[k] = true
+			ordered[i] = append(ordered[i], k)
 		}
+		sort.Slice(ordered[i], func(a, b int) bool { return naturalLess(ordered[i][a], ordered[i][b]) })
+		n = max(n, len(ordered[i]))
 	}
-	insts := make([]string, 0, len(set))
-	for k := range set {
-		insts = append(insts, k)
-	}
-	sort.Strings(insts)
 	var bs []bars
-	for _, s := range runs {
-		v := make([]float64, len(insts))
-		for i, k := range insts {
-			v[i] = s.Shares[k]
+	for i, s := range runs {
+		v := make([]float64, n)
+		for j, k := range ordered[i] {
+			v[j] = s.Shares[k]
 		}
 		bs = append(bs, bars{s.Label, col[s.Label], v})
 	}
 	ref := 0.0
-	if len(insts) > 0 {
-		ref = 1 / float64(len(insts))
+	if n > 0 {
+		ref = 1 / float64(n)
 	}
-	labels := make([]string, len(insts))
-	for i, k := range insts {
-		labels[i] = shortName(k)
+	labels := make([]string, n)
+	for i := range labels {
+		labels[i] = fmt.Sprintf("#%d", i+1)
 	}
 	return barChart(wl+": traffic share per instance", "share of requests", labels, bs, ref)
 }
 
-// shortName shortens "127.0.0.1:18001" to ":18001".
-func shortName(s string) string {
-	if len(s) > 10 && s[:10] == "127.0.0.1:" {
-		return s[9:]
+// naturalLess orders strings with their digit runs compared as numbers,
+// so 127.0.0.1:9999 comes before 127.0.0.1:10000.
+func naturalLess(a, b string) bool {
+	for a != "" && b != "" {
+		da, db := digitRun(a), digitRun(b)
+		if da > 0 && db > 0 {
+			na, nb := strings.TrimLeft(a[:da], "0"), strings.TrimLeft(b[:db], "0")
+			if len(na) != len(nb) {
+				return len(na) < len(nb)
+			}
+			if na != nb {
+				return na < nb
+			}
+			a, b = a[da:], b[db:]
+			continue
+		}
+		if a[0] != b[0] {
+			return a[0] < b[0]
+		}
+		a, b = a[1:], b[1:]
 	}
-	return s
+	return len(a) < len(b)
+}
+
+func digitRun(s string) int {
+	i := 0
+	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		i++
+	}
+	return i
 }
 
 func hitChart(wl string, runs []*stats.Summary, col map[string]string) string {
@@ -173,5 +199,9 @@ func hitChart(wl string, runs []*stats.Summary, col map[string]string) string {
 		}
 		ss = append(ss, series{s.Label, col[s.Label], pts})
 	}
-	return lineChart(wl+": KV-cache hit rate over time", "seconds since start", "hit tokens / queried tokens", ss, false, 0, 1, true)
+	warm := 0.0
+	for _, s := range runs {
+		warm = max(warm, s.WarmupSeconds)
+	}
+	return lineChart(wl+": KV-cache hit rate over time", "seconds since start", "hit tokens / queried tokens", ss, false, 0, 1, true, warm, "end of warm-up")
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"regexp"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -38,6 +39,7 @@ func sampleRuns() []stats.Summary {
 	p := mk("rag", "PREFIX_AWARE", 0.9, 100, 330, skew, 1.5)
 	p.Decisions = map[string]int64{"affinity": 80, "overflow": 15, "fallback": 5}
 	p.Failed, p.Errors = 3, map[string]int64{"http_503": 2, "timeout": 1}
+	r.WarmupSeconds, p.WarmupSeconds = 3, 3
 	c := mk("chat", "RANDOM", 0.2, 300, 200, even, 1)
 	c.Partial = true
 	return []stats.Summary{r, p, c}
@@ -125,7 +127,7 @@ func TestHTMLIsSelfContained(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"TTFT distribution", "traffic share per instance", "hit rate over time", ":1", "polyline", "rect"} {
+	for _, want := range []string{"TTFT distribution", "traffic share per instance", "hit rate over time", "#1", "#2", "polyline", "rect", "end of warm-up"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("page lacks %q", want)
 		}
@@ -151,7 +153,7 @@ func TestTicks(t *testing.T) {
 
 func TestEmptyCharts(t *testing.T) {
 	for _, s := range []string{
-		lineChart("x", "a", "b", nil, true, 0, 1, true),
+		lineChart("x", "a", "b", nil, true, 0, 1, true, 0, ""),
 		barChart("x", "y", nil, nil, 0),
 	} {
 		if !strings.Contains(s, "no data") || !strings.HasSuffix(s, "</svg>") {
@@ -172,5 +174,14 @@ func TestBarsStayInsideThePlot(t *testing.T) {
 		if y < padT {
 			t.Fatalf("bar top at y=%g, above the plot (%d)", y, padT)
 		}
+	}
+}
+
+func TestNaturalLess(t *testing.T) {
+	in := []string{"127.0.0.1:10000", "127.0.0.1:9999", "gpu-10", "gpu-2", "gpu-1", "127.0.0.1:09998"}
+	sort.Slice(in, func(i, j int) bool { return naturalLess(in[i], in[j]) })
+	want := "127.0.0.1:09998 127.0.0.1:9999 127.0.0.1:10000 gpu-1 gpu-2 gpu-10"
+	if got := strings.Join(in, " "); got != want {
+		t.Fatalf("got %s, want %s", got, want)
 	}
 }

@@ -106,7 +106,9 @@ func legend(b *strings.Builder, names, colours []string) {
 }
 
 // lineChart draws series on linear or logarithmic x and linear y axes.
-func lineChart(title, xLabel, yLabel string, ss []series, logX bool, yLo, yHi float64, yPct bool) string {
+// mark, when > 0, is an x position drawn as a dashed vertical line with
+// markLabel.
+func lineChart(title, xLabel, yLabel string, ss []series, logX bool, yLo, yHi float64, yPct bool, mark float64, markLabel string) string {
 	var b strings.Builder
 	svgOpen(&b, title)
 	xLo, xHi := math.Inf(1), math.Inf(-1)
@@ -164,6 +166,10 @@ func lineChart(title, xLabel, yLabel string, ss []series, logX bool, yLo, yHi fl
 	}
 	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" class="axis" text-anchor="middle">%s</text>`, float64(padL)+pw/2, float64(padT)+ph+30, esc(xLabel))
 	fmt.Fprintf(&b, `<text x="14" y="%.1f" class="axis" text-anchor="middle" transform="rotate(-90 14 %.1f)">%s</text>`, float64(padT)+ph/2, float64(padT)+ph/2, esc(yLabel))
+	if mark > xLo && mark < xHi {
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%.1f" class="ref"/><text x="%.1f" y="%d" class="tick">%s</text>`,
+			px(mark), padT, px(mark), float64(padT)+ph, px(mark)+4, padT+10, esc(markLabel))
+	}
 	names := make([]string, len(ss))
 	colours := make([]string, len(ss))
 	for i, s := range ss {
