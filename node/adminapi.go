@@ -384,7 +384,7 @@ func (n *Node) write(w http.ResponseWriter, r *http.Request, body []byte, cmd cl
 // It returns false when the leader could not be reached (the caller
 // retries).
 func (n *Node) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, body []byte, addr string) bool {
-	req, err := http.NewRequestWithContext(ctx, r.Method, "http://"+addr+r.URL.RequestURI(), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, r.Method, n.adminScheme+"://"+addr+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
 		return false
 	}

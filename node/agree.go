@@ -81,6 +81,7 @@ func (n *Node) startAgreement(raftBind, raftAdvertise string) error {
 	cc := cluster.DefaultConfig()
 	cc.NodeID = cl.NodeName
 	cc.DataDir = cl.DataDir
+	cc.TLS = n.clusterTLS
 	cc.Logger = n.log
 	cc.Registry = n.reg
 	var err error

@@ -35,6 +35,7 @@ type Config struct {
 	Cluster  Cluster       `yaml:"cluster"`
 	Engine   Engine        `yaml:"engine"`
 	Admin    Admin         `yaml:"admin"`
+	TLS      TLS           `yaml:"tls"`
 	// ShutdownTimeout is how long open streams may finish on shutdown.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 
@@ -158,6 +159,10 @@ type Admin struct {
 	// token, admin writes are accepted only from loopback clients.
 	TokenFile string `yaml:"token_file"`
 	Token     string `yaml:"-"`
+	// Insecure allows an admin listener on a non-loopback address without
+	// a token (anyone who reaches it may read status and explain routes;
+	// writes are still refused off loopback).
+	Insecure bool `yaml:"insecure"`
 }
 
 // token returns the configured admin token ("" when none).
@@ -361,6 +366,10 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("log format %q: want text or json", c.Log.Format))
 	}
 	errs = append(errs, c.validateCluster()...)
+	errs = append(errs, c.TLS.validate()...)
+	if err := c.checkAdminExposure(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.Engine.MetricsPath != "" {
 		if c.Engine.MetricsPath[0] != '/' {
 			errs = append(errs, fmt.Errorf("engine metrics path %q must start with '/'", c.Engine.MetricsPath))
@@ -575,4 +584,23 @@ func (cl *Cluster) gossipKey() ([]byte, error) {
 		return nil, fmt.Errorf("gossip key: %d bytes, want 16, 24 or 32 (e.g. head -c 32 /dev/urandom | base64)", n)
 	}
 	return key, nil
+}
+
+// checkAdminExposure refuses an admin listener reachable from other hosts
+// with no token, unless explicitly allowed.
+func (c *Config) checkAdminExposure() error {
+	host, _, err := net.SplitHostPort(c.AdminListen)
+	if err != nil || c.Admin.Insecure {
+		return nil
+	}
+	if tok, err := c.Admin.token(); err != nil || tok != "" {
+		return nil
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("admin-listen %s is reachable from other hosts but no admin token is set: set --admin-token-file or WARMROUTE_ADMIN_TOKEN (or --admin-insecure to allow it)", c.AdminListen)
 }

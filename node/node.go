@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -38,6 +39,8 @@ type Node struct {
 
 	adminToken  string       // "" when none is configured
 	adminClient *http.Client // forwards admin writes to the leader
+	adminScheme string       // http, or https with cluster TLS
+	clusterTLS  *tls.Config  // mutual TLS between routers, or nil
 
 	trafficLn net.Listener
 	adminLn   net.Listener
@@ -65,7 +68,7 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	n := &Node{cfg: cfg, log: log, reg: prometheus.NewRegistry(), version: opts.Version, name: cfg.Cluster.NodeName,
-		adminClient: &http.Client{Timeout: writeRetryFor}}
+		adminClient: &http.Client{Timeout: writeRetryFor}, adminScheme: "http"}
 	defer func() {
 		if err != nil {
 			n.closeEarly()
@@ -103,6 +106,9 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 	}
 	if n.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
 		return nil, fmt.Errorf("admin listen %s: %w", cfg.AdminListen, err)
+	}
+	if err := n.setupTLS(); err != nil {
+		return nil, err
 	}
 	var raftBind, raftAdv string
 	if cfg.Cluster.Enabled() {

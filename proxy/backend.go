@@ -61,6 +61,7 @@ func ParseTarget(raw string) (Target, error) {
 type backend struct {
 	id     string
 	target Target
+	scheme []byte // "http" or "https", for upstream request URIs
 	client *fasthttp.HostClient
 
 	// inflight is this node's exact count, from send to end of stream.
@@ -83,7 +84,10 @@ type backend struct {
 }
 
 func newBackend(id string, target Target, cfg *Config, m *metrics) *backend {
-	b := &backend{id: id, target: target}
+	b := &backend{id: id, target: target, scheme: []byte("http")}
+	if target.TLS {
+		b.scheme = []byte("https")
+	}
 	b.client = &fasthttp.HostClient{
 		Addr:                     target.HostPort,
 		IsTLS:                    target.TLS,

@@ -199,6 +199,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, t *table, b *backend, d ring.D
 	req.Header.ResetConnectionClose()
 	req.Header.SetHost(b.target.HostPort)
 	req.SetRequestURIBytes(ctx.RequestURI())
+	// A request that came over TLS carries an https URI; the backend's
+	// scheme is its own (HostClient refuses a mismatch).
+	req.URI().SetSchemeBytes(b.scheme)
 
 	b.inflight.Add(1)
 	sent := time.Now()

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -22,18 +24,26 @@ type adminClient struct {
 	http  *http.Client
 }
 
-// adminFlags are shared by the admin commands.
-func adminFlags(fs *flag.FlagSet) (addr, tokenFile *string) {
+// adminOpts are the flags every admin command shares.
+type adminOpts struct {
+	addr, tokenFile, caFile *string
+}
+
+// adminFlags binds the shared admin flags.
+func adminFlags(fs *flag.FlagSet) adminOpts {
+	var o adminOpts
+	o.caFile = fs.String("ca-file", os.Getenv("WARMROUTE_ADMIN_CA_FILE"), "CA of the routers' cluster certificates, for an https admin URL (routers with cluster TLS)")
 	def := os.Getenv("WARMROUTE_ADMIN_URL")
 	if def == "" {
 		def = "http://127.0.0.1:9090"
 	}
-	addr = fs.String("admin", def, "a router's admin URL (any router: writes are forwarded to the Raft leader); or WARMROUTE_ADMIN_URL")
-	tokenFile = fs.String("token-file", os.Getenv("WARMROUTE_ADMIN_TOKEN_FILE"), "file holding the admin bearer token; or WARMROUTE_ADMIN_TOKEN")
-	return addr, tokenFile
+	o.addr = fs.String("admin", def, "a router's admin URL (any router: writes are forwarded to the Raft leader); or WARMROUTE_ADMIN_URL")
+	o.tokenFile = fs.String("token-file", os.Getenv("WARMROUTE_ADMIN_TOKEN_FILE"), "file holding the admin bearer token; or WARMROUTE_ADMIN_TOKEN")
+	return o
 }
 
-func newAdminClient(addr, tokenFile string) (*adminClient, error) {
+func newAdminClient(o adminOpts) (*adminClient, error) {
+	addr, tokenFile := *o.addr, *o.tokenFile
 	if !strings.Contains(addr, "://") {
 		addr = "http://" + addr
 	}
@@ -49,7 +59,49 @@ func newAdminClient(addr, tokenFile string) (*adminClient, error) {
 		}
 		tok = strings.TrimSpace(string(b))
 	}
-	return &adminClient{base: strings.TrimRight(addr, "/"), token: strings.TrimSpace(tok), http: &http.Client{Timeout: 30 * time.Second}}, nil
+	hc := &http.Client{Timeout: 30 * time.Second}
+	if *o.caFile != "" {
+		tc, err := caOnlyTLS(*o.caFile)
+		if err != nil {
+			return nil, err
+		}
+		hc.Transport = &http.Transport{TLSClientConfig: tc}
+	}
+	return &adminClient{base: strings.TrimRight(addr, "/"), token: strings.TrimSpace(tok), http: hc}, nil
+}
+
+// caOnlyTLS trusts certificates signed by the CA in file, whatever host
+// name they carry (routers' cluster certificates name no host).
+func caOnlyTLS(file string) (*tls.Config, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("ca file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("ca file %s: no PEM certificate", file)
+	}
+	return &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		InsecureSkipVerify: true, // the chain is verified below, against the CA only
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if len(raw) == 0 {
+				return errors.New("the admin API sent no certificate")
+			}
+			c, err := x509.ParseCertificate(raw[0])
+			if err != nil {
+				return err
+			}
+			inter := x509.NewCertPool()
+			for _, r := range raw[1:] {
+				if ic, err := x509.ParseCertificate(r); err == nil {
+					inter.AddCert(ic)
+				}
+			}
+			_, err = c.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+			return err
+		},
+	}, nil
 }
 
 // do sends a request and returns the decoded JSON answer, or the API's
@@ -102,7 +154,7 @@ func printJSON(w io.Writer, v any) error {
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("warmroute status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr, tokenFile := adminFlags(fs)
+	opts := adminFlags(fs)
 	asJSON := fs.Bool("json", false, "print the raw JSON")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: warmroute status [flags]\n\nShow the cluster: members, Raft leader and voters, ring epoch, and each backend's state, health and load.\n\n")
@@ -111,7 +163,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	c, err := newAdminClient(*addr, *tokenFile)
+	c, err := newAdminClient(opts)
 	if err != nil {
 		return err
 	}
@@ -169,7 +221,7 @@ func orDash(v any) any {
 func cmdBackends(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("warmroute backends", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr, tokenFile := adminFlags(fs)
+	opts := adminFlags(fs)
 	id := fs.String("id", "", "add: backend id (default host:port of the URL)")
 	zone := fs.String("zone", "", "add: availability zone")
 	weight := fs.Int("weight", 0, "add: weight (scales the concurrency limit)")
@@ -192,7 +244,7 @@ through Raft and every router rebuilds its ring at the same epoch.
 		fs.Usage()
 		return errors.New("backends: missing action")
 	}
-	c, err := newAdminClient(*addr, *tokenFile)
+	c, err := newAdminClient(opts)
 	if err != nil {
 		return err
 	}
@@ -230,7 +282,7 @@ through Raft and every router rebuilds its ring at the same epoch.
 func cmdConfig(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("warmroute config", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr, tokenFile := adminFlags(fs)
+	opts := adminFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, `usage: warmroute config [flags] get
        warmroute config [flags] set key=value [key=value...]
@@ -251,7 +303,7 @@ PrefixLength and ConcurrencyThreshold work too).
 		fs.Usage()
 		return errors.New("config: missing action")
 	}
-	c, err := newAdminClient(*addr, *tokenFile)
+	c, err := newAdminClient(opts)
 	if err != nil {
 		return err
 	}

@@ -132,6 +132,12 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config) (configPath *string) {
 	fs.StringVar(&c.DiscoveryDNS, "discovery-dns", c.DiscoveryDNS, "DNS name polled for backends: A/AAAA (with --discovery-port) or SRV (a name starting with '_')")
 	fs.IntVar(&c.DiscoveryPort, "discovery-port", c.DiscoveryPort, "backend port for A/AAAA discovery")
 	fs.DurationVar(&c.DiscoveryInterval, "discovery-interval", c.DiscoveryInterval, "DNS discovery polling interval")
+	fs.BoolVar(&cfg.Admin.Insecure, "admin-insecure", cfg.Admin.Insecure, "allow an admin listener reachable from other hosts without an admin token")
+	fs.StringVar(&cfg.TLS.CertFile, "tls-cert-file", cfg.TLS.CertFile, "serve clients over TLS with this certificate (PEM)")
+	fs.StringVar(&cfg.TLS.KeyFile, "tls-key-file", cfg.TLS.KeyFile, "private key for --tls-cert-file (PEM)")
+	fs.StringVar(&cfg.TLS.ClusterCertFile, "cluster-tls-cert-file", cfg.TLS.ClusterCertFile, "mutual TLS between routers (Raft and the admin API): this router's certificate (PEM)")
+	fs.StringVar(&cfg.TLS.ClusterKeyFile, "cluster-tls-key-file", cfg.TLS.ClusterKeyFile, "private key for --cluster-tls-cert-file (PEM)")
+	fs.StringVar(&cfg.TLS.ClusterCAFile, "cluster-tls-ca-file", cfg.TLS.ClusterCAFile, "CA that signs every router's cluster certificate (PEM)")
 	fs.StringVar(&cfg.Admin.TokenFile, "admin-token-file", cfg.Admin.TokenFile, "file holding the admin API bearer token (or WARMROUTE_ADMIN_TOKEN); without one, admin writes are accepted from loopback only")
 
 	e := &cfg.Engine

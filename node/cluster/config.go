@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -28,6 +29,11 @@ type Config struct {
 	// DataDir holds the Raft log (raft-wal), its metadata DB and snapshots.
 	// Empty keeps everything in memory (tests): nothing survives Close.
 	DataDir string
+
+	// TLS, when set, secures Raft traffic with mutual TLS: it must carry
+	// this node's certificate, and verify peers both as a server
+	// (ClientAuth) and as a client.
+	TLS *tls.Config
 
 	// Network, when set, replaces the TCP transport with an in-memory one
 	// on that network (tests); RaftBind and RaftAdvertise are then unused

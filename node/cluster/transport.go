@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -18,6 +19,9 @@ import (
 type tcpStream struct {
 	ln        net.Listener
 	advertise net.Addr
+	// tls, when set, wraps every connection both ways (mutual TLS: the
+	// config carries this node's certificate and the cluster CA).
+	tls *tls.Config
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -36,6 +40,9 @@ func (s *tcpStream) Accept() (net.Conn, error) {
 	if s.closed {
 		_ = c.Close()
 		return nil, net.ErrClosed
+	}
+	if s.tls != nil {
+		c = tls.Server(c, s.tls)
 	}
 	tc := &trackedConn{Conn: c, s: s}
 	s.conns[tc] = struct{}{}
@@ -63,6 +70,9 @@ func (s *tcpStream) Addr() net.Addr {
 
 func (s *tcpStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	d := net.Dialer{Timeout: timeout}
+	if s.tls != nil {
+		return tls.DialWithDialer(&d, "tcp", string(addr), s.tls)
+	}
 	return d.Dial("tcp", string(addr))
 }
 
@@ -96,7 +106,7 @@ func (c *Cluster) tcpTransport(hl hclog.Logger) (*raft.NetworkTransport, error) 
 	if err != nil {
 		return nil, fmt.Errorf("cluster: raft listen on %s: %w", c.cfg.RaftBind, err)
 	}
-	s := &tcpStream{ln: ln, advertise: adv, conns: map[net.Conn]struct{}{}}
+	s := &tcpStream{ln: ln, advertise: adv, tls: c.cfg.TLS, conns: map[net.Conn]struct{}{}}
 	if ta, ok := s.Addr().(*net.TCPAddr); !ok || ta.IP == nil || ta.IP.IsUnspecified() {
 		_ = ln.Close()
 		return nil, errors.New("cluster: raft address " + s.Addr().String() + " is not advertisable: set RaftAdvertise")
