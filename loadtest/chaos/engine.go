@@ -463,6 +463,7 @@ func (e *engine) finish(res *Result, recs []Record, ticks []Tick, points []KVPoi
 	if res.Skipped != "" {
 		return
 	}
+	sort.SliceStable(res.Events, func(i, j int) bool { return res.Events[i].At < res.Events[j].At })
 	var window []Record
 	for _, r := range recs {
 		if r.Start >= res.Start && r.Start <= res.End {
@@ -474,11 +475,15 @@ func (e *engine) finish(res *Result, recs []Record, ticks []Tick, points []KVPoi
 	res.OwnerAgreementMin, _ = MinAgreement(ticks, Owners, res.Inject, res.End)
 	for i := range res.Settles {
 		s := &res.Settles[i]
-		s.Delay, s.OK = Reconverge(ticks, Picks, s.At, res.End)
-		s.OwnerDelay, s.OwnerOK = Reconverge(ticks, Owners, s.At, res.End)
+		until := s.Until
+		if until == 0 {
+			until = res.End
+		}
+		s.Delay, s.OK = Reconverge(ticks, Picks, s.At, until)
+		s.OwnerDelay, s.OwnerOK = Reconverge(ticks, Owners, s.At, until)
 		// the first disagreement sample after the settle, if any
 		for _, t := range ticksFrom(ticks, s.At) {
-			if t.At > res.End {
+			if t.At > until {
 				break
 			}
 			if t.Sample != "" {

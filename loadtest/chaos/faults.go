@@ -15,14 +15,83 @@ type faultRun struct {
 	before []string
 }
 
-func (fr *faultRun) event(format string, a ...any) {
-	ev := Event{At: fr.e.since(), What: fmt.Sprintf(format, a...)}
+func (fr *faultRun) event(format string, a ...any) { fr.eventAt(fr.e.since(), format, a...) }
+
+// eventAt records an event that happened at at.
+func (fr *faultRun) eventAt(at time.Duration, format string, a ...any) {
+	ev := Event{At: at, What: fmt.Sprintf(format, a...)}
 	fr.res.Events = append(fr.res.Events, ev)
 	fr.e.logf("%s: %s", fr.res.Fault, ev.What)
 }
 
 func (fr *faultRun) settle(what string, at time.Duration) {
 	fr.res.Settles = append(fr.res.Settles, Settle{What: what, At: at})
+}
+
+// detected records a physical event whose detection is measured but not
+// held to the reconvergence bound.
+func (fr *faultRun) detected(what string, at time.Duration) {
+	fr.res.Settles = append(fr.res.Settles, Settle{What: what, At: at, Detection: true})
+}
+
+// watchBackend polls every router's view of backend id until each counts
+// it healthy (up) or not, and the agreed state (on every router) is
+// active (up) or down; the agreed state is waited for at most
+// ReadyTimeout, and its absence is only noted. It records both moments.
+func (fr *faultRun) watchBackend(ctx context.Context, id string, up bool, since time.Duration) error {
+	e := fr.e
+	want := "down"
+	if up {
+		want = "active"
+	}
+	var allAt, commitAt time.Duration
+	err := poll(ctx, e.cfg.ReadyTimeout, 100*time.Millisecond, func() bool {
+		all, committed := true, true
+		for _, r := range e.routers {
+			h, st, found, err := e.health(ctx, r, id)
+			if err != nil || !found {
+				all, committed = false, false
+				break
+			}
+			all = all && h == up
+			committed = committed && st == want
+		}
+		now := e.since()
+		if all && allAt == 0 {
+			allAt = now
+		}
+		if committed && commitAt == 0 {
+			commitAt = now
+		}
+		return allAt > 0 && commitAt > 0
+	})
+	word := map[bool]string{true: "healthy", false: "unhealthy"}[up]
+	if allAt == 0 {
+		if err == nil {
+			err = context.DeadlineExceeded
+		}
+		return fmt.Errorf("%w: not every router counted backend %s %s within %s", ErrNotReady, id, word, e.cfg.ReadyTimeout)
+	}
+	fr.eventAt(allAt, "every router counts %s %s, %.2fs after the %s", id, word, (allAt - since).Seconds(), map[bool]string{true: "restart", false: "kill"}[up])
+	if commitAt == 0 {
+		fr.note("%s not committed %s within %s", id, want, e.cfg.ReadyTimeout)
+		return nil
+	}
+	_, epoch, _ := e.backendState(ctx, fr.snapAt, id)
+	fr.eventAt(commitAt, "every router has %s %s (agreed, epoch %d), %.2fs after the %s", id, want, epoch, (commitAt - since).Seconds(), map[bool]string{true: "restart", false: "kill"}[up])
+	fr.settle(id+" "+want+" committed", commitAt)
+	return nil
+}
+
+// step marks the start of the fault's next action: agreement after the
+// settles so far is looked for up to here.
+func (fr *faultRun) step() {
+	now := fr.e.since()
+	for i := range fr.res.Settles {
+		if fr.res.Settles[i].Until == 0 {
+			fr.res.Settles[i].Until = now
+		}
+	}
 }
 
 func (fr *faultRun) note(format string, a ...any) {
@@ -230,6 +299,7 @@ func (fr *faultRun) routerKill(ctx context.Context, v Router, leader bool) error
 	if err := fr.holdWithSnapshot(ctx, ""); err != nil {
 		return err
 	}
+	fr.step()
 	if err := e.tgt.StartRouter(ctx, v.Name); err != nil {
 		return err
 	}
@@ -306,13 +376,10 @@ func (fr *faultRun) backendKill(ctx context.Context, b Backend) (err error) {
 			e.kv.setTargets(e.tgt.Backends())
 		}
 	}()
-	at, err := e.waitHealth(ctx, b.ID, false)
-	if err != nil {
+	fr.detected(b.ID+" killed", from)
+	if err := fr.watchBackend(ctx, b.ID, false, from); err != nil {
 		return err
 	}
-	st, epoch, _ := e.backendState(ctx, fr.snapAt, b.ID)
-	fr.event("every router counts %s unhealthy, %.2fs after the kill (agreed state %s at epoch %d)", b.ID, (at - from).Seconds(), st, epoch)
-	fr.settle("all routers see "+b.ID+" down", at)
 	if err := e.stable(ctx, e.cfg.MaxObserve); err != nil {
 		fr.note("agreement not stable while %s was down", b.ID)
 	}
@@ -320,19 +387,18 @@ func (fr *faultRun) backendKill(ctx context.Context, b Backend) (err error) {
 	if err := sleep(ctx, fr.res.Inject+e.cfg.Hold-e.since()); err != nil {
 		return err
 	}
+	fr.step()
 	if err := e.tgt.StartBackend(ctx, b.ID); err != nil {
 		return err
 	}
+	back := e.since()
 	down = false
 	e.kv.setTargets(e.tgt.Backends())
-	fr.event("started %s again", b.ID)
-	at, err = e.waitHealth(ctx, b.ID, true)
-	if err != nil {
+	fr.event("started %s again; it answers", b.ID)
+	fr.detected(b.ID+" answering again", back)
+	if err := fr.watchBackend(ctx, b.ID, true, back); err != nil {
 		return err
 	}
-	st, epoch, _ = e.backendState(ctx, fr.snapAt, b.ID)
-	fr.event("every router counts %s healthy again (agreed state %s at epoch %d)", b.ID, st, epoch)
-	fr.settle("all routers see "+b.ID+" up", at)
 	fr.observe(ctx)
 	fr.res.Returned = fr.moved(fr.snapshot(ctx, "after"), b.ID)
 	return nil

@@ -163,7 +163,11 @@ func details(r *Result) []string {
 		out = append(out, fmt.Sprintf("%d requests refused by a router and sent to the next one (as an L4 balancer retries)", r.Errors.Redispatched))
 	}
 	for _, s := range r.Settles {
-		out = append(out, fmt.Sprintf("after %s: picks back to 100%% agreement in %s, owners in %s", s.What,
+		kind := ""
+		if s.Detection {
+			kind = " (detection, not held to the bound)"
+		}
+		out = append(out, fmt.Sprintf("after %s%s: picks back to 100%% agreement in %s, owners in %s", s.What, kind,
 			fmtDelay(s.delay(Picks)), fmtDelay(s.delay(Owners))))
 		if s.Sample != "" {
 			out = append(out, "  first disagreement "+s.Sample)
@@ -223,6 +227,9 @@ func Check(rep Report, level Level) []string {
 			}
 		}
 		for _, s := range r.Settles {
+			if s.Detection {
+				continue
+			}
 			d, ok := s.delay(level)
 			switch {
 			case !ok:

@@ -13,6 +13,9 @@ type Event struct {
 type Settle struct {
 	What string        `json:"what"`
 	At   time.Duration `json:"t"`
+	// Until ends the window in which agreement is looked for: the next
+	// step of the fault (0: the end of the fault).
+	Until time.Duration `json:"until,omitempty"`
 	// Delay is the time to the first tick of lasting 100% agreement of
 	// the picks; OK is false when they were not back to 100% by the end.
 	Delay time.Duration `json:"delay_ns"`
@@ -22,6 +25,10 @@ type Settle struct {
 	OwnerOK    bool          `json:"owner_ok"`
 	// Sample describes the first disagreement of picks seen after it.
 	Sample string `json:"sample,omitempty"`
+	// Detection marks a physical event (a backend killed or back) rather
+	// than a change the cluster settled: its delay is how long the routers
+	// took to notice, reported but not held to the reconvergence bound.
+	Detection bool `json:"detection,omitempty"`
 }
 
 // Result is what one fault did to the cluster.
