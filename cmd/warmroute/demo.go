@@ -27,7 +27,7 @@ const (
 	demoInstances    = 7
 	demoKVBlocks     = 6000
 	demoPrefixLength = 2048
-	demoThreshold    = 16
+	demoThreshold    = 32
 	demoLoadFactor   = 1.15
 	demoMaxTokens    = 96
 	demoWarmup       = 8 * time.Second
