@@ -12,7 +12,7 @@ SHORTFUZZ ?= 5s
 export CGO_ENABLED ?= 0
 
 .PHONY: all build test test-unit test-alloc fuzz-short fuzz bench bench-proxy lint demo clean
-.PHONY: images compose-smoke
+.PHONY: images compose-smoke chaos
 
 all: build
 
@@ -60,6 +60,15 @@ images:
 # SKIPPED and succeeds where no Docker engine runs.
 compose-smoke:
 	GO=$(GO) VERSION=$(VERSION) ./scripts/compose-smoke.sh
+
+# Chaos suite (docs/chaos.md): kills, pauses and partitions routers, kills,
+# removes and adds backends, kills the Raft leader and restarts everything
+# under steady load, on local processes and then on the compose stack (built
+# first; skipped where no Docker engine runs). A few minutes per target.
+# CHAOS_ARGS adds flags, e.g. CHAOS_ARGS='--short --faults router-kill,backend-remove'.
+chaos: build
+	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory images; fi
+	./$(BIN) chaos --target all $(CHAOS_ARGS)
 
 clean:
 	rm -rf bin out
