@@ -71,6 +71,8 @@ func (c *client) close() { c.hc.CloseIdleConnections() }
 // ctx carries the per-request timeout; stop is the run's context, whose
 // cancellation marks the request "canceled" rather than failed.
 func (c *client) do(ctx, stop context.Context, base string, r *workload.Request, intended time.Time, o *stats.Outcome) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+r.Path, bytes.NewReader(r.Body))
 	if err != nil {
 		o.Err = ErrKindOther
@@ -99,13 +101,16 @@ func (c *client) do(ctx, stop context.Context, base string, r *workload.Request,
 	}
 	ct := resp.Header.Get("Content-Type")
 	if len(ct) >= 17 && ct[:17] == "text/event-stream" {
-		c.readStream(resp.Body, stop, intended, o)
+		c.readStream(resp.Body, stop, cancel, intended, o)
 		return
 	}
 	c.readWhole(resp.Body, stop, intended, o)
 }
 
-func (c *client) readStream(body io.Reader, stop context.Context, intended time.Time, o *stats.Outcome) {
+// drainAfterDone bounds the wait for the end of a stream after [DONE].
+const drainAfterDone = 250 * time.Millisecond
+
+func (c *client) readStream(body io.Reader, stop context.Context, cancel context.CancelFunc, intended time.Time, o *stats.Outcome) {
 	br := c.readers.Get().(*bufio.Reader)
 	br.Reset(body)
 	defer func() { br.Reset(nil); c.readers.Put(br) }()
@@ -151,6 +156,12 @@ func (c *client) readStream(body io.Reader, stop context.Context, intended time.
 					o.TTFT = o.E2E
 				}
 				c.fillUsage(o, &u, hasUsage, chunks)
+				// Read to the end of the body, which normally follows at
+				// once, so the connection can be reused; a server that
+				// keeps the stream open is cut off.
+				t := time.AfterFunc(drainAfterDone, cancel)
+				_, _ = io.Copy(io.Discard, io.LimitReader(br, 64<<10))
+				t.Stop()
 				return
 			}
 		}

@@ -403,3 +403,72 @@ func TestWarmupIsNotMeasured(t *testing.T) {
 		t.Fatalf("queried tokens %g include the warm-up (measured prompt tokens %d)", s.KV.QueriedTokens, s.PromptTokens)
 	}
 }
+
+func TestConnectionsAreReused(t *testing.T) {
+	var conns atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n")
+		// the end of the chunked body comes a little after [DONE]
+		w.(http.Flusher).Flush()
+		time.Sleep(5 * time.Millisecond)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	_, gen := ragWorkload(t, "m")
+	cfg := DefaultConfig()
+	cfg.Targets = []string{srv.URL}
+	cfg.Mode = ClosedLoop
+	cfg.Concurrency = 2
+	cfg.Requests = 40
+	s, err := Run(context.Background(), cfg, gen)
+	if err != nil || s.OK != 40 {
+		t.Fatalf("ok %d, %v", s.OK, err)
+	}
+	// one connection per worker (plus the /v1/models probe), not one per request
+	if n := conns.Load(); n > 4 {
+		t.Fatalf("%d connections for 40 requests from 2 workers", n)
+	}
+}
+
+func TestStreamLeftOpenAfterDone(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n")
+		w.(http.Flusher).Flush()
+		select { // never ends the body by itself
+		case <-r.Context().Done():
+		case <-time.After(30 * time.Second):
+		}
+	}))
+	defer srv.Close()
+	_, gen := ragWorkload(t, "m")
+	cfg := DefaultConfig()
+	cfg.Targets = []string{srv.URL}
+	cfg.Mode = ClosedLoop
+	cfg.Concurrency = 1
+	cfg.Requests = 3
+	start := time.Now()
+	s, err := Run(context.Background(), cfg, gen)
+	if err != nil || s.OK != 3 {
+		t.Fatalf("ok %d errors %v, %v", s.OK, s.Errors, err)
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Fatalf("three requests took %v: the open stream held them", d)
+	}
+}

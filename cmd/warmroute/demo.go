@@ -103,7 +103,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.SetOutput(stderr)
 	strategies := csvFlag{"RANDOM", "PREFIX_AWARE"}
 	workloads := csvFlag{"rag", "chat", "noreuse"}
-	fs.Var(&strategies, "strategies", "routing strategies to compare, comma-separated, or 'all' ("+strings.Join(fleet.Strategies, ", ")+")")
+	fs.Var(&strategies, "strategies", "routing strategies to compare, comma-separated, or 'all' ("+strings.Join(fleet.Strategies(), ", ")+")")
 	fs.Var(&workloads, "workloads", "workloads, comma-separated: rag, chat, noreuse, bot, code, mix")
 	warmup := fs.Duration("warmup", demoWarmup, "load before the measured part of each run (noreuse has none)")
 	duration := fs.Duration("duration", demoDuration, "measured load per run (noreuse runs half as long by default)")
@@ -138,7 +138,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	if len(strategies) == 1 && strings.EqualFold(strategies[0], "all") {
-		strategies = append(csvFlag(nil), fleet.Strategies...)
+		strategies = csvFlag(fleet.Strategies())
 	}
 	for i, s := range strategies {
 		strategies[i] = strings.ToUpper(s)

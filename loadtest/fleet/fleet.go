@@ -27,8 +27,10 @@ var (
 	ErrNotReady = errors.New("fleet: not ready")
 )
 
-// Strategies are the routing strategies a router accepts.
-var Strategies = []string{"RANDOM", "ROUND_ROBIN", "LEAST_OUTSTANDING_REQUESTS", "CONSISTENT_HASH", "PREFIX_AWARE"}
+// Strategies returns the routing strategies a router accepts.
+func Strategies() []string {
+	return []string{"RANDOM", "ROUND_ROBIN", "LEAST_OUTSTANDING_REQUESTS", "CONSISTENT_HASH", "PREFIX_AWARE"}
+}
 
 // Router is one router process's addresses.
 type Router struct {
@@ -97,11 +99,11 @@ func (c Config) Validate() error {
 	}
 	if c.Routers > 0 {
 		ok := false
-		for _, s := range Strategies {
+		for _, s := range Strategies() {
 			ok = ok || s == c.Strategy
 		}
 		if !ok {
-			return bad("strategy %q (want one of %s)", c.Strategy, strings.Join(Strategies, ", "))
+			return bad("strategy %q (want one of %s)", c.Strategy, strings.Join(Strategies(), ", "))
 		}
 		if c.PrefixLength < 1 || c.ConcurrencyThreshold < 1 || c.LoadFactor < 0 {
 			return bad("prefix length and concurrency threshold must be >= 1, load factor >= 0")
