@@ -386,6 +386,23 @@ func (e *engine) addBackend(ctx context.Context, r Router, b Backend) (writeAck,
 	return ack, err
 }
 
+// resetCache empties a gpusim backend's prefix cache (POST
+// /reset_prefix_cache next to its metrics).
+func (e *engine) resetCache(ctx context.Context, b Backend) error {
+	for _, cur := range e.tgt.Backends() {
+		if cur.ID == b.ID {
+			b = cur
+		}
+	}
+	base, ok := strings.CutSuffix(b.MetricsURL, "/metrics")
+	if !ok {
+		return fmt.Errorf("no metrics URL for %s", b.ID)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return e.admin.do(ctx, http.MethodPost, base+"/reset_prefix_cache", nil, nil)
+}
+
 // stable waits until agreement has been 100% with every router answering
 // for StableFor, at most timeout.
 func (e *engine) stable(ctx context.Context, timeout time.Duration) error {

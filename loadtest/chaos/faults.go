@@ -422,6 +422,12 @@ func (fr *faultRun) backendRemove(ctx context.Context, b Backend, via Router) er
 
 func (fr *faultRun) backendAdd(ctx context.Context, b Backend, via Router) error {
 	e := fr.e
+	// a new instance starts cold: empty the returning one's prefix cache
+	if err := e.resetCache(ctx, b); err != nil {
+		fr.note("could not empty %s's prefix cache before adding it (it joins warm): %v", b.ID, err)
+	} else {
+		fr.event("emptied %s's prefix cache (a new instance starts cold)", b.ID)
+	}
 	ack, err := e.addBackend(ctx, via, b)
 	at := e.since()
 	if err != nil {
