@@ -18,7 +18,9 @@
 // to gpusim's X-Gpusim-Instance when a backend is driven directly).
 //
 // Subpackages: workload (request generators), stats (arithmetic), kvmetrics
-// (counter parsing), report (table, JSON, HTML), fleet (local processes for
-// comparisons) and gpusim (the simulated backend). loadtest talks to routers
-// and backends over HTTP only.
+// (counter parsing), report (table, JSON, HTML), fleet (a local fleet as
+// child processes), compare (the same workloads under several strategies,
+// each against a cold fleet) and gpusim (the simulated backend). loadtest
+// talks to routers and backends over HTTP only. docs/loadtest.md describes
+// the figures and the demo.
 package loadtest
