@@ -183,7 +183,7 @@ func (n *Node) stopAgreement() {
 	if n.agree == nil {
 		return
 	}
-	if n.gossip != nil && n.agree.IsLeader() {
+	if n.gossip != nil && n.agree.IsLeader() && otherVoters(n.agree.Status()) {
 		if err := n.agree.TransferLeadership(); err != nil {
 			n.log.Warn("leadership transfer", "err", err)
 		}
@@ -191,4 +191,15 @@ func (n *Node) stopAgreement() {
 	if err := n.agree.Close(); err != nil {
 		n.log.Warn("closing raft", "err", err)
 	}
+}
+
+// otherVoters reports whether a Raft group has a voter besides this node,
+// someone to hand leadership to.
+func otherVoters(s cluster.Status) bool {
+	for _, srv := range s.Servers {
+		if srv.Voter && srv.ID != s.ID {
+			return true
+		}
+	}
+	return false
 }
