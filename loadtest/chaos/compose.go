@@ -544,10 +544,33 @@ func (c *Compose) StopAll(ctx context.Context) error {
 	return err
 }
 
-// StartAll implements Target (compose up -d).
+// StartAll implements Target (compose up -d). The containers are looked
+// up again, should compose have recreated any.
 func (c *Compose) StartAll(ctx context.Context) error {
 	if _, err := c.dc(ctx, "up", "-d", "--no-build"); err != nil {
 		return err
+	}
+	for _, r := range c.routers {
+		id, err := c.containerOf(ctx, r.service)
+		if err != nil {
+			return err
+		}
+		r.container = id
+	}
+	c.mu.Lock()
+	ids := make([]string, 0, len(c.backCID))
+	for id := range c.backCID {
+		ids = append(ids, id)
+	}
+	c.mu.Unlock()
+	for _, id := range ids {
+		cid, err := c.containerOf(ctx, id)
+		if err != nil {
+			return err
+		}
+		c.mu.Lock()
+		c.backCID[id] = cid
+		c.mu.Unlock()
 	}
 	return c.refreshMetrics(ctx)
 }
