@@ -132,7 +132,8 @@ func FuzzErrorBackend(f *testing.F) {
 
 func TestCheck(t *testing.T) {
 	good := Report{Target: "local", Results: []Result{
-		{Fault: RouterKill, Errors: Errors{Unavoidable: 3, Faulted: 1}, Settles: []Settle{{What: "back", Delay: time.Second, OK: true}}},
+		{Fault: RouterKill, Errors: Errors{Unavoidable: 3, Faulted: 1}, Settles: []Settle{{What: "back", Delay: time.Second, OK: true},
+			{What: "detected", Delay: 5 * time.Second, Detection: true}}}, // detections are not held to the bound
 		{Fault: BackendRemove, Backends: 6, Moved: &Movement{Prompts: 1000, Moved: 200}, Settles: []Settle{{OK: true}}},
 		{Fault: RouterPartition, Skipped: "no iptables"},
 	}}
@@ -173,6 +174,10 @@ func TestWorst(t *testing.T) {
 	}
 	if w, _ := r.Worst(Owners); w.What != "d" {
 		t.Errorf("owners: a settle never reconverged must be the worst, got %v", w)
+	}
+	det := Result{Settles: []Settle{{What: "killed", Delay: 5 * time.Second, OK: true, Detection: true}, {What: "committed", Delay: time.Second, OK: true}}}
+	if w, _ := det.Worst(Picks); w.What != "committed" {
+		t.Errorf("a detection must not be the worst settle, got %v", w)
 	}
 	if _, ok := (&Result{}).Worst(Picks); ok {
 		t.Error("no settles: want none")

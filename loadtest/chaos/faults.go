@@ -142,6 +142,7 @@ func (fr *faultRun) observe(ctx context.Context) {
 	if err != nil && ctx.Err() == nil {
 		fr.note("observation stopped after %s: agreement stable %v, hit rate back %v", e.cfg.MaxObserve, stableOK, kvOK)
 	}
+	fr.res.End = e.since()
 }
 
 // roles returns the current leader and the followers sorted by name.
@@ -255,7 +256,9 @@ func (e *engine) runFault(ctx context.Context, f Fault, next Fault) Result {
 	if err != nil {
 		return fail(err)
 	}
-	res.End = e.since()
+	if res.End == 0 {
+		res.End = e.since()
+	}
 	return res
 }
 

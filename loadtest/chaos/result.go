@@ -92,12 +92,15 @@ func (s Settle) delay(l Level) (time.Duration, bool) {
 }
 
 // Worst returns the settle with the longest delay to agreement at level l
-// (one never back to 100% counts as the longest), and false when there is
-// none.
+// (one never back to 100% counts as the longest), detections left out, and
+// false when there is none.
 func (r *Result) Worst(l Level) (Settle, bool) {
 	var w Settle
 	found := false
 	for _, s := range r.Settles {
+		if s.Detection {
+			continue
+		}
 		sd, sok := s.delay(l)
 		wd, wok := w.delay(l)
 		switch {
