@@ -153,8 +153,8 @@ func DefaultConfig() Config {
 		ConcurrencyThreshold: 16,
 		BusyIsFull:           true,
 		OverflowDepth:        8,
-		ReplicationFactor:    20,
-		PartitionLoad:        1.25,
+		ReplicationFactor:    200,
+		PartitionLoad:        1.1,
 		Hash:                 xxhash.Sum64,
 	}
 }

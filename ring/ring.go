@@ -83,6 +83,17 @@ func New(cfg Config, backends []Backend) (*Ring, error) {
 	r.parts = uint64(parts)
 	r.depth = min(cfg.OverflowDepth, len(bs))
 	vn := virtualNodes(cfg, bs)
+	// One sort serves both tables: by hash, equal hashes by backend index,
+	// so the order never depends on the sort algorithm.
+	slices.SortFunc(vn, func(a, b vnode) int {
+		switch {
+		case a.hash < b.hash:
+			return -1
+		case a.hash > b.hash:
+			return 1
+		}
+		return int(a.backend - b.backend)
+	})
 	owners, err := partitionOwners(cfg, bs, vn, parts)
 	if err != nil {
 		return nil, err
@@ -117,17 +128,18 @@ func virtualNodes(cfg Config, bs []Backend) []vnode {
 // cannot place.
 const errNoRoom = "not enough room to distribute partitions"
 
-// libraryMaxBackends is the largest ring whose owners come from
-// buraksezer/consistent itself; above it the library's New is too slow
-// (~0.5 s at 1,000 backends) and circleOwners computes the same table.
-const libraryMaxBackends = 128
+// libraryMaxVnodes is the largest circle (backends x ReplicationFactor)
+// whose owners come from buraksezer/consistent itself; the library's New
+// re-sorts the circle after every member, so above it circleOwners computes
+// the same table.
+const libraryMaxVnodes = 4096
 
 // partitionOwners returns the bounded-load owner of every partition:
-// buraksezer/consistent's placement, computed by the library for fleets of
-// up to libraryMaxBackends and by circleOwners, which reproduces it exactly,
-// above that.
+// buraksezer/consistent's placement, computed by the library for circles of
+// up to libraryMaxVnodes virtual nodes and by circleOwners, which reproduces
+// it exactly, above that.
 func partitionOwners(cfg Config, bs []Backend, vn []vnode, parts int) ([]int32, error) {
-	if len(bs) <= libraryMaxBackends {
+	if len(vn) <= libraryMaxVnodes {
 		return consistentOwners(cfg, bs, parts)
 	}
 	return circleOwners(cfg, bs, vn, parts)
@@ -187,16 +199,7 @@ func consistentOwners(cfg Config, bs []Backend, parts int) (owners []int32, err 
 //
 // TestOwnersMatchLibrary compares the two on many sets and configs.
 func circleOwners(cfg Config, bs []Backend, vn []vnode, parts int) ([]int32, error) {
-	circle := slices.Clone(vn)
-	slices.SortFunc(circle, func(a, b vnode) int {
-		switch {
-		case a.hash < b.hash:
-			return -1
-		case a.hash > b.hash:
-			return 1
-		}
-		return 0
-	})
+	circle := slices.Clone(vn) // vn is sorted by hash (see New)
 	// Equal hashes: every copy maps to the last inserted member, which is
 	// the highest backend index (backends are inserted in index order).
 	for i := 0; i < len(circle); {
@@ -259,7 +262,7 @@ func circleOwners(cfg Config, bs []Backend, vn []vnode, parts int) ([]int32, err
 // its partitions mostly go to the backend that was already their first
 // overflow, whose cache is warm for them.
 func overflowOrders(cfg Config, bs []Backend, vn []vnode, owners []int32, depth int) []int32 {
-	sort.Slice(vn, func(i, j int) bool { return vn[i].hash < vn[j].hash })
+	// vn is sorted by hash (see New).
 
 	order := make([]int32, len(owners)*depth)
 	seen := make([]uint32, len(bs)) // partition+1 that last saw the backend

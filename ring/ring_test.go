@@ -3,6 +3,7 @@ package ring
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 )
@@ -81,7 +82,7 @@ func TestOwnersIndependentOfInsertionOrder(t *testing.T) {
 	if len(counts) != 12 {
 		t.Fatalf("%d backends own partitions, want 12", len(counts))
 	}
-	maxLoad := 825 // ceil(1.25 x floor(7919/12))
+	maxLoad := int(math.Ceil(float64(7919/12) * DefaultConfig().PartitionLoad))
 	for id, c := range counts {
 		if c > maxLoad {
 			t.Errorf("%s owns %d partitions, above the bound %d", id, c, maxLoad)
