@@ -159,8 +159,10 @@ func (e *DialError) Is(target error) bool {
 
 // newDialer dials with ConnectTimeout and wraps the connection so reads time
 // out after FirstByteTimeout while waiting for a response and after
-// StreamIdleTimeout between reads of one, and so a pooled connection the
-// backend has closed is detected before a request is written to it.
+// StreamIdleTimeout between reads of one, a request write that makes no
+// progress for FirstByteTimeout (a backend that stopped reading) fails, and
+// a pooled connection the backend has closed is detected before a request
+// is written to it.
 func newDialer(cfg *Config) fasthttp.DialFunc {
 	d := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
 	first, idle := cfg.FirstByteTimeout, cfg.StreamIdleTimeout
@@ -172,7 +174,7 @@ func newDialer(cfg *Config) fasthttp.DialFunc {
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true)
 		}
-		uc := &upstreamConn{Conn: c, first: first, idle: idle, d: newDeferredWrite(c)}
+		uc := &upstreamConn{Conn: c, first: first, idle: idle, d: newDeferredWrite(c, first)}
 		uc.laddr = upstreamAddr{Addr: c.LocalAddr(), c: uc}
 		return uc, nil
 	}

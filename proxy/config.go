@@ -22,8 +22,16 @@ type Config struct {
 	ReadTimeout time.Duration
 	// IdleTimeout closes a client keep-alive connection idle this long.
 	IdleTimeout time.Duration
-	// MaxConns bounds concurrent client connections.
+	// MaxConns bounds concurrent client connections; the ones over it are
+	// answered 503 too_many_connections and closed.
 	MaxConns int
+	// WriteTimeout bounds how long one write to a client may make no
+	// progress (its receive window stays full: it stopped reading). The
+	// connection is then closed, and a stream's upstream with it, so the
+	// engine stops generating for nobody. It bounds stalls, not
+	// responses: a long SSE stream the client keeps reading is never cut,
+	// however long it lasts.
+	WriteTimeout time.Duration
 
 	// ConnectTimeout bounds dialling a backend.
 	ConnectTimeout time.Duration
@@ -79,6 +87,7 @@ func DefaultConfig() Config {
 		ReadTimeout:        30 * time.Second,
 		IdleTimeout:        120 * time.Second,
 		MaxConns:           16384,
+		WriteTimeout:       60 * time.Second,
 
 		ConnectTimeout:     2 * time.Second,
 		FirstByteTimeout:   300 * time.Second,
@@ -123,6 +132,7 @@ func (c *Config) Validate() error {
 	}
 	pos("read timeout", c.ReadTimeout)
 	pos("idle timeout", c.IdleTimeout)
+	pos("write timeout", c.WriteTimeout)
 	pos("connect timeout", c.ConnectTimeout)
 	pos("first byte timeout", c.FirstByteTimeout)
 	pos("stream idle timeout", c.StreamIdleTimeout)

@@ -123,7 +123,12 @@ func (p *Proxy) routeLLM(ctx *fasthttp.RequestCtx, rt route, api ring.API) {
 	t := p.tab.Load()
 	st.reset(t)
 	start := time.Now()
-	if err := ring.Extract(t.ring.Config().KeyConfig, api, ctx.PostBody(), ctx.Request.Header.Peek(HeaderTenant), &st.info); err != nil {
+	kc, body := t.ring.Config().KeyConfig, ctx.PostBody()
+	err := ring.Extract(kc, api, body, ctx.Request.Header.Peek(HeaderTenant), &st.info)
+	if err == nil {
+		err = checkUTF8(kc, api, body)
+	}
+	if err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, badRequestCode(err), err.Error())
 		p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusBadRequest)
 		return
@@ -160,6 +165,7 @@ func badRequestCode(err error) string {
 func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, st *reqState, rt route, start time.Time, stream bool) {
 	t := st.t
 	var lastErr error
+	allBusy := true // every failure so far was a backend out of connections
 	for attempt := 0; attempt <= p.cfg.Retries; attempt++ {
 		d, err := t.ring.Pick(st.info.Key, st)
 		if attempt == 0 {
@@ -167,8 +173,7 @@ func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, st *reqState, rt route, start
 		}
 		if err != nil {
 			if lastErr != nil {
-				writeError(ctx, fasthttp.StatusBadGateway, "backend_unreachable", "no backend could be reached: "+lastErr.Error())
-				p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusBadGateway)
+				p.unreachable(ctx, rt, lastErr, allBusy)
 				return
 			}
 			writeError(ctx, fasthttp.StatusServiceUnavailable, "no_healthy_backend", "no healthy backend")
@@ -181,8 +186,23 @@ func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, st *reqState, rt route, start
 			return
 		}
 		lastErr = err
+		allBusy = allBusy && errors.Is(err, fasthttp.ErrNoFreeConns)
 		st.markTried(d.Backend)
 		b.m.retries.Inc()
+	}
+	p.unreachable(ctx, rt, lastErr, allBusy)
+}
+
+// unreachable answers a request no backend took: 503 when every backend
+// tried had no free connection within MaxConnWait (they are saturated, not
+// gone: retry later), else 502.
+func (p *Proxy) unreachable(ctx *fasthttp.RequestCtx, rt route, lastErr error, allBusy bool) {
+	if allBusy {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "backends_saturated",
+			"every backend tried is at its connection limit (max-conns-per-backend); retry later")
+		ctx.Response.Header.Set("Retry-After", "1")
+		p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusServiceUnavailable)
+		return
 	}
 	writeError(ctx, fasthttp.StatusBadGateway, "backend_unreachable", "no backend could be reached: "+lastErr.Error())
 	p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusBadGateway)

@@ -45,7 +45,9 @@ type metrics struct {
 	aborts    *prometheus.CounterVec
 	ejections *prometheus.CounterVec
 	upErrors  *prometheus.CounterVec
-	none      *backendMetrics // requests that reached no backend
+	// connsRejected counts client connections refused over MaxConns.
+	connsRejected prometheus.Counter
+	none          *backendMetrics // requests that reached no backend
 }
 
 // requestCounters caches resolved counters so the request path does not
@@ -84,9 +86,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "warmroute_upstream_errors_total",
 			Help: "Failed upstream exchanges by kind: dial, timeout, no_free_conns, other.",
 		}, []string{"backend", "kind"}),
+		connsRejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warmroute_client_connections_rejected_total",
+			Help: "Client connections refused with 503 because MaxConns were open.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.decision, m.ttfb, m.retries, m.aborts, m.ejections, m.upErrors)
+		reg.MustRegister(m.requests, m.decision, m.ttfb, m.retries, m.aborts, m.ejections, m.upErrors, m.connsRejected)
 	}
 	m.none = &backendMetrics{}
 	return m

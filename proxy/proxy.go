@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,6 +53,9 @@ type Proxy struct {
 	server        *fasthttp.Server
 	proberStarted bool // guarded by mu
 
+	open      atomic.Int64 // client connections open
+	lingering atomic.Int64 // refused connections being drained
+
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -81,10 +85,13 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.Registry.MustRegister(&backendCollector{p: p})
 	}
 	p.server = &fasthttp.Server{
-		Handler:                       p.Handle,
-		ErrorHandler:                  p.handleServerError,
-		Name:                          "warmroute",
-		Concurrency:                   cfg.MaxConns,
+		Handler:      p.Handle,
+		ErrorHandler: p.handleServerError,
+		Name:         "warmroute",
+		// The listener refuses connections over MaxConns (with JSON);
+		// fasthttp's own limit, with headroom for workers between two
+		// connections, never applies.
+		Concurrency:                   cfg.MaxConns + cfg.MaxConns/4 + 16,
 		MaxRequestBodySize:            cfg.MaxRequestBodySize,
 		ReadBufferSize:                cfg.MaxHeaderBytes,
 		ReadTimeout:                   cfg.ReadTimeout,
@@ -94,7 +101,10 @@ func New(cfg Config) (*Proxy, error) {
 		NoDefaultContentType:          true,
 		CloseOnShutdown:               true,
 		ReduceMemoryUsage:             false,
-		Logger:                        fasthttpLogger{log},
+		// fasthttp's parse errors otherwise quote the request bytes
+		// (headers with credentials, prompt text) into its log messages.
+		SecureErrorLogMessage: true,
+		Logger:                fasthttpLogger{log},
 	}
 	return p, nil
 }
@@ -206,7 +216,12 @@ func (p *Proxy) Ready() bool {
 func (p *Proxy) Explain(api ring.API, body, tenant []byte) (ring.KeyInfo, ring.Explanation, error) {
 	t := p.tab.Load()
 	var info ring.KeyInfo
-	if err := ring.Extract(t.ring.Config().KeyConfig, api, body, tenant, &info); err != nil {
+	kc := t.ring.Config().KeyConfig
+	err := ring.Extract(kc, api, body, tenant, &info)
+	if err == nil {
+		err = checkUTF8(kc, api, body)
+	}
+	if err != nil {
 		return info, ring.Explanation{}, err
 	}
 	st := &reqState{}
@@ -218,23 +233,11 @@ func (p *Proxy) Explain(api ring.API, body, tenant []byte) (ring.KeyInfo, ring.E
 // active health checks.
 func (p *Proxy) Serve(ln net.Listener) error {
 	p.startProber()
-	err := p.server.Serve(rawListener{ln})
+	err := p.server.Serve(clientListener{Listener: ln, p: p})
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}
 	return err
-}
-
-// rawListener hands the server connections that read and write with raw
-// system calls (see rawSocket).
-type rawListener struct{ net.Listener }
-
-func (l rawListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return newRawConn(c), nil
 }
 
 // Handler exposes the request handler, for tests and embedding.
@@ -245,20 +248,73 @@ func (p *Proxy) Handler() fasthttp.RequestHandler { return p.Handle }
 func (p *Proxy) StartHealthChecks() { p.startProber() }
 
 // Shutdown stops accepting connections and waits, until ctx ends, for open
-// requests and streams to finish; then it closes what is left. It stops the
-// health checks. Safe to call more than once.
+// requests and streams to finish; then it closes what is left, and the idle
+// upstream connections. It stops the health checks. Safe to call more than
+// once.
 func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.stopOnce.Do(func() { close(p.stop) })
 	err := p.server.ShutdownWithContext(ctx)
 	p.wg.Wait()
+	p.mu.Lock()
+	for _, b := range p.backends {
+		b.client.CloseIdleConnections()
+	}
+	p.mu.Unlock()
 	return err
 }
 
-// fasthttpLogger routes fasthttp's own messages to slog.
+// fasthttpLogger routes fasthttp's own messages to slog, at debug level,
+// with every quoted string that is not an address redacted: fasthttp
+// quotes pieces of malformed requests into its errors (a header line with a
+// credential, prompt text), which must never reach the logs.
 type fasthttpLogger struct{ l *slog.Logger }
 
 func (f fasthttpLogger) Printf(format string, args ...any) {
-	f.l.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
+	if !f.l.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	f.l.Debug(redactQuoted(fmt.Sprintf(format, args...)), "component", "fasthttp")
+}
+
+// redactQuoted replaces the content of every double-quoted span of s
+// (Go-quoted: backslash escapes) with "…", except host:port addresses.
+func redactQuoted(s string) string {
+	var b strings.Builder
+	for {
+		i := strings.IndexByte(s, '"')
+		if i < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		b.WriteString(s[:i+1])
+		s = s[i+1:]
+		j := 0
+		for j < len(s) && s[j] != '"' {
+			if s[j] == '\\' {
+				j++
+			}
+			j++
+		}
+		if j > len(s) {
+			j = len(s)
+		}
+		if isAddr(s[:j]) {
+			b.WriteString(s[:j])
+		} else {
+			b.WriteString("…")
+		}
+		if j == len(s) {
+			return b.String()
+		}
+		b.WriteByte('"')
+		s = s[j+1:]
+	}
+}
+
+// isAddr reports whether s looks like an IP address with a port.
+func isAddr(s string) bool {
+	host, port, err := net.SplitHostPort(s)
+	return err == nil && net.ParseIP(host) != nil && port != ""
 }
 
 // backendCollector exports per-backend gauges read from the atomics at
@@ -282,10 +338,12 @@ var (
 		"The epoch of the ring snapshot in use.", nil, nil)
 	descBackends = prometheus.NewDesc("warmroute_ring_backends",
 		"Backends in the ring snapshot in use.", nil, nil)
+	descClientConns = prometheus.NewDesc("warmroute_client_connections",
+		"Client connections open on the traffic listener.", nil, nil)
 )
 
 func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInFlight, descHealthy, descBusy, descLimit, descEpoch, descBackends} {
+	for _, d := range []*prometheus.Desc{descInFlight, descHealthy, descBusy, descLimit, descEpoch, descBackends, descClientConns} {
 		ch <- d
 	}
 }
@@ -309,4 +367,5 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descEpoch, prometheus.GaugeValue, float64(t.epoch))
 	ch <- prometheus.MustNewConstMetric(descBackends, prometheus.GaugeValue, float64(len(t.bs)))
+	ch <- prometheus.MustNewConstMetric(descClientConns, prometheus.GaugeValue, float64(c.p.open.Load()))
 }

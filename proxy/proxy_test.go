@@ -506,11 +506,15 @@ func TestNoBackendAndUnreachable(t *testing.T) {
 	if resp.StatusCode != 503 || decodeError(t, body).Code != "no_healthy_backend" {
 		t.Fatalf("empty ring: %d %s", resp.StatusCode, body)
 	}
-	if r, _ := http.Get(h.url + "/readyz"); r.StatusCode != 503 {
-		t.Errorf("readyz with no backend: %d", r.StatusCode)
-	}
-	if r, _ := http.Get(h.url + "/ping"); r.StatusCode != 503 {
-		t.Errorf("ping with no backend: %d", r.StatusCode)
+	for _, path := range []string{"/readyz", "/ping"} {
+		r, err := http.Get(h.url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Body.Close()
+		if r.StatusCode != 503 {
+			t.Errorf("%s with no backend: %d", path, r.StatusCode)
+		}
 	}
 
 	// Two backends that refuse connections: 502 after trying both.
@@ -569,8 +573,12 @@ func TestHealthEndpoints(t *testing.T) {
 		}
 	}
 	r, err := http.Get(h.url + "/v1/models")
-	if err != nil || r.StatusCode != 200 || r.Header.Get(HeaderBackend) == "" {
-		t.Fatalf("/v1/models: %v %v", err, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	if r.StatusCode != 200 || r.Header.Get(HeaderBackend) == "" {
+		t.Fatalf("/v1/models: %v", r)
 	}
 }
 

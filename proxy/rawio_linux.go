@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -39,6 +41,14 @@ type rawSocket struct {
 
 	// onBlock, when set, runs once before a read waits for data.
 	onBlock func()
+
+	// writeStall, when positive, bounds how long a write may wait for
+	// room in a full socket buffer without any byte going out (a peer
+	// that stopped reading). A write that never waits pays nothing.
+	writeStall time.Duration
+	armed      bool // a write deadline is set for the current write
+	mark       int  // bytes written when it was set
+	stallCB    func(uintptr) bool
 }
 
 func newRawSocket(c net.Conn) *rawSocket {
@@ -52,6 +62,7 @@ func newRawSocket(c net.Conn) *rawSocket {
 	}
 	s := &rawSocket{conn: c, rc: rc}
 	s.readCB, s.writeCB, s.peekCB, s.tryCB = s.rawRead, s.rawWrite, s.rawPeek, s.rawTry
+	s.stallCB = s.rawWriteStall
 	return s
 }
 
@@ -93,6 +104,30 @@ func (s *rawSocket) rawWrite(fd uintptr) bool {
 		case 0:
 			s.n += n
 		case syscall.EAGAIN:
+			return false
+		default:
+			s.err = os.NewSyscallError("write", e)
+			return true
+		}
+	}
+	return true
+}
+
+// rawWriteStall is rawWrite for a socket with a writeStall: when the
+// buffer is full it asks write (through wouldBlock) to set or move the
+// write deadline before waiting, unless the deadline is set and nothing
+// went out since.
+func (s *rawSocket) rawWriteStall(fd uintptr) bool {
+	for s.n < len(s.p) {
+		n, e := sysWrite(fd, s.p[s.n:])
+		switch e {
+		case 0:
+			s.n += n
+		case syscall.EAGAIN:
+			if !s.armed || s.n > s.mark {
+				s.wouldBlock = true
+				return true
+			}
 			return false
 		default:
 			s.err = os.NewSyscallError("write", e)
@@ -144,7 +179,12 @@ func (s *rawSocket) read(p []byte) (int, error) {
 // write is net.Conn.Write.
 func (s *rawSocket) write(p []byte) (int, error) {
 	s.p, s.n, s.err = p, 0, nil
-	err := s.rc.Write(s.writeCB)
+	var err error
+	if s.writeStall <= 0 {
+		err = s.rc.Write(s.writeCB)
+	} else {
+		err = s.writeStalled()
+	}
 	s.p = nil
 	if err == nil {
 		err = s.err
@@ -153,6 +193,28 @@ func (s *rawSocket) write(p []byte) (int, error) {
 		return s.n, s.opError("write", err)
 	}
 	return s.n, nil
+}
+
+// writeStalled writes s.p allowing writeStall without progress each time
+// the socket buffer is full.
+func (s *rawSocket) writeStalled() error {
+	s.armed, s.wouldBlock = false, false
+	err := s.rc.Write(s.stallCB)
+	for err == nil && s.err == nil && s.wouldBlock {
+		s.wouldBlock = false
+		if err = s.conn.SetWriteDeadline(time.Now().Add(s.writeStall)); err != nil {
+			break
+		}
+		s.armed, s.mark = true, s.n
+		err = s.rc.Write(s.stallCB)
+	}
+	if s.armed {
+		s.armed = false
+		if derr := s.conn.SetWriteDeadline(time.Time{}); err == nil && s.err == nil {
+			err = derr
+		}
+	}
+	return err
 }
 
 // peerClosed reports whether the peer closed an idle connection (EOF or
@@ -195,6 +257,9 @@ type rawConn struct {
 	net.Conn
 	s *rawSocket
 
+	open   *atomic.Int64 // open client connections, decremented on Close
+	closed atomic.Bool
+
 	hold    bool       // the next write goes out together with held
 	held    []byte     // headers held back
 	heldErr error      // a failed write of held, returned by the next write
@@ -202,15 +267,26 @@ type rawConn struct {
 	flushFn func()     // flushHeld, bound once
 }
 
-// newRawConn wraps c, or returns c when it has no raw descriptor.
-func newRawConn(c net.Conn) net.Conn {
+// newRawConn wraps a client connection counted in open: writes that
+// stall longer than writeStall fail, and Close decrements open once. A
+// connection without a raw descriptor gets the portable wrapper.
+func newRawConn(c net.Conn, writeStall time.Duration, open *atomic.Int64) net.Conn {
 	s := newRawSocket(c)
 	if s == nil {
-		return c
+		return newCountedConn(c, writeStall, open)
 	}
-	rc := &rawConn{Conn: c, s: s}
+	s.writeStall = writeStall
+	rc := &rawConn{Conn: c, s: s, open: open}
 	rc.flushFn = rc.flushHeld
 	return rc
+}
+
+// Close closes the connection; the first call counts it closed.
+func (c *rawConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.open.Add(-1)
+	}
+	return c.Conn.Close()
 }
 
 func (c *rawConn) Read(p []byte) (int, error) {
@@ -320,12 +396,14 @@ type deferredWrite struct {
 	heldCB  func(uintptr) bool
 }
 
-// newDeferredWrite returns nil when c has no raw file descriptor.
-func newDeferredWrite(c net.Conn) *deferredWrite {
+// newDeferredWrite returns nil when c has no raw file descriptor. A write
+// that cannot go out for writeStall (the backend does not read) fails.
+func newDeferredWrite(c net.Conn, writeStall time.Duration) *deferredWrite {
 	s := newRawSocket(c)
 	if s == nil {
 		return nil
 	}
+	s.writeStall = writeStall
 	d := &deferredWrite{rawSocket: s}
 	d.heldCB = d.rawHeld
 	return d

@@ -2,16 +2,22 @@
 
 package proxy
 
-import "net"
+import (
+	"net"
+	"sync/atomic"
+	"time"
+)
 
 // Raw socket I/O is only implemented on Linux; elsewhere connections are
 // used as they are, writes go out at once, and only the stale-connection
 // peek remains (on other unix systems; see peek_unix.go).
 type deferredWrite struct{ conn net.Conn }
 
-func newDeferredWrite(c net.Conn) *deferredWrite { return &deferredWrite{conn: c} }
+func newDeferredWrite(c net.Conn, _ time.Duration) *deferredWrite { return &deferredWrite{conn: c} }
 
-func newRawConn(c net.Conn) net.Conn { return c }
+func newRawConn(c net.Conn, writeStall time.Duration, open *atomic.Int64) net.Conn {
+	return newCountedConn(c, writeStall, open)
+}
 
 func (d *deferredWrite) write(p []byte) (int, error) { return d.conn.Write(p) }
 func (d *deferredWrite) read(p []byte) (int, error)  { return d.conn.Read(p) }

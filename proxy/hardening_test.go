@@ -1,0 +1,281 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/warmroute/warmroute/ring"
+)
+
+// A JSON body that is not valid UTF-8 is refused before any backend sees
+// it; the opaque /invocations body is not checked.
+func TestInvalidUTF8Refused(t *testing.T) {
+	a := newStub(t, "a", nil)
+	h := startProxy(t, testProxyConfig(), ring.DefaultConfig(), a)
+	bad := "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"caf\xe9\"}]}"
+	for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
+		body := bad
+		if path == "/v1/completions" {
+			body = "{\"model\":\"m\",\"prompt\":\"ok\",\"user\":\"\xff\"}"
+		}
+		resp, got := post(t, h.url+path, body)
+		if e := decodeError(t, got); resp.StatusCode != 400 || e.Code != "invalid_json" || !strings.Contains(e.Message, "invalid UTF-8 at byte") {
+			t.Errorf("%s: %d %s", path, resp.StatusCode, got)
+		}
+	}
+	if n := a.hits.Load(); n != 0 {
+		t.Fatalf("invalid UTF-8 reached the backend %d times", n)
+	}
+	resp, got := post(t, h.url+"/v1/chat/completions", chatReq("café 日本語 \U0001F600", ""))
+	if resp.StatusCode != 200 {
+		t.Fatalf("valid UTF-8: %d %s", resp.StatusCode, got)
+	}
+	resp, got = post(t, h.url+"/invocations", "\xff\xfe raw bytes")
+	if resp.StatusCode != 200 {
+		t.Fatalf("raw /invocations: %d %s", resp.StatusCode, got)
+	}
+	if _, _, err := h.p.Explain(ring.Chat, []byte(bad), nil); !errors.Is(err, ring.ErrMalformedJSON) {
+		t.Fatalf("Explain: %v, want ErrMalformedJSON", err)
+	}
+}
+
+func TestFirstInvalidUTF8(t *testing.T) {
+	for in, want := range map[string]int{"": -1, "abc": -1, "é日\U0001F600": -1, "ab\xff": 2,
+		"\xed\xa0\x80": 0, "é\xc0\xaf": 2, "\xef\xbf\xbd": -1, "日\xe6\x97": 3} {
+		if got := firstInvalidUTF8([]byte(in)); got != want {
+			t.Errorf("firstInvalidUTF8(%q) = %d, want %d", in, got, want)
+		}
+	}
+}
+
+// endless streams events as fast as the connection takes them until the
+// client goes; it reports when its request context ended.
+func endless(t *testing.T, gone chan<- struct{}) *stub {
+	var once sync.Once
+	return newStub(t, "endless", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		ev := []byte("data: " + strings.Repeat("x", 1000) + "\n\n")
+		for {
+			if _, err := w.Write(ev); err != nil {
+				break
+			}
+			fl.Flush()
+			if r.Context().Err() != nil {
+				break
+			}
+		}
+		once.Do(func() { close(gone) })
+	})
+}
+
+// A client that stops reading a stream is cut after WriteTimeout without
+// progress, and the engine stops generating.
+func TestWriteTimeoutCutsClientThatStopsReading(t *testing.T) {
+	gone := make(chan struct{})
+	a := endless(t, gone)
+	cfg := testProxyConfig()
+	cfg.WriteTimeout = 300 * time.Millisecond
+	h := startProxy(t, cfg, ring.DefaultConfig(), a)
+	c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := chatReq("stream", `,"stream":true`)
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	// Never read.
+	select {
+	case <-gone:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the engine still streams to a client that stopped reading")
+	}
+	id := strings.TrimPrefix(a.srv.URL, "http://")
+	waitFor(t, func() bool { return testutil.ToFloat64(h.p.m.aborts.WithLabelValues(id)) == 1 }, "abort counted")
+	waitFor(t, func() bool { return h.p.Status()[0].InFlight == 0 }, "in-flight back to 0")
+}
+
+// WriteTimeout bounds stalls, not streams: a stream lasting several times
+// WriteTimeout that the client reads arrives whole.
+func TestWriteTimeoutSparesLongStreams(t *testing.T) {
+	a := newStub(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := 0; i < 10; i++ {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			w.(http.Flusher).Flush()
+			time.Sleep(60 * time.Millisecond)
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+	})
+	cfg := testProxyConfig()
+	cfg.WriteTimeout = 100 * time.Millisecond
+	h := startProxy(t, cfg, ring.DefaultConfig(), a)
+	resp, got := post(t, h.url+"/v1/chat/completions", chatReq("long", `,"stream":true`))
+	if resp.StatusCode != 200 || !bytes.HasSuffix(got, []byte("data: [DONE]\n\n")) || bytes.Count(got, []byte("data: ")) != 11 {
+		t.Fatalf("%d %q", resp.StatusCode, got)
+	}
+}
+
+// Connections over MaxConns get an OpenAI-style 503 and are closed; the
+// others are served, and a slot freed is taken again.
+func TestMaxConnsRefusedWithJSON(t *testing.T) {
+	a := newStub(t, "a", nil)
+	cfg := testProxyConfig()
+	cfg.MaxConns = 2
+	h := startProxy(t, cfg, ring.DefaultConfig(), a)
+	addr := strings.TrimPrefix(h.url, "http://")
+	body := chatReq("x", "")
+	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	do := func(c net.Conn) (*http.Response, []byte) {
+		t.Helper()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return resp, b
+	}
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	held := []net.Conn{dial(), dial()}
+	for _, c := range held {
+		if resp, b := do(c); resp.StatusCode != 200 {
+			t.Fatalf("within the limit: %d %s", resp.StatusCode, b)
+		}
+	}
+	resp, b := do(dial())
+	if resp.StatusCode != 503 || decodeError(t, b).Code != "too_many_connections" || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("over the limit: %d %s", resp.StatusCode, b)
+	}
+	if got := testutil.ToFloat64(h.p.m.connsRejected); got != 1 {
+		t.Errorf("rejections counted %v, want 1", got)
+	}
+	held[0].Close()
+	waitFor(t, func() bool { return h.p.open.Load() == 1 }, "a closed connection frees its slot")
+	if resp, b := do(dial()); resp.StatusCode != 200 {
+		t.Fatalf("after a slot freed: %d %s", resp.StatusCode, b)
+	}
+}
+
+// When every backend is at MaxConnsPerBackend for MaxConnWait, the answer
+// is 503 backends_saturated (retry later), not 502.
+func TestBackendsSaturated(t *testing.T) {
+	release := make(chan struct{})
+	var cur atomic.Int64
+	a := holdStub(t, "a", release, &cur)
+	defer close(release)
+	cfg := testProxyConfig()
+	cfg.MaxConnsPerBackend = 1
+	cfg.MaxConnWait = 100 * time.Millisecond
+	cfg.ProbePath = ""
+	h := startProxy(t, cfg, ring.DefaultConfig(), a)
+	heldDone := make(chan struct{})
+	go func() {
+		defer close(heldDone)
+		if resp, err := http.Post(h.url+"/v1/chat/completions", "application/json", strings.NewReader(chatReq("held", ""))); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	t.Cleanup(func() { <-heldDone })
+	waitFor(t, func() bool { return cur.Load() == 1 }, "first request held")
+	resp, b := post(t, h.url+"/v1/chat/completions", chatReq("second", ""))
+	if resp.StatusCode != 503 || decodeError(t, b).Code != "backends_saturated" || resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("saturated: %d %s", resp.StatusCode, b)
+	}
+}
+
+// A malformed request is never echoed into the logs, even at debug level.
+func TestMalformedRequestNotLogged(t *testing.T) {
+	a := newStub(t, "a", nil)
+	var logs syncBuffer
+	cfg := testProxyConfig()
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	h := startProxy(t, cfg, ring.DefaultConfig(), a)
+	const secret = "sk-SECRET-7f3a9"
+	reqs := []string{
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + "\r\nContent-Length: zz\r\n\r\n",
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-" + secret + " broken header\r\n\r\n",
+		"GET /" + secret + " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + "\r\nX-Big: " + strings.Repeat("b", 20<<10) + "\r\n\r\n",
+		secret + "\r\n\r\n",
+	}
+	for _, r := range reqs {
+		c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(c, r)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%.40q: %v", r, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		c.Close()
+		if resp.StatusCode < 400 || bytes.Contains(b, []byte(secret)) {
+			t.Errorf("%.40q: %d %s", r, resp.StatusCode, b)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	h.p.Shutdown(ctx)
+	if strings.Contains(logs.String(), secret) {
+		t.Fatalf("request bytes in the logs:\n%s", logs.String())
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestRedactQuoted(t *testing.T) {
+	for in, want := range map[string]string{
+		`plain`: `plain`,
+		`error when serving connection "127.0.0.1:80"<->"[::1]:5555": missing colon: "Authorization: Bearer x"`: `error when serving connection "127.0.0.1:80"<->"[::1]:5555": missing colon: "…"`,
+		`a "q\"uoted \\" b "c"`: `a "…" b "…"`,
+		`unterminated "secret`:  `unterminated "…`,
+		`trailing backslash "\`: `trailing backslash "…`,
+	} {
+		if got := redactQuoted(in); got != want {
+			t.Errorf("redactQuoted(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -1,0 +1,112 @@
+package proxy
+
+import (
+	"net"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// clientListener accepts client connections, refuses those over MaxConns
+// with an OpenAI-style 503 (fasthttp's own refusal is plain text), and
+// hands the server connections that count themselves and bound how long a
+// write to a client that stopped reading may stall (see rawConn).
+type clientListener struct {
+	net.Listener
+	p *Proxy
+}
+
+func (l clientListener) Accept() (net.Conn, error) {
+	p := l.p
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if p.open.Add(1) > int64(p.cfg.MaxConns) {
+			p.open.Add(-1)
+			p.m.connsRejected.Inc()
+			p.refuse(c)
+			continue
+		}
+		return newRawConn(c, p.cfg.WriteTimeout, &p.open), nil
+	}
+}
+
+// refusal is the answer to a connection over MaxConns.
+var refusal = func() []byte {
+	body := ErrorBody(fasthttp.StatusServiceUnavailable, "too_many_connections", "the router serves its maximum number of client connections; retry later")
+	return append([]byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: "+
+		strconv.Itoa(len(body))+"\r\n\r\n"), body...)
+}()
+
+// maxLingering bounds the refused connections drained at once; past it
+// they are closed at once.
+const maxLingering = 64
+
+// lingerFor is how long a refused connection is drained.
+const lingerFor = 500 * time.Millisecond
+
+// refuse answers a connection over the limit and closes it. The client has
+// usually sent its request already; closing with those bytes unread would
+// reset the connection, and a reset can destroy the answer before the
+// client reads it. So the answer goes out, the write side is shut, and the
+// request is read and dropped for up to lingerFor, by a goroutine that
+// Shutdown waits for (at most maxLingering of them).
+func (p *Proxy) refuse(c net.Conn) {
+	_ = c.SetDeadline(time.Now().Add(lingerFor))
+	if _, err := c.Write(refusal); err != nil || p.lingering.Add(1) > maxLingering {
+		if err == nil {
+			p.lingering.Add(-1)
+		}
+		c.Close()
+		return
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		defer p.lingering.Add(-1)
+		if cw, ok := c.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
+		var buf [4 << 10]byte
+		for {
+			if _, err := c.Read(buf[:]); err != nil {
+				break
+			}
+		}
+		c.Close()
+	}()
+}
+
+// countedConn is a client connection that counts itself closed and sets a
+// write deadline of writeStall before each write: the portable form of
+// rawConn's accounting.
+type countedConn struct {
+	net.Conn
+	writeStall time.Duration
+	open       *atomic.Int64
+	closed     atomic.Bool
+}
+
+func newCountedConn(c net.Conn, writeStall time.Duration, open *atomic.Int64) net.Conn {
+	return &countedConn{Conn: c, writeStall: writeStall, open: open}
+}
+
+func (c *countedConn) Write(p []byte) (int, error) {
+	if c.writeStall > 0 {
+		if err := c.Conn.SetWriteDeadline(time.Now().Add(c.writeStall)); err != nil {
+			return 0, err
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *countedConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.open.Add(-1)
+	}
+	return c.Conn.Close()
+}
