@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -92,9 +93,59 @@ func demoCase(name string, seed uint64, warmup, duration time.Duration, rateScal
 	return compare.Case{Name: name, Workload: w, Load: l}, nil
 }
 
-// demoRouterArgs returns extra flags for router i of a demo fleet; the
-// place where clustered routers get their peers.
-func demoRouterArgs(int, []fleet.Router) []string { return nil }
+// demoClusterArgs returns the flags that make a demo fleet's routers one
+// cluster: gossip and Raft on free loopback ports, every router a seed of
+// the others, the first three bootstrapping Raft together. The fleet calls
+// it for routers 0..k-1 in turn each time it starts, so ports are chosen
+// afresh when router 0 asks.
+func demoClusterArgs() func(i int, rs []fleet.Router) ([]string, error) {
+	var gossip, raft []string
+	return func(i int, rs []fleet.Router) ([]string, error) {
+		if len(rs) < 2 {
+			return nil, nil
+		}
+		if i == 0 {
+			addrs, err := freeLoopbackAddrs(2 * len(rs))
+			if err != nil {
+				return nil, err
+			}
+			gossip, raft = addrs[:len(rs)], addrs[len(rs):]
+		}
+		var join []string
+		for j, g := range gossip {
+			if j != i {
+				join = append(join, g)
+			}
+		}
+		args := []string{"--node-name", fmt.Sprintf("router-%d", i),
+			"--gossip-listen", gossip[i], "--raft-listen", raft[i], "--join", strings.Join(join, ","),
+			"--raft-timeout", "300ms", "--voters", "3"}
+		if i < 3 {
+			args = append(args, "--bootstrap-expect", strconv.Itoa(min(3, len(rs))))
+		}
+		return args, nil
+	}
+}
+
+// freeLoopbackAddrs returns n distinct free 127.0.0.1 addresses.
+func freeLoopbackAddrs(n int) ([]string, error) {
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	out := make([]string, n)
+	for i := range out {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, ln)
+		out[i] = ln.Addr().String()
+	}
+	return out, nil
+}
 
 // cmdDemo compares routing strategies on a local fleet of simulated GPU
 // instances and writes a report.
@@ -110,7 +161,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	rateScale := fs.Float64("rate-scale", 1, "multiply every workload's calibrated arrival rate")
 	seed := fs.Uint64("seed", 1, "seed of the workloads and arrivals")
 	instances := fs.Int("instances", demoInstances, "simulated GPU instances")
-	routers := fs.Int("routers", 1, "router processes; clients spread requests over them in turn (0: no router)")
+	routers := fs.Int("routers", 3, "router processes, one cluster; clients spread requests over them in turn as an L4 load balancer would (0: no router)")
 	prefixLen := fs.Int("prefix-length", demoPrefixLength, "router --prefix-length")
 	threshold := fs.Int("concurrency-threshold", demoThreshold, "router --concurrency-threshold")
 	loadFactor := fs.Float64("load-factor", demoLoadFactor, "router --load-factor")
@@ -158,8 +209,10 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		"--time-scale", strconv.FormatFloat(*timeScale, 'g', -1, 64),
 	}, gpusimArgs...)
 	extra := append([]string(nil), routerArgs...)
-	fc.RouterArgs = func(i int, rs []fleet.Router) []string {
-		return append(demoRouterArgs(i, rs), extra...)
+	clusterArgs := demoClusterArgs()
+	fc.RouterArgs = func(i int, rs []fleet.Router) ([]string, error) {
+		ca, err := clusterArgs(i, rs)
+		return append(ca, extra...), err
 	}
 	dir := *out
 	if dir == "" {

@@ -58,7 +58,7 @@ type Config struct {
 	LoadFactor           float64
 	// RouterArgs, when set, returns extra flags for router i, knowing the
 	// addresses of all routers (e.g. to join them in a cluster).
-	RouterArgs func(i int, routers []Router) []string
+	RouterArgs func(i int, routers []Router) ([]string, error)
 	// Env is added to the children's environment.
 	Env []string
 	// LogDir receives one log file per child; "" uses a temporary
@@ -236,7 +236,12 @@ func (f *Fleet) startRouters(ctx context.Context) error {
 			"--load-factor", strconv.FormatFloat(f.cfg.LoadFactor, 'g', -1, 64),
 		}
 		if f.cfg.RouterArgs != nil {
-			args = append(args, f.cfg.RouterArgs(i, routers)...)
+			extra, err := f.cfg.RouterArgs(i, routers)
+			if err != nil {
+				stopAll()
+				return fmt.Errorf("fleet: router %d flags: %w", i, err)
+			}
+			args = append(args, extra...)
 		}
 		p, err := startProc(f.cfg.Exe, "router-"+strconv.Itoa(i), args, f.cfg.Env, f.cfg.LogDir)
 		if err != nil {

@@ -137,7 +137,7 @@ func TestRoutersAndLoad(t *testing.T) {
 	cfg.Strategy = "ROUND_ROBIN"
 	var mu sync.Mutex
 	hooked := map[int]int{}
-	cfg.RouterArgs = func(i int, rs []Router) []string {
+	cfg.RouterArgs = func(i int, rs []Router) ([]string, error) {
 		mu.Lock()
 		hooked[i] = len(rs)
 		mu.Unlock()
@@ -145,7 +145,7 @@ func TestRoutersAndLoad(t *testing.T) {
 		for j, r := range rs {
 			urls[j] = r.URL
 		}
-		return []string{"--peers", strings.Join(urls, ",")}
+		return []string{"--peers", strings.Join(urls, ",")}, nil
 	}
 	f, err := Start(context.Background(), cfg)
 	if err != nil {
