@@ -161,11 +161,15 @@ func (n *Node) applyAgreed() {
 
 // followAgreement rebuilds the ring after every applied change until ctx
 // ends. Routing never waits on it: the proxy keeps the last ring.
-func (n *Node) followAgreement(ctx context.Context) {
-	ch, cancel := n.agree.Subscribe()
+func (n *Node) followAgreement(ctx context.Context) { follow(ctx, n.agree.Subscribe, n.applyAgreed) }
+
+// follow calls apply once, then after every notification from subscribe,
+// until ctx ends or the notifications stop.
+func follow(ctx context.Context, subscribe func() (<-chan struct{}, func()), apply func()) {
+	ch, cancel := subscribe()
 	defer cancel()
 	for {
-		n.applyAgreed()
+		apply()
 		select {
 		case <-ctx.Done():
 			return

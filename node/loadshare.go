@@ -146,21 +146,7 @@ func (n *Node) newScraper() (*engine.Scraper, error) {
 
 // followGossip pushes remote in-flight counts and engine figures into the
 // proxy's atomics whenever the cluster's view changes, until ctx ends.
-func (n *Node) followGossip(ctx context.Context) {
-	ch, cancel := n.gossip.Subscribe()
-	defer cancel()
-	for {
-		n.applyView()
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-ch:
-			if !ok {
-				return
-			}
-		}
-	}
-}
+func (n *Node) followGossip(ctx context.Context) { follow(ctx, n.gossip.Subscribe, n.applyView) }
 
 // applyView copies the current gossip view into the proxy.
 func (n *Node) applyView() {
