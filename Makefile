@@ -12,7 +12,7 @@ SHORTFUZZ ?= 5s
 export CGO_ENABLED ?= 0
 
 .PHONY: all build test test-unit test-alloc fuzz-short fuzz bench bench-proxy lint demo clean
-.PHONY: images compose-smoke chaos
+.PHONY: images compose-smoke chaos soak
 
 all: build
 
@@ -69,6 +69,13 @@ compose-smoke:
 chaos: build
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory images; fi
 	./$(BIN) chaos --target all $(CHAOS_ARGS)
+
+# Soak test (docs/hardening.md): about 10 minutes of mixed load with client
+# aborts and backend restarts; the router's goroutines and heap must stay
+# flat and come back. SOAK_DURATION=30m for longer. 'make test' runs a
+# short version (go test ./loadtest/soak).
+soak:
+	SOAK_DURATION=$(SOAK_DURATION) ./scripts/soak.sh
 
 clean:
 	rm -rf bin out
