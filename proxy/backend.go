@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -53,7 +54,14 @@ func ParseTarget(raw string) (Target, error) {
 			port = "443"
 		}
 	}
-	return Target{HostPort: net.JoinHostPort(u.Hostname(), port), TLS: u.Scheme == "https"}, nil
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return Target{}, fmt.Errorf("backend address %q: port must be 1-65535", raw)
+	}
+	hp := net.JoinHostPort(u.Hostname(), port)
+	if h, _, err := net.SplitHostPort(hp); err != nil || h == "" || strings.ContainsAny(h, "[]/ ") {
+		return Target{}, fmt.Errorf("backend address %q: invalid host", raw)
+	}
+	return Target{HostPort: hp, TLS: u.Scheme == "https"}, nil
 }
 
 // backend is the live state of one backend. It is shared by every table

@@ -279,3 +279,46 @@ func TestRedactQuoted(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkRouteDecision is ring's BenchmarkRoute (key extraction and
+// pick for a chat body with a 4 KiB prompt) as the proxy runs it, with and
+// without the UTF-8 check.
+func BenchmarkRouteDecision(b *testing.B) {
+	var bs []ring.Backend
+	for i := 0; i < 7; i++ {
+		bs = append(bs, ring.Backend{ID: fmt.Sprintf("gpu-%d/", i), Addr: fmt.Sprintf("10.0.0.%d:8000", i+1)})
+	}
+	r, err := ring.New(ring.DefaultConfig(), bs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	st := &reqState{}
+	st.reset(&table{ring: r, bs: make([]*backend, len(bs))})
+	for i := range st.t.bs {
+		st.t.bs[i] = &backend{}
+	}
+	kc := r.Config().KeyConfig
+	for _, size := range []int{4 << 10, 64 << 10} {
+		prompt := strings.Repeat("Shared system prompt text that many requests repeat. ", size/52+1)[:size]
+		body := []byte(fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":"hi"}]}`, prompt))
+		for _, check := range []bool{false, true} {
+			b.Run(fmt.Sprintf("prompt=%dKiB/utf8=%v", size>>10, check), func(b *testing.B) {
+				b.SetBytes(int64(len(body)))
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := ring.Extract(kc, ring.Chat, body, nil, &st.info); err != nil {
+						b.Fatal(err)
+					}
+					if check {
+						if err := checkUTF8(kc, ring.Chat, body); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if _, err := r.Pick(st.info.Key, st); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

@@ -311,10 +311,14 @@ func redactQuoted(s string) string {
 	}
 }
 
-// isAddr reports whether s looks like an IP address with a port.
+// isAddr reports whether s is an IP address with a numeric port.
 func isAddr(s string) bool {
 	host, port, err := net.SplitHostPort(s)
-	return err == nil && net.ParseIP(host) != nil && port != ""
+	if err != nil || net.ParseIP(host) == nil {
+		return false
+	}
+	_, err = strconv.ParseUint(port, 10, 16)
+	return err == nil
 }
 
 // backendCollector exports per-backend gauges read from the atomics at
