@@ -72,6 +72,14 @@ func (p *Proxy) probe(b *backend) {
 	b.probeMu.Lock()
 	defer b.probeMu.Unlock()
 	if ok {
+		// A passing probe ends a passive ejection early: the backend
+		// answers again, and keeping it out for the rest of EjectFor would
+		// make this router route its prompts elsewhere while the others,
+		// which never ejected it, do not.
+		if b.ejectedUntil.Load() != 0 {
+			b.ejectedUntil.Store(0)
+			b.connFails.Store(0)
+		}
 		b.probeFails = 0
 		b.probeOKs++
 		if b.probeDown.Load() && b.probeOKs >= p.cfg.ProbeRiseThreshold {

@@ -1,0 +1,56 @@
+package proxy
+
+import (
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warmroute/warmroute/ring"
+)
+
+// TestProbeEndsEjection: a backend ejected after connect failures is taken
+// back as soon as an active probe passes, not only when EjectFor runs out.
+func TestProbeEndsEjection(t *testing.T) {
+	good := newStub(t, "good", nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens: dials are refused
+	cfg := testProxyConfig()
+	cfg.EjectAfter, cfg.EjectFor = 1, time.Hour
+	h := startProxyBackends(t, cfg, ring.DefaultConfig(), []ring.Backend{
+		{ID: addr, Addr: "http://" + addr},
+		{ID: strings.TrimPrefix(good.srv.URL, "http://"), Addr: good.srv.URL},
+	})
+	status := func() BackendStatus {
+		for _, s := range h.p.Status() {
+			if s.ID == addr {
+				return s
+			}
+		}
+		t.Fatal("backend missing")
+		return BackendStatus{}
+	}
+	for i := 0; i < 20 && !status().Ejected; i++ {
+		post(t, h.url+"/v1/chat/completions", chatReq(string(rune('a'+i)), ""))
+	}
+	if !status().Ejected {
+		t.Fatal("the unreachable backend was never ejected")
+	}
+	// The backend comes back on its address.
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("port %s taken meanwhile: %v", addr, err)
+	}
+	back := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	back.Listener.Close()
+	back.Listener = ln
+	back.Start()
+	defer back.Close()
+	waitFor(t, func() bool { s := status(); return !s.Ejected && s.Healthy }, "a passing probe to end the ejection")
+}
