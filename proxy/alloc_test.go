@@ -102,6 +102,9 @@ func BenchmarkProxy(b *testing.B) {
 			addr := allocProxy(b, 4)
 			req := chatRequest(4<<10, false)
 			clients := make([]*rawClient, conns)
+			// RunParallel starts at least GOMAXPROCS goroutines; goroutines
+			// sharing a connection take turns on it.
+			locks := make([]sync.Mutex, conns)
 			for i := range clients {
 				clients[i] = newRawClient(b, addr)
 				if _, _, err := clients[i].do(req); err != nil {
@@ -116,11 +119,15 @@ func BenchmarkProxy(b *testing.B) {
 			b.SetParallelism((conns + 1) / 2)
 			b.RunParallel(func(pb *testing.PB) {
 				mu.Lock()
-				c := clients[next%len(clients)]
+				i := next % len(clients)
 				next++
 				mu.Unlock()
+				c, lock := clients[i], &locks[i]
 				for pb.Next() {
-					if _, _, err := c.do(req); err != nil {
+					lock.Lock()
+					_, _, err := c.do(req)
+					lock.Unlock()
+					if err != nil {
 						b.Error(err)
 						return
 					}
