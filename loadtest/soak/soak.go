@@ -177,9 +177,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	r := &runner{cfg: cfg, log: cfg.Log}
-	if r.log == nil {
-		r.log = io.Discard
+	r := &runner{cfg: cfg, log: io.Discard}
+	if cfg.Log != nil {
+		r.log = &lockedWriter{w: cfg.Log} // the restarter and the sampler both write
 	}
 	ports, err := freePorts(cfg.Backends + 2)
 	if err != nil {
@@ -716,6 +716,18 @@ func (p *proc) stop(grace time.Duration) error {
 }
 
 func (p *proc) output() string { return p.out.String() }
+
+// lockedWriter serialises writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
 
 // tail keeps the last 16 KiB a process wrote.
 type tail struct {
