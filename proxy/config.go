@@ -101,7 +101,7 @@ func DefaultConfig() Config {
 		ProbeInterval:      2 * time.Second,
 		ProbeTimeout:       1 * time.Second,
 		ProbeFailThreshold: 2,
-		ProbeRiseThreshold: 2,
+		ProbeRiseThreshold: 1,
 		EjectAfter:         3,
 		EjectFor:           10 * time.Second,
 	}
