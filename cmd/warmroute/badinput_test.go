@@ -468,6 +468,15 @@ func TestE2EMaxConns(t *testing.T) {
 	e := newEngine(t, 0, 0, 1)
 	r := startRouter(t, []string{e.srv.URL}, "--max-conns", "3")
 	addr := strings.TrimPrefix(r.url, "http://")
+	// The readiness checks' keep-alive connection counts too: close it.
+	http.DefaultClient.CloseIdleConnections()
+	deadline := time.Now().Add(10 * time.Second)
+	for metric(t, r, "warmroute_client_connections") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("client connections still open")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	req := httpReq("POST", "/v1/chat/completions", nil, []byte(chatBody("x", false)))
 	var held []net.Conn
 	defer func() {
