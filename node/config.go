@@ -72,7 +72,11 @@ type Limits struct {
 	MaxHeaderSize Size          `yaml:"max_header_size"`
 	ReadTimeout   time.Duration `yaml:"read_timeout"`
 	IdleTimeout   time.Duration `yaml:"idle_timeout"`
-	MaxConns      int           `yaml:"max_conns"`
+	// WriteTimeout bounds how long one write to a client may make no
+	// progress (a client that stopped reading); a stream the client keeps
+	// reading is never cut.
+	WriteTimeout time.Duration `yaml:"write_timeout"`
+	MaxConns     int           `yaml:"max_conns"`
 }
 
 // Upstream bounds what the node does with backends.
@@ -227,6 +231,7 @@ func DefaultConfig() Config {
 			MaxHeaderSize: Size(pc.MaxHeaderBytes),
 			ReadTimeout:   pc.ReadTimeout,
 			IdleTimeout:   pc.IdleTimeout,
+			WriteTimeout:  pc.WriteTimeout,
 			MaxConns:      pc.MaxConns,
 		},
 		Upstream: Upstream{
@@ -317,6 +322,7 @@ func (c *Config) ProxyConfig() proxy.Config {
 	pc.MaxHeaderBytes = int(c.Limits.MaxHeaderSize)
 	pc.ReadTimeout = c.Limits.ReadTimeout
 	pc.IdleTimeout = c.Limits.IdleTimeout
+	pc.WriteTimeout = c.Limits.WriteTimeout
 	pc.MaxConns = c.Limits.MaxConns
 	pc.ConnectTimeout = c.Upstream.ConnectTimeout
 	pc.FirstByteTimeout = c.Upstream.FirstByteTimeout

@@ -92,6 +92,7 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config) (configPath *string) {
 	fs.TextVar(&l.MaxHeaderSize, "max-header-size", l.MaxHeaderSize, "largest request header block accepted (431 above)")
 	fs.DurationVar(&l.ReadTimeout, "read-timeout", l.ReadTimeout, "time allowed to read a request's headers and body")
 	fs.DurationVar(&l.IdleTimeout, "idle-timeout", l.IdleTimeout, "close client keep-alive connections idle this long")
+	fs.DurationVar(&l.WriteTimeout, "write-timeout", l.WriteTimeout, "cut a client whose socket accepts nothing for this long (it stopped reading); streams being read are never cut")
 	fs.IntVar(&l.MaxConns, "max-conns", l.MaxConns, "concurrent client connections")
 
 	u := &cfg.Upstream

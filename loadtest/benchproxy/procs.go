@@ -157,9 +157,11 @@ func parseStatCPU(b []byte) (time.Duration, error) {
 	if len(f) < 13 {
 		return 0, errors.New("proc stat: too few fields")
 	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
+	ut, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	// Ticks beyond a century of CPU would overflow time.Duration.
+	const maxTicks = uint64(100 * 365 * 24 * time.Hour / clockTick)
+	if err1 != nil || err2 != nil || ut > maxTicks || st > maxTicks {
 		return 0, errors.New("proc stat: bad utime/stime")
 	}
 	return time.Duration(ut+st) * clockTick, nil
