@@ -84,7 +84,8 @@ type backend struct {
 	ejectedUntil atomic.Int64
 	connFails    atomic.Int32
 
-	probeMu    sync.Mutex // serialises probes of this backend
+	probing    atomic.Bool // a probe of this backend is in flight
+	probeMu    sync.Mutex  // serialises probes of this backend
 	probeFails int
 	probeOKs   int
 

@@ -98,8 +98,8 @@ func DefaultConfig() Config {
 		Retries:            2,
 
 		ProbePath:          "/health",
-		ProbeInterval:      2 * time.Second,
-		ProbeTimeout:       1 * time.Second,
+		ProbeInterval:      1 * time.Second,
+		ProbeTimeout:       500 * time.Millisecond,
 		ProbeFailThreshold: 2,
 		ProbeRiseThreshold: 1,
 		EjectAfter:         3,

@@ -23,8 +23,10 @@ func (p *Proxy) startProber() {
 		defer p.wg.Done()
 		tick := time.NewTicker(p.cfg.ProbeInterval)
 		defer tick.Stop()
+		var probes sync.WaitGroup
+		defer probes.Wait()
 		for {
-			p.probeAll()
+			p.probeAll(&probes)
 			select {
 			case <-p.stop:
 				return
@@ -34,18 +36,23 @@ func (p *Proxy) startProber() {
 	}()
 }
 
-// probeAll probes every backend of the current table in parallel and waits.
-func (p *Proxy) probeAll() {
+// probeAll starts a probe of every backend of the current table whose last
+// probe has finished. It does not wait: a backend whose probes time out
+// (unreachable, a partition) must not delay the others' next round, so
+// each backend is probed every interval on its own.
+func (p *Proxy) probeAll(probes *sync.WaitGroup) {
 	t := p.tab.Load()
-	var wg sync.WaitGroup
 	for _, b := range t.bs {
-		wg.Add(1)
+		if !b.probing.CompareAndSwap(false, true) {
+			continue
+		}
+		probes.Add(1)
 		go func() {
-			defer wg.Done()
+			defer probes.Done()
+			defer b.probing.Store(false)
 			p.probe(b)
 		}()
 	}
-	wg.Wait()
 }
 
 // probe requests ProbePath; any 2xx is a success.
