@@ -84,8 +84,9 @@ type backend struct {
 	ejectedUntil atomic.Int64
 	connFails    atomic.Int32
 
-	probing    atomic.Bool // a probe of this backend is in flight
-	probeMu    sync.Mutex  // serialises probes of this backend
+	probing    atomic.Bool  // a probe of this backend is in flight
+	lastProbe  atomic.Int64 // unix nanos of the last probe's start
+	probeMu    sync.Mutex   // serialises probes of this backend
 	probeFails int
 	probeOKs   int
 

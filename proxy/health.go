@@ -21,7 +21,10 @@ func (p *Proxy) startProber() {
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		tick := time.NewTicker(p.cfg.ProbeInterval)
+		// Rounds run four times per interval: a backend that is down or
+		// ejected is probed every round, so it is back soon after it
+		// answers again; a healthy one every ProbeInterval.
+		tick := time.NewTicker(p.cfg.ProbeInterval / 4)
 		defer tick.Stop()
 		var probes sync.WaitGroup
 		defer probes.Wait()
@@ -36,16 +39,19 @@ func (p *Proxy) startProber() {
 	}()
 }
 
-// probeAll starts a probe of every backend of the current table whose last
-// probe has finished. It does not wait: a backend whose probes time out
-// (unreachable, a partition) must not delay the others' next round, so
-// each backend is probed every interval on its own.
+// probeAll starts a probe of every backend of the current table that is
+// due and whose last probe has finished. It does not wait: a backend whose
+// probes time out (unreachable, a partition) must not delay the others.
 func (p *Proxy) probeAll(probes *sync.WaitGroup) {
 	t := p.tab.Load()
+	now := time.Now()
 	for _, b := range t.bs {
-		if !b.probing.CompareAndSwap(false, true) {
+		due := b.probeDown.Load() || b.ejectedUntil.Load() > now.UnixNano() ||
+			now.Sub(time.Unix(0, b.lastProbe.Load())) >= p.cfg.ProbeInterval-p.cfg.ProbeInterval/8
+		if !due || !b.probing.CompareAndSwap(false, true) {
 			continue
 		}
+		b.lastProbe.Store(now.UnixNano())
 		probes.Add(1)
 		go func() {
 			defer probes.Done()
