@@ -114,7 +114,7 @@ func newBackend(id string, target Target, cfg *Config, m *metrics) *backend {
 		WriteBufferSize:               16 << 10,
 		DisablePathNormalizing:        true,
 		DisableHeaderNamesNormalizing: true,
-		Dial:                          newDialer(cfg),
+		DialTimeout:                   newDialer(cfg),
 	}
 	b.client.RetryIfErr = retryUnsent(b.client)
 	b.m = m.forBackend(id)
@@ -173,10 +173,18 @@ func (e *DialError) Is(target error) bool {
 // progress for FirstByteTimeout (a backend that stopped reading) fails, and
 // a pooled connection the backend has closed is detected before a request
 // is written to it.
-func newDialer(cfg *Config) fasthttp.DialFunc {
-	d := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
+//
+// A request with its own deadline (a health probe) dials within it: a
+// probe of an unreachable backend must not outlive its timeout, or the
+// next probe, the one that would find the backend back, waits for it.
+func newDialer(cfg *Config) fasthttp.DialFuncWithTimeout {
+	connect := cfg.ConnectTimeout
 	first, idle := cfg.FirstByteTimeout, cfg.StreamIdleTimeout
-	return func(addr string) (net.Conn, error) {
+	return func(addr string, timeout time.Duration) (net.Conn, error) {
+		if timeout <= 0 || timeout > connect {
+			timeout = connect
+		}
+		d := net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
 		c, err := d.Dial("tcp", addr)
 		if err != nil {
 			return nil, &DialError{Err: err}
