@@ -230,6 +230,32 @@ type upstreamConn struct {
 	used        bool           // a response was read on this connection before
 	d           *deferredWrite // nil where raw I/O is not available
 	laddr       upstreamAddr
+	// outer is a read deadline fasthttp set for the current request
+	// (unix nanos, 0 for none): a request with its own timeout, such as a
+	// health probe. Reads never wait past it. It is atomic because
+	// fasthttp may also set it from another goroutine to interrupt a read.
+	outer atomic.Int64
+}
+
+// SetReadDeadline records a deadline of fasthttp's own and applies it at
+// once (it may be an interrupt of a blocked read); Read keeps honouring it
+// as it sets its phase deadlines.
+func (c *upstreamConn) SetReadDeadline(t time.Time) error {
+	c.outer.Store(deadlineNanos(t))
+	return c.Conn.SetReadDeadline(t)
+}
+
+// SetDeadline is SetReadDeadline plus the write deadline.
+func (c *upstreamConn) SetDeadline(t time.Time) error {
+	c.outer.Store(deadlineNanos(t))
+	return c.Conn.SetDeadline(t)
+}
+
+func deadlineNanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
 }
 
 // upstreamAddr is an upstream connection's local address. fasthttp hands
@@ -246,6 +272,8 @@ func (c *upstreamConn) LocalAddr() net.Addr { return &c.laddr }
 func (c *upstreamConn) Write(p []byte) (int, error) {
 	if !c.sending {
 		c.sending = true
+		// A new request: a deadline set for the previous one is over.
+		c.outer.Store(0)
 		// The backend may have closed this pooled connection while it sat
 		// idle (a restart, a crash, its keep-alive timeout). Writing would
 		// look like a request lost in flight; look first.
@@ -266,7 +294,11 @@ func (c *upstreamConn) Read(p []byte) (int, error) {
 	if c.waiting {
 		d = c.first
 	}
-	if err := c.Conn.SetReadDeadline(time.Now().Add(d)); err != nil {
+	dl := time.Now().Add(d)
+	if o := c.outer.Load(); o != 0 && o < dl.UnixNano() {
+		dl = time.Unix(0, o)
+	}
+	if err := c.Conn.SetReadDeadline(dl); err != nil {
 		return 0, err
 	}
 	// A deadline error keeps its Timeout() method, which fasthttp turns

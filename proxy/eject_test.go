@@ -54,3 +54,26 @@ func TestProbeEndsEjection(t *testing.T) {
 	defer back.Close()
 	waitFor(t, func() bool { s := status(); return !s.Ejected && s.Healthy }, "a passing probe to end the ejection")
 }
+
+// TestProbeTimeoutOnSilentBackend: a backend that accepts connections but
+// never answers its health check is marked down within the probe timeout,
+// not after the first-byte timeout of ordinary requests.
+func TestProbeTimeoutOnSilentBackend(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	silent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+	}))
+	defer silent.Close()
+	cfg := testProxyConfig()
+	cfg.ProbeTimeout = 200 * time.Millisecond
+	cfg.FirstByteTimeout = time.Hour
+	id := strings.TrimPrefix(silent.URL, "http://")
+	h := startProxyBackends(t, cfg, ring.DefaultConfig(), []ring.Backend{{ID: id, Addr: silent.URL}})
+	waitFor(t, func() bool { return h.p.Status()[0].ProbeDown }, "the silent backend to fail its health checks")
+}
