@@ -33,9 +33,9 @@ func (s *benchSource) AppendInFlight(dst []BackendLoad) []BackendLoad {
 		s.vals[i] = 1 + (s.vals[i]+s.tick)%17
 	}
 	for i, b := range s.backends {
-		dst = append(dst, BackendLoad{b, s.vals[i]})
+		dst = append(dst, BackendLoad{Backend: b, InFlight: s.vals[i]})
 	}
-	return append(dst, BackendLoad{s.probe, s.probeV.Load()})
+	return append(dst, BackendLoad{Backend: s.probe, InFlight: s.probeV.Load()})
 }
 
 // BenchmarkPropagation measures, in one process over loopback UDP, how

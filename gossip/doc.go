@@ -22,6 +22,10 @@
 //     declared dead is dropped at once.
 //   - memberlist's TCP push/pull (LocalState/MergeRemoteState) carries a
 //     node's full view, so a late joiner converges in one exchange.
+//   - Each figure carries the node's own verdict on the backend (failing
+//     after its health checks or passive ejection). View.Health lists who
+//     sees a backend failing; the Raft leader commits it down or up by
+//     majority, so one router's trouble does not take it out for all.
 //   - Engine metrics (KV-cache usage, running and waiting requests, prefix
 //     cache hit rate) of each backend are scraped by exactly one live node,
 //     chosen by rendezvous hashing of the backend id over member names
@@ -32,7 +36,7 @@
 // subscribers (Subscribe) without ever blocking.
 //
 // The wire format (wire.go) is versioned and made of tagged, length-prefixed
-// sections, so later releases can add per-backend fields (for example a
-// node's local view of a backend's health) that older nodes skip.
+// sections, so later releases can add per-backend fields that older
+// nodes skip (the health section was added that way).
 // docs/gossip.md describes the protocol and its measured cost.
 package gossip

@@ -25,11 +25,13 @@ type publisher struct {
 	loads       map[string]*pubLoad
 	engines     map[string]*pubEngine
 	entry       []byte
+	health      []byte
 	pk          packer
 }
 
 type pubLoad struct {
 	v       int64
+	failing bool
 	changed uint64 // tick of the last change
 	seen    uint64 // tick the source last reported the backend
 	removed bool   // gone from the source: sent as 0 for `resend` ticks
@@ -68,10 +70,10 @@ func (p *publisher) next(now time.Time) [][]byte {
 		e := p.loads[bl.Backend]
 		switch {
 		case e == nil:
-			e = &pubLoad{v: bl.InFlight, changed: p.tick}
+			e = &pubLoad{v: bl.InFlight, failing: bl.Failing, changed: p.tick}
 			p.loads[bl.Backend] = e
-		case e.v != bl.InFlight || e.removed:
-			e.v, e.removed, e.changed = bl.InFlight, false, p.tick
+		case e.v != bl.InFlight || e.failing != bl.Failing || e.removed:
+			e.v, e.failing, e.removed, e.changed = bl.InFlight, bl.Failing, false, p.tick
 		}
 		e.seen = p.tick
 	}
@@ -83,7 +85,7 @@ func (p *publisher) next(now time.Time) [][]byte {
 	for k, e := range p.loads {
 		if e.seen != p.tick {
 			if !e.removed {
-				e.v, e.removed, e.changed = 0, true, p.tick
+				e.v, e.failing, e.removed, e.changed = 0, false, true, p.tick
 			} else if p.tick-e.changed >= p.resend {
 				delete(p.loads, k)
 				continue
@@ -91,7 +93,11 @@ func (p *publisher) next(now time.Time) [][]byte {
 		}
 		if full || p.tick-e.changed < p.resend {
 			p.entry = appendLoad(p.entry[:0], k, e.v)
-			p.pk.add(tagLoads, p.entry)
+			p.health = p.health[:0]
+			if e.failing {
+				p.health = appendHealth(p.health, k, healthFailing)
+			}
+			p.pk.addLoad(p.entry, p.health)
 		}
 	}
 	for k, e := range p.engines {
@@ -136,10 +142,13 @@ func (p *publisher) ownBlock(dst []byte, now time.Time) []byte {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.seq++
-	var loads, engines []byte
+	var loads, engines, health []byte
 	for k, e := range p.loads {
 		if !e.removed {
 			loads = appendLoad(loads, k, e.v)
+			if e.failing {
+				health = appendHealth(health, k, healthFailing)
+			}
 		}
 	}
 	for k, e := range p.engines {
@@ -150,6 +159,7 @@ func (p *publisher) ownBlock(dst []byte, now time.Time) []byte {
 	body := appendBlockHead(nil, p.name, p.instance, p.seq)
 	body = appendSection(body, tagLoads, loads)
 	body = appendSection(body, tagEngine, engines)
+	body = appendSection(body, tagHealth, health)
 	return appendBlock(dst, body)
 }
 

@@ -18,7 +18,7 @@ func (f *fakeSource) AppendInFlight(dst []BackendLoad) []BackendLoad {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for k, v := range f.m {
-		dst = append(dst, BackendLoad{k, v})
+		dst = append(dst, BackendLoad{Backend: k, InFlight: v})
 	}
 	return dst
 }

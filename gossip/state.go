@@ -25,7 +25,7 @@ type state struct {
 	index      map[string]int
 	indexDirty bool
 
-	loadDirty, engineDirty, memberDirty bool
+	loadDirty, engineDirty, memberDirty, healthDirty bool
 
 	msg wireMsg // decode scratch, guarded by mu
 
@@ -42,10 +42,11 @@ type remoteNode struct {
 }
 
 type loadEntry struct {
-	v   int64
-	seq uint64
-	at  time.Time // when the figure was fresh (receipt time minus its age)
-	agg *agg      // the backend's sum this figure is part of
+	v       int64
+	failing bool // the node sees the backend failing
+	seq     uint64
+	at      time.Time // when the figure was fresh (receipt time minus its age)
+	agg     *agg      // the backend's sum this figure is part of
 }
 
 type agg struct {
@@ -115,7 +116,7 @@ func (s *state) handle(b []byte, now time.Time) (bool, error) {
 		}
 	}
 	// True also when an earlier change is not built yet: harmless.
-	return s.loadDirty || s.engineDirty, nil
+	return s.loadDirty || s.engineDirty || s.healthDirty, nil
 }
 
 func (s *state) bye(blk *wireBlock) {
@@ -171,7 +172,7 @@ func (s *state) applyBlock(blk *wireBlock, now time.Time) {
 		e := n.loads[string(l.backend)]
 		if e == nil {
 			key := string(l.backend)
-			n.loads[key] = &loadEntry{v: l.inFlight, seq: l.seq, at: at, agg: s.addFigure(key, l.inFlight)}
+			n.loads[key] = &loadEntry{v: l.inFlight, failing: l.failing, seq: l.seq, at: at, agg: s.addFigure(key, l.inFlight)}
 			continue
 		}
 		switch {
@@ -180,6 +181,10 @@ func (s *state) applyBlock(blk *wireBlock, now time.Time) {
 				e.agg.sum += l.inFlight - e.v
 				e.v = l.inFlight
 				s.loadDirty = true
+			}
+			if !l.relay && l.failing != e.failing {
+				e.failing = l.failing
+				s.healthDirty = true
 			}
 			e.seq = l.seq
 			if at.After(e.at) {
@@ -234,7 +239,7 @@ func (s *state) addFigure(key string, v int64) *agg {
 	}
 	a.sum += v
 	a.n++
-	s.loadDirty = true
+	s.loadDirty, s.healthDirty = true, true
 	return a
 }
 
@@ -248,7 +253,7 @@ func (s *state) removeFigure(e *loadEntry) {
 		s.slots[a.slot] = nil
 		s.indexDirty = true
 	}
-	s.loadDirty = true
+	s.loadDirty, s.healthDirty = true, true
 }
 
 func (s *state) resetNode(n *remoteNode) {
@@ -304,7 +309,7 @@ func (s *state) sweep(now time.Time) {
 func (s *state) build(prev *View) *View {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.loadDirty && !s.engineDirty && !s.memberDirty && prev != nil {
+	if !s.loadDirty && !s.engineDirty && !s.memberDirty && !s.healthDirty && prev != nil {
 		return nil
 	}
 	v := &View{self: s.self}
@@ -350,6 +355,25 @@ func (s *state) build(prev *View) *View {
 			}
 		}
 	}
+	if s.healthDirty || prev == nil {
+		v.health = make(map[string]BackendHealth)
+		for name, n := range s.nodes {
+			for k, e := range n.loads {
+				h := v.health[k]
+				if e.failing {
+					h.Failing = append(h.Failing, name)
+				} else {
+					h.Healthy = append(h.Healthy, name)
+				}
+				v.health[k] = h
+			}
+		}
+		for _, h := range v.health {
+			slices.Sort(h.Healthy)
+			slices.Sort(h.Failing)
+		}
+		v.healthVersion = v.version
+	}
 	if s.memberDirty || prev == nil {
 		v.members = make([]string, 0, len(s.nodes)+1)
 		v.members = append(v.members, s.self)
@@ -358,7 +382,7 @@ func (s *state) build(prev *View) *View {
 		}
 		slices.Sort(v.members)
 	}
-	s.loadDirty, s.engineDirty, s.memberDirty = false, false, false
+	s.loadDirty, s.engineDirty, s.memberDirty, s.healthDirty = false, false, false, false
 	return v
 }
 

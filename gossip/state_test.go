@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -273,4 +274,80 @@ func TestStateViewsSurviveBackendChurn(t *testing.T) {
 		t.Errorf("%d slots after compaction, want 2", len(s.slots))
 	}
 	checkSums(t, s)
+}
+
+// healthMsg is a publish with loads and a tagHealth section marking
+// failing; the health section comes first, which receivers must accept.
+func healthMsg(origin string, instance, seq uint64, loads map[string]int64, failing ...string) []byte {
+	var sec, hs []byte
+	for k, v := range loads {
+		sec = appendLoad(sec, k, v)
+	}
+	for _, f := range failing {
+		hs = appendHealth(hs, f, healthFailing)
+	}
+	body := appendBlockHead(nil, origin, instance, seq)
+	body = appendSection(body, tagHealth, hs)
+	body = appendSection(body, tagLoads, sec)
+	return appendBlock(appendHeader(nil, kindPublish), body)
+}
+
+func TestStateHealth(t *testing.T) {
+	now := time.Now()
+	s := newState("self", time.Second, 5*time.Second)
+	for _, n := range []string{"self", "a", "b", "c"} {
+		s.join(n)
+	}
+	mustHandle(t, s, healthMsg("a", 1, 1, map[string]int64{"x": 1, "y": 0}, "x"), now)
+	mustHandle(t, s, healthMsg("b", 1, 1, map[string]int64{"x": 2, "y": 0}), now)
+	v1 := s.build(nil)
+	if h := v1.Health("x"); !slices.Equal(h.Failing, []string{"a"}) || !slices.Equal(h.Healthy, []string{"b"}) {
+		t.Fatalf("x health = %+v", h)
+	}
+	if h := v1.Health("y"); len(h.Failing) != 0 || !slices.Equal(h.Healthy, []string{"a", "b"}) {
+		t.Fatalf("y health = %+v", h)
+	}
+	if h := v1.Health("unknown"); h.Healthy != nil || h.Failing != nil {
+		t.Fatalf("unknown backend health = %+v", h)
+	}
+
+	// A load change alone keeps the health version; a verdict change
+	// moves it.
+	mustHandle(t, s, healthMsg("b", 1, 2, map[string]int64{"x": 3, "y": 0}), now)
+	v2 := s.build(v1)
+	if v2.HealthVersion() != v1.HealthVersion() {
+		t.Fatalf("health version moved on a load change: %d -> %d", v1.HealthVersion(), v2.HealthVersion())
+	}
+	mustHandle(t, s, healthMsg("a", 1, 2, map[string]int64{"x": 1, "y": 0}, "y"), now)
+	v3 := s.build(v2)
+	if v3.HealthVersion() == v2.HealthVersion() {
+		t.Fatal("health version did not move when a verdict changed")
+	}
+	if h := v3.Health("x"); len(h.Failing) != 0 || !slices.Equal(h.Healthy, []string{"a", "b"}) {
+		t.Fatalf("x health after recovery = %+v", h)
+	}
+	if h := v3.Health("y"); !slices.Equal(h.Failing, []string{"a"}) {
+		t.Fatalf("y health = %+v", h)
+	}
+
+	// A relayed figure (push/pull) carries no health: it neither clears
+	// nor sets a verdict.
+	var rel []byte
+	rel = appendLoadRelay(rel, "y", 5, 9, 0)
+	relay := appendBlock(appendHeader(nil, kindState), appendSection(appendBlockHead(nil, "a", 1, 9), tagLoadsRelay, rel))
+	mustHandle(t, s, relay, now)
+	if h := s.build(v3).Health("y"); !slices.Equal(h.Failing, []string{"a"}) {
+		t.Fatalf("relay changed y's health: %+v", h)
+	}
+
+	// A node that leaves, or whose figures expire, stops reporting.
+	s.leave("a")
+	v4 := s.build(nil)
+	if h := v4.Health("y"); len(h.Failing) != 0 || !slices.Equal(h.Healthy, []string{"b"}) {
+		t.Fatalf("y health after a left = %+v", h)
+	}
+	s.sweep(now.Add(2 * time.Second))
+	if h := s.build(v4).Health("x"); h.Healthy != nil || h.Failing != nil {
+		t.Fatalf("x health after expiry = %+v", h)
+	}
 }

@@ -3,17 +3,21 @@ package gossip
 import "time"
 
 // LocalSource is implemented by the proxy: it appends its own exact
-// in-flight count for every backend it knows (zero included) to dst and
-// returns the extended slice. It is called from one goroutine every
+// in-flight count and local health verdict for every backend it knows
+// (zero included) to dst and returns the extended slice. It is called from one goroutine every
 // PublishInterval and must not block.
 type LocalSource interface {
 	AppendInFlight(dst []BackendLoad) []BackendLoad
 }
 
-// BackendLoad is one node's in-flight request count for one backend.
+// BackendLoad is one node's in-flight request count for one backend, and
+// whether that node sees the backend failing (its own health checks or
+// passive ejection). The Raft leader counts these verdicts when it
+// commits a backend down or up.
 type BackendLoad struct {
 	Backend  string
 	InFlight int64
+	Failing  bool
 }
 
 // EngineStats is what a backend's inference engine reports about itself,

@@ -15,6 +15,18 @@ type View struct {
 	remote  []int64
 	engine  map[string]EngineStats
 	members []string // sorted, self included
+
+	health        map[string]BackendHealth
+	healthVersion uint64 // version of the View that last changed health
+}
+
+// BackendHealth is how the other live nodes see one backend: the names of
+// those whose latest figure says it is failing and of those that say it is
+// healthy, each sorted. A node with no fresh figure for the backend is in
+// neither. The slices belong to the View and must not be modified.
+type BackendHealth struct {
+	Healthy []string
+	Failing []string
 }
 
 // Version increases with every new View of one Cluster.
@@ -29,6 +41,13 @@ func (v *View) RemoteInFlight(backend string) int64 {
 	}
 	return 0
 }
+
+// Health returns how the other live nodes see backend.
+func (v *View) Health(backend string) BackendHealth { return v.health[backend] }
+
+// HealthVersion changes whenever any node's view of any backend's health
+// changes, or a node starts or stops reporting on a backend.
+func (v *View) HealthVersion() uint64 { return v.healthVersion }
 
 // RemoteBackends returns, sorted, the backends that have remote figures.
 func (v *View) RemoteBackends() []string {

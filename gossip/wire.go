@@ -17,12 +17,16 @@ import (
 //	tagLoads      entry = backend:string inFlight:varint
 //	tagEngine     entry = backend:string flags:byte kv,run,wait,hit:float32le scrapeAgeMs:uvarint
 //	tagLoadsRelay entry = backend:string inFlight:varint seq:uvarint ageMs:uvarint
+//	tagHealth     entry = backend:string flags:byte (healthFailing: the sender sees it failing)
 //
 // A kindPublish message carries one block from its sender; figures in a
 // tagLoads section carry the block's seq and are fresh. A kindState
 // message (memberlist push/pull) carries the sender's own block plus one
 // relay block per other node it knows, whose tagLoadsRelay entries carry
-// their own seq and age. A kindBye message is a block without sections:
+// their own seq and age. A tagHealth section marks backends of the same
+// block's tagLoads section that the sender sees failing (its own health
+// checks or passive ejection); a tagLoads entry without one is healthy,
+// and relayed figures say nothing about health. A kindBye message is a block without sections:
 // its sender is leaving and its figures must be dropped now.
 //
 // instance identifies one run of a node (its start time in nanoseconds);
@@ -41,6 +45,7 @@ const (
 	tagLoads      = 1
 	tagEngine     = 2
 	tagLoadsRelay = 3
+	tagHealth     = 4
 
 	// maxString bounds node names and backend ids on the wire.
 	maxString = 1024
@@ -50,6 +55,8 @@ const (
 	maxPacket = 1300
 
 	engineOK = 0x80
+
+	healthFailing = 0x01
 )
 
 // Engine metric bits in EngineStats.Known.
@@ -71,6 +78,7 @@ type wireBlock struct {
 	seq      uint64
 	loads    []wireLoad
 	engines  []wireEngine
+	failing  [][]byte // backends of loads the origin sees failing
 }
 
 type wireLoad struct {
@@ -78,6 +86,8 @@ type wireLoad struct {
 	inFlight int64
 	seq      uint64
 	age      time.Duration
+	relay    bool // from a tagLoadsRelay section: says nothing of health
+	failing  bool // the origin sees the backend failing (set from failing)
 }
 
 type wireEngine struct {
@@ -127,6 +137,7 @@ func (m *wireMsg) decode(b []byte) error {
 func (blk *wireBlock) decode(r *reader) error {
 	blk.loads = blk.loads[:0]
 	blk.engines = blk.engines[:0]
+	blk.failing = blk.failing[:0]
 	blk.origin = r.str()
 	blk.instance = r.uvarint()
 	blk.seq = r.uvarint()
@@ -146,6 +157,7 @@ func (blk *wireBlock) decode(r *reader) error {
 			for len(sec.b) > 0 {
 				l := wireLoad{backend: sec.str(), inFlight: sec.varint(), seq: blk.seq}
 				if tag == tagLoadsRelay {
+					l.relay = true
 					l.seq = sec.uvarint()
 					l.age = sec.millis()
 				}
@@ -170,8 +182,27 @@ func (blk *wireBlock) decode(r *reader) error {
 				}
 				blk.engines = append(blk.engines, e)
 			}
+		case tagHealth:
+			for len(sec.b) > 0 {
+				backend, flags := sec.str(), sec.byte1()
+				if sec.err || len(backend) == 0 {
+					return ErrBadMessage
+				}
+				if flags&healthFailing != 0 {
+					blk.failing = append(blk.failing, backend)
+				}
+			}
 		default:
 			// A section from a later version: skip it.
+		}
+	}
+	// Health applies to the block's own (not relayed) figures, whatever
+	// the order of the sections.
+	for _, f := range blk.failing {
+		for i := range blk.loads {
+			if l := &blk.loads[i]; !l.relay && string(l.backend) == string(f) {
+				l.failing = true
+			}
 		}
 	}
 	return nil
@@ -292,6 +323,11 @@ func appendLoad(dst []byte, backend string, inFlight int64) []byte {
 	return binary.AppendVarint(dst, inFlight)
 }
 
+func appendHealth(dst []byte, backend string, flags byte) []byte {
+	dst = appendString(dst, backend)
+	return append(dst, flags)
+}
+
 func appendLoadRelay(dst []byte, backend string, inFlight int64, seq uint64, age time.Duration) []byte {
 	dst = appendLoad(dst, backend, inFlight)
 	dst = binary.AppendUvarint(dst, seq)
@@ -326,6 +362,7 @@ type packer struct {
 	head    []byte
 	loads   []byte
 	engines []byte
+	health  []byte
 	block   []byte
 	out     [][]byte // packets; their buffers are reused by reset
 	n       int      // packets in use
@@ -336,15 +373,33 @@ func (p *packer) reset(kind byte, origin string, instance, seq uint64) {
 	p.head = appendBlockHead(p.head[:0], origin, instance, seq)
 	p.loads = p.loads[:0]
 	p.engines = p.engines[:0]
+	p.health = p.health[:0]
 	p.n = 0
 }
 
 // size is an upper bound of the packet holding the pending sections.
 func (p *packer) size() int {
-	return 3 + binary.MaxVarintLen32 + len(p.head) + 2*(1+binary.MaxVarintLen32) + len(p.loads) + len(p.engines)
+	return 3 + binary.MaxVarintLen32 + len(p.head) + 3*(1+binary.MaxVarintLen32) + len(p.loads) + len(p.engines) + len(p.health)
 }
 
 func (p *packer) pending() bool { return len(p.loads) > 0 || len(p.engines) > 0 }
+
+// addLoad appends a tagLoads entry and, when health is not empty, its
+// tagHealth entry to the same packet, which the receiver needs to pair
+// them.
+func (p *packer) addLoad(entry, health []byte) {
+	n := len(entry) + len(health)
+	if p.size()+n > p.limit {
+		if p.pending() {
+			p.flush()
+		}
+		if p.size()+n > p.limit {
+			return
+		}
+	}
+	p.loads = append(p.loads, entry...)
+	p.health = append(p.health, health...)
+}
 
 // add appends one encoded entry to the section tag, flushing first when it
 // would not fit. An entry too large for any packet is dropped.
@@ -371,6 +426,7 @@ func (p *packer) flush() {
 	p.block = append(p.block[:0], p.head...)
 	p.block = appendSection(p.block, tagLoads, p.loads)
 	p.block = appendSection(p.block, tagEngine, p.engines)
+	p.block = appendSection(p.block, tagHealth, p.health)
 	if p.n == len(p.out) {
 		p.out = append(p.out, nil)
 	}
@@ -381,6 +437,7 @@ func (p *packer) flush() {
 	p.n++
 	p.loads = p.loads[:0]
 	p.engines = p.engines[:0]
+	p.health = p.health[:0]
 }
 
 // packets returns the finished packets, flushing pending entries.

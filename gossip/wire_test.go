@@ -3,6 +3,7 @@ package gossip
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 )
@@ -20,7 +21,7 @@ func testPublisher(t *testing.T, src LocalSource) *publisher {
 }
 
 func TestWireRoundTrip(t *testing.T) {
-	src := staticSource{{"b1", 3}, {"b2", 0}, {"b3", -1}, {"gpu-x/", 1 << 40}}
+	src := staticSource{{"b1", 3, false}, {"b2", 0, true}, {"b3", -1, false}, {"gpu-x/", 1 << 40, true}}
 	p := testPublisher(t, src)
 	now := time.Now()
 	p.setEngine("b1", EngineStats{KVUsage: 0.5, Running: 3, Waiting: 2, PrefixHitRate: 0.25,
@@ -41,16 +42,16 @@ func TestWireRoundTrip(t *testing.T) {
 	if string(blk.origin) != "node-a" || blk.instance != 42 || blk.seq != 1 {
 		t.Fatalf("head = %q %d %d", blk.origin, blk.instance, blk.seq)
 	}
-	got := map[string]int64{}
+	got := map[string]BackendLoad{}
 	for _, l := range blk.loads {
-		if l.seq != 1 || l.age != 0 {
-			t.Errorf("load %s: seq %d age %v", l.backend, l.seq, l.age)
+		if l.seq != 1 || l.age != 0 || l.relay {
+			t.Errorf("load %s: seq %d age %v relay %v", l.backend, l.seq, l.age, l.relay)
 		}
-		got[string(l.backend)] = l.inFlight
+		got[string(l.backend)] = BackendLoad{Backend: string(l.backend), InFlight: l.inFlight, Failing: l.failing}
 	}
 	for _, want := range src {
-		if v, ok := got[want.Backend]; !ok || v != want.InFlight {
-			t.Errorf("backend %s = %d,%v, want %d", want.Backend, v, ok, want.InFlight)
+		if v, ok := got[want.Backend]; !ok || v != want {
+			t.Errorf("backend %s = %+v,%v, want %+v", want.Backend, v, ok, want)
 		}
 	}
 	if len(blk.engines) != 2 {
@@ -79,7 +80,7 @@ func TestWireRoundTrip(t *testing.T) {
 func TestWirePacketsStayUnderLimit(t *testing.T) {
 	var src staticSource
 	for i := range 500 {
-		src = append(src, BackendLoad{fmt.Sprintf("http://10.1.%d.%d:8000/", i/250, i%250), int64(i)})
+		src = append(src, BackendLoad{Backend: fmt.Sprintf("http://10.1.%d.%d:8000/", i/250, i%250), InFlight: int64(i), Failing: i%7 == 0})
 	}
 	p := testPublisher(t, src)
 	now := time.Now()
@@ -91,6 +92,10 @@ func TestWirePacketsStayUnderLimit(t *testing.T) {
 		t.Fatalf("expected several packets, got %d", len(pkts))
 	}
 	loads, engines := map[string]bool{}, 0
+	failing := map[string]bool{}
+	for _, bl := range src {
+		failing[bl.Backend] = bl.Failing
+	}
 	var m wireMsg
 	for _, pkt := range pkts {
 		if len(pkt) > maxPacket {
@@ -104,6 +109,10 @@ func TestWirePacketsStayUnderLimit(t *testing.T) {
 				t.Errorf("backend %s sent twice", l.backend)
 			}
 			loads[string(l.backend)] = true
+			// A load and its health entry travel in the same packet.
+			if l.failing != failing[string(l.backend)] {
+				t.Errorf("backend %s failing = %v, want %v", l.backend, l.failing, failing[string(l.backend)])
+			}
 		}
 		engines += len(m.blocks[0].engines)
 	}
@@ -159,7 +168,7 @@ func TestWireRejects(t *testing.T) {
 // the figures held per node.
 func FuzzDecode(f *testing.F) {
 	now := time.Unix(1_700_000_000, 0)
-	p := testPublisher(&testing.T{}, staticSource{{"b1", 3}, {"b2", 9}})
+	p := testPublisher(&testing.T{}, staticSource{{Backend: "b1", InFlight: 3}, {Backend: "b2", InFlight: 9, Failing: true}})
 	p.setEngine("b1", EngineStats{OK: true, Known: EngineWaiting, Waiting: 2, Scraped: now})
 	for _, pkt := range p.next(now) {
 		f.Add(append([]byte(nil), pkt...))
@@ -180,10 +189,44 @@ func FuzzDecode(f *testing.F) {
 		}
 		s.handle(b, now.Add(time.Second))
 		checkSums(t, s)
+		checkHealth(t, s)
 		s.sweep(now.Add(2 * time.Minute))
 		checkSums(t, s)
+		checkHealth(t, s)
 		if len(s.sums) != 0 {
 			t.Fatalf("sums left after expiry: %v", s.sums)
 		}
 	})
+}
+
+// checkHealth builds a View and checks its health lists against the
+// figures held per node: every node with a figure for a backend is listed
+// exactly once, as failing or healthy as its figure says.
+func checkHealth(t *testing.T, s *state) {
+	t.Helper()
+	s.healthDirty = true
+	v := s.build(nil)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	want := 0
+	for name, n := range s.nodes {
+		for k, e := range n.loads {
+			want++
+			h := v.Health(k)
+			list := h.Healthy
+			if e.failing {
+				list = h.Failing
+			}
+			if !slices.Contains(list, name) {
+				t.Fatalf("node %s, backend %s (failing %v) missing from %+v", name, k, e.failing, h)
+			}
+		}
+	}
+	got := 0
+	for _, h := range v.health {
+		got += len(h.Healthy) + len(h.Failing)
+	}
+	if got != want {
+		t.Fatalf("health lists hold %d entries, nodes hold %d figures", got, want)
+	}
 }

@@ -91,6 +91,10 @@ func (n *Node) registerAdminAPI(mux *http.ServeMux) {
 type BackendView struct {
 	cluster.Backend
 	Live *proxy.BackendStatus `json:"live,omitempty"`
+	// FailingOn names the other router nodes that see the backend failing
+	// (their health checks or passive ejection, as gossip carries it); the
+	// leader commits it down when most nodes do.
+	FailingOn []string `json:"failing_on,omitempty"`
 }
 
 func (n *Node) backendViews() ([]BackendView, uint64) {
@@ -104,6 +108,9 @@ func (n *Node) backendViews() ([]BackendView, uint64) {
 		out[i].Backend = b
 		if s, ok := live[b.ID]; ok {
 			out[i].Live = &s
+		}
+		if n.gossip != nil {
+			out[i].FailingOn = n.gossip.View().Health(b.ID).Failing
 		}
 	}
 	return out, epoch

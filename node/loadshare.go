@@ -6,6 +6,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/proxy"
@@ -22,7 +23,7 @@ type localLoads struct {
 func (l *localLoads) AppendInFlight(dst []gossip.BackendLoad) []gossip.BackendLoad {
 	l.buf = l.p.AppendInFlight(l.buf[:0])
 	for _, b := range l.buf {
-		dst = append(dst, gossip.BackendLoad{Backend: b.Backend, InFlight: b.InFlight})
+		dst = append(dst, gossip.BackendLoad{Backend: b.Backend, InFlight: b.InFlight, Failing: b.Failing})
 	}
 	return dst
 }
@@ -145,8 +146,68 @@ func (n *Node) newScraper() (*engine.Scraper, error) {
 }
 
 // followGossip pushes remote in-flight counts and engine figures into the
-// proxy's atomics whenever the cluster's view changes, until ctx ends.
-func (n *Node) followGossip(ctx context.Context) { follow(ctx, n.gossip.Subscribe, n.applyView) }
+// proxy's atomics whenever the cluster's view changes and, on the Raft
+// leader, hands the other nodes' health verdicts to the health tracker,
+// until ctx ends.
+func (n *Node) followGossip(ctx context.Context) {
+	ch, cancel := n.gossip.Subscribe()
+	defer cancel()
+	tick := time.NewTicker(verdictRefresh)
+	defer tick.Stop()
+	var fed verdictFeed
+	for {
+		n.applyView()
+		n.feedVerdicts(&fed, time.Now())
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		case <-tick.C:
+		}
+	}
+}
+
+// verdictRefresh is how often the leader repeats the other nodes'
+// verdicts to its health tracker even when none changed: well inside the
+// tracker's report TTL, and soon after this node becomes leader (the
+// tracker starts empty with each term).
+const verdictRefresh = time.Second
+
+// verdictFeed remembers what feedVerdicts last passed on.
+type verdictFeed struct {
+	version uint64
+	at      time.Time
+}
+
+// feedVerdicts passes, on the leader, every other node's verdict on every
+// backend (failing after its own health checks or passive ejection, as
+// gossip carries it) to the health tracker: when any changed, and every
+// verdictRefresh.
+func (n *Node) feedVerdicts(f *verdictFeed, now time.Time) {
+	a := n.agree
+	if a == nil || !a.IsLeader() {
+		f.at = time.Time{}
+		return
+	}
+	v := n.gossip.View()
+	if v.HealthVersion() == f.version && now.Sub(f.at) < verdictRefresh/2 {
+		return
+	}
+	f.version, f.at = v.HealthVersion(), now
+	r, _ := n.proxy.Ring()
+	for _, b := range r.Backends() {
+		h := v.Health(b.ID)
+		for _, name := range h.Failing {
+			a.ReportVerdict(b.ID, name, true)
+		}
+		for _, name := range h.Healthy {
+			a.ReportVerdict(b.ID, name, false)
+		}
+	}
+}
 
 // applyView copies the current gossip view into the proxy.
 func (n *Node) applyView() {

@@ -152,16 +152,23 @@ func (p *Proxy) SetRemote(id string, inflight int64, busy bool) {
 	}
 }
 
-// BackendLoad is one backend's own in-flight count on this node.
+// BackendLoad is one backend's own in-flight count on this node, and
+// whether this node sees it failing: its health checks failed
+// ProbeFailThreshold times in a row, or it is passively ejected after
+// EjectAfter connect failures.
 type BackendLoad struct {
 	Backend  string
 	InFlight int64
+	Failing  bool
 }
 
-// AppendInFlight appends this node's exact in-flight count per backend.
+// AppendInFlight appends this node's exact in-flight count and local
+// health verdict per backend.
 func (p *Proxy) AppendInFlight(dst []BackendLoad) []BackendLoad {
+	now := time.Now().UnixNano()
 	for _, b := range p.tab.Load().bs {
-		dst = append(dst, BackendLoad{Backend: b.id, InFlight: b.inflight.Load()})
+		dst = append(dst, BackendLoad{Backend: b.id, InFlight: b.inflight.Load(),
+			Failing: b.probeDown.Load() || b.ejectedUntil.Load() > now})
 	}
 	return dst
 }

@@ -412,6 +412,44 @@ func TestHealthCommits(t *testing.T) {
 	}
 }
 
+// TestHealthVerdicts: other nodes' verdicts (carried by gossip) count as
+// they are, one vote per node, next to the leader's own observations.
+func TestHealthVerdicts(t *testing.T) {
+	_, nodes := startFormed(t, true, []string{"a", "b", "c"}, 3, func(c *Config) {
+		c.HealthFailThreshold = 3
+		c.HealthRiseThreshold = 2
+	})
+	l := leader(t, nodes)
+	stateOf := func(id string) Backend { st, _ := l.c.State(); b, _ := st.Backend(id); return b }
+	var others []string
+	for _, n := range nodes {
+		if n != l {
+			others = append(others, n.id)
+			n.c.ReportVerdict("gpu-a/", n.id, true) // followers ignore verdicts
+		}
+	}
+	// The leader's own probes pass; one other node says failing: 1 of 2.
+	l.c.ReportHealth("gpu-a/", true, l.id)
+	l.c.ReportVerdict("gpu-a/", others[0], true)
+	l.c.ReportVerdict("no-such-backend/", others[0], true)
+	l.c.commitHealth(context.Background())
+	if b := stateOf("gpu-a/"); b.State != StateActive {
+		t.Fatalf("committed down without a majority: %+v", b)
+	}
+	// A single verdict is enough from a node: it applied its own
+	// thresholds. Two of three say failing.
+	l.c.ReportVerdict("gpu-a/", others[1], true)
+	waitFor(t, 10*time.Second, "down committed", func() bool { return stateOf("gpu-a/").State == StateDown })
+	if b := stateOf("gpu-a/"); b.StateBy != ByHealth {
+		t.Fatalf("state by: %+v", b)
+	}
+	// Both recover: up again, without waiting for the rise threshold the
+	// leader applies to raw observations.
+	l.c.ReportVerdict("gpu-a/", others[0], false)
+	l.c.ReportVerdict("gpu-a/", others[1], false)
+	waitFor(t, 10*time.Second, "active committed", func() bool { return stateOf("gpu-a/").State == StateActive })
+}
+
 func TestMetricsAndStatus(t *testing.T) {
 	tn := newTestNet(t, true)
 	regs := map[string]*prometheus.Registry{}

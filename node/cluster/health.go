@@ -30,6 +30,24 @@ func (c *Cluster) ReportHealth(backend string, ok bool, reporter string) {
 	}
 }
 
+// ReportVerdict records reporter's own verdict on backend, reached with
+// the reporter's own thresholds: another node's health checks and passive
+// ejections, carried to the leader by gossip. Unlike ReportHealth it sets
+// the reporter's verdict directly instead of counting observations, and
+// refreshes it, so callers repeat it at least every HealthReportTTL. Only
+// the leader acts on it; it never blocks.
+func (c *Cluster) ReportVerdict(backend, reporter string, unhealthy bool) {
+	if !c.IsLeader() || c.closed.Load() {
+		return
+	}
+	if _, known := c.fsm.load().state.Backend(backend); !known {
+		return
+	}
+	if c.health.set(backend, reporter, unhealthy, time.Now()) {
+		wake(c.healthWake)
+	}
+}
+
 // commitHealth commits the state changes the health reports call for.
 func (c *Cluster) commitHealth(ctx context.Context) {
 	now := time.Now()
@@ -119,6 +137,28 @@ func (h *healthTracker) report(backend, reporter string, ok, down bool, now time
 		}
 	}
 	return was != r.unhealthy
+}
+
+// set records a reporter's verdict as it is and reports whether it
+// flipped or is the reporter's first (either can change the majority).
+func (h *healthTracker) set(backend, reporter string, unhealthy bool, now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	rs := h.backends[backend]
+	if rs == nil {
+		rs = map[string]*reporterState{}
+		h.backends[backend] = rs
+	}
+	r, seen := rs[reporter]
+	if !seen {
+		r = &reporterState{}
+		rs[reporter] = r
+	}
+	r.last = now
+	r.fails, r.oks = 0, 0
+	was := r.unhealthy
+	r.unhealthy = unhealthy
+	return !seen || was != unhealthy
 }
 
 // verdict is the majority of fresh reporters' verdicts.
