@@ -1,5 +1,3 @@
-// Command warmroute is the prefix-aware router for LLM inference fleets and
-// its companion tools, one binary with subcommands.
 package main
 
 import (

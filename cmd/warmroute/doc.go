@@ -1,0 +1,16 @@
+// Command warmroute is the prefix-aware router for LLM inference fleets and
+// its companion tools, one binary with subcommands:
+//
+//	serve      run a router node (alone, or in a cluster with --join)
+//	gpusim     serve simulated vLLM instances
+//	loadtest   drive an OpenAI-compatible endpoint and report
+//	demo       a local fleet and routers, strategies compared side by side
+//	chaos      faults under load against local processes or the compose stack
+//	status, backends, config
+//	           the admin API from the command line
+//	version    print the version
+//
+// `warmroute help` lists the commands and `warmroute <command> --help` every
+// flag with its default. The README describes configuration, deployment and
+// metrics.
+package main
