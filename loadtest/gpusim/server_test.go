@@ -3,6 +3,7 @@ package gpusim
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -587,4 +588,47 @@ func TestPrefillCachesBlocksAsItGoes(t *testing.T) {
 		t.Fatalf("request arriving mid-prefill cached %d tokens, want >= 496 (31 blocks computed)", got)
 	}
 	<-done
+}
+
+// TestInterTokenLatencyGrowsWithRunningRequests: a decode step lasts
+// ITLBase + ITLPerSeq x running, so streams decoding together get their
+// tokens further apart than a stream alone; with ITLPerSeq 0 they do not.
+func TestInterTokenLatencyGrowsWithRunningRequests(t *testing.T) {
+	const tokens, together = 30, 12
+	meanITL := func(ts *testServer, n int) time.Duration {
+		var wg sync.WaitGroup
+		itl := make([]time.Duration, n)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := ts.stream(t, t.Context(), "/v1/completions",
+					tokenIDsBody(seqIDs(i*1000+n*100000, 64), fmt.Sprintf(`,"max_tokens":%d,"stream":true`, tokens)))
+				itl[i] = time.Since(r.firstAt) / (tokens - 1)
+			}()
+		}
+		wg.Wait()
+		var sum time.Duration
+		for _, d := range itl {
+			sum += d
+		}
+		return sum / time.Duration(n)
+	}
+	for _, perSeq := range []time.Duration{2 * time.Millisecond, 0} {
+		cfg := fastConfig()
+		cfg.ITLBase = 2 * time.Millisecond
+		cfg.ITLPerSeq = perSeq
+		ts := startInstance(t, cfg)
+		alone := meanITL(ts, 1)
+		loaded := meanITL(ts, together)
+		ratio := float64(loaded) / float64(alone)
+		t.Logf("ITLPerSeq %v: mean inter-token latency alone %v, %d streams together %v (x%.1f)", perSeq, alone, together, loaded, ratio)
+		// Model: alone 2+2 = 4 ms a step, together 2+2x12 = 26 ms (x6.5).
+		if perSeq > 0 && ratio < 3 {
+			t.Errorf("ITLPerSeq %v: inter-token latency grew only x%.1f with %d running requests", perSeq, ratio, together)
+		}
+		if perSeq == 0 && ratio > 2 {
+			t.Errorf("ITLPerSeq 0: inter-token latency grew x%.1f with %d running requests", ratio, together)
+		}
+	}
 }
