@@ -351,15 +351,23 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("admin-listen: %w", err))
 	}
 	rc := c.RingConfig()
-	if err := rc.Validate(); err != nil {
-		errs = append(errs, err)
+	rcErr := rc.Validate()
+	if rcErr != nil {
+		errs = append(errs, rcErr)
 	}
 	pc := c.ProxyConfig()
 	if err := pc.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if _, err := c.RingBackends(); err != nil {
+	if rbs, err := c.RingBackends(); err != nil {
 		errs = append(errs, err)
+	} else if rcErr == nil {
+		// What only the whole backend set shows (partition_count below
+		// the backend count, too many backends): build the ring the node
+		// will start with.
+		if _, err := ring.New(rc, rbs); err != nil {
+			errs = append(errs, fmt.Errorf("routing: %w", err))
+		}
 	}
 	switch strings.ToLower(c.Log.Level) {
 	case "debug", "info", "warn", "error":

@@ -1,11 +1,17 @@
 package node
 
 import (
+	"bytes"
 	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/warmroute/warmroute/node/cluster"
 	"github.com/warmroute/warmroute/ring"
+	"go.yaml.in/yaml/v3"
 )
 
 // FuzzParseBackendRequest: the admin API's add-backend decoding never
@@ -66,4 +72,198 @@ func FuzzParseRoutingPatch(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// formatBackendSpec writes b back in the "[id=]url[;zone=z][;weight=n]"
+// syntax. The id is written when set, and as an empty "=" prefix when the
+// URL would otherwise be read as "id=url".
+func formatBackendSpec(b BackendSpec) string {
+	s := b.URL
+	if i := strings.Index(s, "="); b.ID != "" || (i >= 0 && !strings.Contains(s[:i], "/")) {
+		s = b.ID + "=" + s
+	}
+	if b.Zone != "" {
+		s += ";zone=" + b.Zone
+	}
+	if b.Weight != 0 {
+		s += ";weight=" + strconv.Itoa(b.Weight)
+	}
+	return s
+}
+
+// FuzzParseBackendSpec: the --backends and YAML scalar syntax never
+// panics; an accepted spec builds a ring, and formatting it re-parses to
+// the same spec.
+func FuzzParseBackendSpec(f *testing.F) {
+	for _, s := range []string{
+		"http://10.0.0.11:8000", "10.0.0.11:8000", "https://gpu-3.example", "gpu-1=http://10.0.0.12:8000",
+		"gpu-big=http://10.0.0.12:8000;zone=us-east-1b;weight=2", " http://[::1]:9000 ; zone = z1 ",
+		"http://h:1;weight=1000", "http://h:1;weight=0", "http://h:1;weight=1001", "http://h:1;weight=x",
+		"http://h:1;colour=red", "http://h:1;zone", "a b=http://h:1", "=http://h:1", "id=", "",
+		"http://h:1/v1", "ftp://h:1", "http://h:99999", "http://u@h:1/?a=b", "x=y=h:1",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		b, err := ParseBackendSpec(s)
+		if err != nil {
+			return
+		}
+		rb, err := b.RingBackend()
+		if err != nil {
+			t.Fatalf("accepted %q as %+v, but RingBackend fails: %v", s, b, err)
+		}
+		if b.Weight < 0 || b.Weight > 1000 {
+			t.Fatalf("accepted %q with weight %d", s, b.Weight)
+		}
+		if _, err := ring.New(ring.DefaultConfig(), []ring.Backend{rb}); err != nil {
+			t.Fatalf("accepted %q, but no ring builds from it: %v", s, err)
+		}
+		out := formatBackendSpec(b)
+		back, err := ParseBackendSpec(out)
+		if err != nil {
+			t.Fatalf("%q parsed to %+v, formatted as %q, which fails: %v", s, b, out, err)
+		}
+		if back != b {
+			t.Fatalf("%q parsed to %+v, formatted as %q, re-parsed to %+v", s, b, out, back)
+		}
+	})
+}
+
+// FuzzParseSize: an accepted size is non-negative and within the parser's
+// bound, and its String form (and MarshalText) parses back to it.
+func FuzzParseSize(f *testing.F) {
+	for _, s := range []string{
+		"32MiB", "512KiB", "4096", "1GB", "1GiB", "0", " 64 K ", "2M", "3G", "7B", "10KB", "5MB",
+		"-1", "1.5MiB", "MiB", "", "4194304GiB", "4194305GiB", "9223372036854775807", "+5", "0x10", "1e3",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := ParseSize(s)
+		if err != nil {
+			if n != 0 {
+				t.Fatalf("ParseSize(%q) failed but returned %d", s, n)
+			}
+			return
+		}
+		if n < 0 || n > 1<<62 {
+			t.Fatalf("ParseSize(%q) = %d, out of [0, 2^62]", s, n)
+		}
+		back, err := ParseSize(n.String())
+		if err != nil || back != n {
+			t.Fatalf("ParseSize(%q) = %d, String %q parses to %d, %v", s, n, n.String(), back, err)
+		}
+		if plain, err := ParseSize(strconv.FormatInt(int64(n), 10)); err != nil || plain != n {
+			t.Fatalf("%d in bytes parses to %d, %v", n, plain, err)
+		}
+		text, _ := n.MarshalText()
+		var u Size
+		if err := u.UnmarshalText(text); err != nil || u != n {
+			t.Fatalf("MarshalText(%d) = %q, UnmarshalText gives %d, %v", n, text, u, err)
+		}
+	})
+}
+
+// configFuzzSeeds are YAML config files: the README's example, every
+// section, cluster mode, and broken ones.
+var configFuzzSeeds = []string{
+	"",
+	"listen: \":8080\"\nbackends:\n  - http://10.0.0.11:8000\n  - id: gpu-big\n    url: http://10.0.0.12:8000\n    zone: us-east-1b\n    weight: 2\n" +
+		"RoutingConfig:\n  RoutingStrategy: PREFIX_AWARE\n  PrefixAwareRoutingConfig:\n    PrefixLength: 4096\n    ConcurrencyThreshold: 10\n",
+	"listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nbackends: [\"gpu-1=http://10.0.0.1:8000;zone=a;weight=3\", \"10.0.0.2:8000\"]\n" +
+		"routing:\n  strategy: least-outstanding\n  prefix_length: 2048\n  concurrency_threshold: 4\n  load_factor: 1.25\n  overflow_depth: 3\n  partition_count: 271\n  zone_aware: true\n" +
+		"limits:\n  max_body_size: 8MiB\n  max_header_size: 16KiB\n  read_timeout: 5s\n  idle_timeout: 1m\n  write_timeout: 30s\n  max_conns: 1000\n" +
+		"upstream:\n  connect_timeout: 2s\n  first_byte_timeout: 1m\n  stream_idle_timeout: 2m\n  max_conns_per_backend: 64\n  retries: 2\n" +
+		"health:\n  probe_path: /health\n  probe_interval: 1s\n  probe_timeout: 500ms\n  fail_threshold: 3\n  rise_threshold: 2\n  eject_after: 3\n  eject_for: 10s\n" +
+		"log:\n  level: debug\n  format: json\nengine:\n  metrics_path: /metrics\n  interval: 2s\n  timeout: 1s\nshutdown_timeout: 10s\n",
+	"cluster:\n  node_name: r1\n  gossip_listen: 127.0.0.1:7946\n  join: [127.0.0.1:7956, r2]\n  zone: z1\n  raft_listen: 127.0.0.1:7947\n" +
+		"  bootstrap_expect: 3\n  voters: 3\n  dead_node_timeout: 2m\n  raft_timeout: 1s\n  publish_interval: 50ms\n  discovery_dns: _vllm._tcp.example\n",
+	"routing:\n  partition_count: 1\nbackends: [http://a:1, http://b:1]\n",
+	"RoutingConfig:\n  RoutingStrategy: NOPE\n",
+	"RoutingConfig: {PrefixAwareRoutingConfig: {PrefixLength: 100}}\n",
+	"limits:\n  max_body_size: -1\n",
+	"routing:\n  load_factor: .nan\n",
+	"backends:\n  - {url: 'http://h:1', weight: -3}\n",
+	"listn: \":8080\"\n",
+	"[1, 2",
+	"a: &a [*a]\n",
+}
+
+// FuzzLoadConfig: loading any YAML file never panics; what loads has its
+// SageMaker block applied, sizes non-negative, writes back as YAML that
+// loads to the same config, and, when Validate accepts it, builds a ring
+// and passes the proxy's checks.
+func FuzzLoadConfig(f *testing.F) {
+	for _, s := range configFuzzSeeds {
+		f.Add([]byte(s))
+	}
+	dir := f.TempDir()
+	path := filepath.Join(dir, "warmroute.yaml")
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c := DefaultConfig()
+		if err := c.LoadFile(path); err != nil {
+			return
+		}
+		if c.SageMaker != nil {
+			t.Fatal("RoutingConfig block left unapplied")
+		}
+		if c.Limits.MaxBodySize < 0 || c.Limits.MaxHeaderSize < 0 {
+			t.Fatalf("negative size loaded: %d %d", c.Limits.MaxBodySize, c.Limits.MaxHeaderSize)
+		}
+		out, err := yaml.Marshal(&c)
+		if err != nil {
+			t.Fatalf("loaded config does not marshal: %v", err)
+		}
+		if err := os.WriteFile(path, out, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		again := DefaultConfig()
+		if err := again.LoadFile(path); err != nil {
+			t.Fatalf("config written back does not load: %v\n%s", err, out)
+		}
+		if out2, _ := yaml.Marshal(&again); !bytes.Equal(out, out2) {
+			t.Fatalf("config changes on a round trip:\n%s\n---\n%s", out, out2)
+		}
+		// Validate reads the files a config names; keep it off the host's.
+		for _, p := range []*string{&c.Admin.TokenFile, &c.Cluster.GossipKeyFile, &c.TLS.CertFile, &c.TLS.KeyFile,
+			&c.TLS.ClusterCertFile, &c.TLS.ClusterKeyFile, &c.TLS.ClusterCAFile} {
+			if *p != "" {
+				*p = filepath.Join(dir, "absent")
+			}
+		}
+		if err := c.Validate(); err != nil {
+			return
+		}
+		if pc := c.ProxyConfig(); pc.Validate() != nil {
+			err := pc.Validate()
+			t.Fatalf("valid config, invalid proxy config: %v", err)
+		}
+		rbs, err := c.RingBackends()
+		if err != nil {
+			t.Fatalf("valid config, bad backends: %v", err)
+		}
+		if _, err := ring.New(c.RingConfig(), rbs); err != nil {
+			t.Fatalf("config passes Validate, but no ring builds from it: %v\n%s", err, data)
+		}
+	})
+}
+
+// Found by FuzzLoadConfig: a routing.partition_count below the backend
+// count passed Validate, and the node then failed to build its first ring.
+func TestValidateRejectsPartitionCountBelowBackends(t *testing.T) {
+	c := DefaultConfig()
+	c.Routing.PartitionCount = 1
+	c.Backends = []BackendSpec{{URL: "http://a:1"}, {URL: "http://b:1"}}
+	err := c.Validate()
+	if err == nil || !strings.Contains(err.Error(), "PartitionCount 1 is below the backend count 2") {
+		t.Fatalf("Validate = %v, want the partition count refused", err)
+	}
+	c.Routing.PartitionCount = 2
+	if err := c.Validate(); err != nil {
+		t.Fatalf("partition_count 2 with 2 backends: %v", err)
+	}
 }
