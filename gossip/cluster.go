@@ -48,6 +48,7 @@ type Cluster struct {
 	peersMu  sync.Mutex
 	peers    map[string]peer
 	failed   map[string]failedNode // members declared dead, for reconnects
+	left     map[string]leftNode   // members that left gracefully, recently
 	sendList atomic.Pointer[[]netip.AddrPort]
 
 	registered []prometheus.Collector
@@ -65,6 +66,16 @@ type peer struct {
 	addr netip.AddrPort
 	meta []byte
 }
+
+// leftNode is a member that said it was leaving (memberlist's graceful
+// leave), kept for LeftRetention so that RecentlyLeft can report it.
+type leftNode struct {
+	peer
+	since time.Time
+}
+
+// LeftRetention is how long RecentlyLeft reports a member after it left.
+const LeftRetention = 10 * time.Minute
 
 type failedNode struct {
 	addr  string
@@ -98,6 +109,7 @@ func New(cfg Config, local LocalSource) (*Cluster, error) {
 		subs:    make(map[uint64]chan struct{}),
 		peers:   make(map[string]peer),
 		failed:  make(map[string]failedNode),
+		left:    make(map[string]leftNode),
 		stopPub: make(chan struct{}),
 		pubDone: make(chan struct{}),
 		stop:    make(chan struct{}),
@@ -281,6 +293,30 @@ func (c *Cluster) Members() []Member {
 	for name, p := range c.peers {
 		m := Member{Name: name, Addr: p.addr.String(), State: "alive", Self: name == c.cfg.NodeName}
 		if meta, err := decodeMeta(p.meta); err == nil {
+			m.Meta = meta
+		}
+		out = append(out, m)
+	}
+	c.peersMu.Unlock()
+	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// RecentlyLeft returns, sorted by name, the members that left the cluster
+// gracefully (they said so before shutting down) within LeftRetention and
+// have not come back, with State "left". Members does not include them; a
+// member that crashed is not among them either.
+func (c *Cluster) RecentlyLeft() []Member {
+	now := time.Now()
+	c.peersMu.Lock()
+	out := make([]Member, 0, len(c.left))
+	for name, l := range c.left {
+		if now.Sub(l.since) > LeftRetention {
+			delete(c.left, name)
+			continue
+		}
+		m := Member{Name: name, Addr: l.addr.String(), State: "left"}
+		if meta, err := decodeMeta(l.meta); err == nil {
 			m.Meta = meta
 		}
 		out = append(out, m)
@@ -590,41 +626,56 @@ type events struct{ c *Cluster }
 func (e events) NotifyJoin(n *memberlist.Node) {
 	c := e.c
 	c.st.join(n.Name)
-	c.setPeer(n, false)
+	c.setPeer(n, false, false)
 	if n.Name != c.cfg.NodeName {
 		c.joined.Store(true)
 	}
 	c.signal()
 }
 
+// NotifyLeave is called for a member that left or was declared dead.
+// memberlist knows which, but the Node it passes does not say (the state
+// lives in a field the callback cannot see), so a member counts as having
+// left when its goodbye arrived first; Close sends one before leaving.
 func (e events) NotifyLeave(n *memberlist.Node) {
 	c := e.c
-	c.st.leave(n.Name)
-	c.setPeer(n, true)
+	left := c.st.leave(n.Name)
+	c.setPeer(n, true, left)
 	c.signal()
 }
 
 func (e events) NotifyUpdate(n *memberlist.Node) {
 	e.c.st.touch()
-	e.c.setPeer(n, false)
+	e.c.setPeer(n, false, false)
 	e.c.signal()
 }
 
 // setPeer copies what is needed of n (called under memberlist's node
-// lock) and refreshes the list load packets are sent to.
-func (c *Cluster) setPeer(n *memberlist.Node, gone bool) {
+// lock) and refreshes the list load packets are sent to. A member that is
+// gone goes to the left list when it said goodbye, else to the failed
+// list that joinLoop retries.
+func (c *Cluster) setPeer(n *memberlist.Node, gone, left bool) {
 	ip, _ := netip.AddrFromSlice(n.Addr)
 	addr := netip.AddrPortFrom(ip.Unmap(), n.Port)
 	c.peersMu.Lock()
 	defer c.peersMu.Unlock()
 	if gone {
+		p, known := c.peers[n.Name]
 		delete(c.peers, n.Name)
-		if n.State == memberlist.StateDead && n.Name != c.cfg.NodeName {
+		switch {
+		case n.Name == c.cfg.NodeName:
+		case left:
+			if !known {
+				p = peer{addr: addr, meta: slices.Clone(n.Meta)}
+			}
+			c.left[n.Name] = leftNode{peer: p, since: time.Now()}
+		default:
 			c.failed[n.Name] = failedNode{addr: addr.String(), since: time.Now()}
 		}
 	} else {
 		c.peers[n.Name] = peer{addr: addr, meta: slices.Clone(n.Meta)}
 		delete(c.failed, n.Name)
+		delete(c.left, n.Name)
 	}
 	list := make([]netip.AddrPort, 0, len(c.peers))
 	for name, p := range c.peers {

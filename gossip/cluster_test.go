@@ -173,6 +173,16 @@ func TestCrashedNodeShareDisappears(t *testing.T) {
 	t.Logf("crashed node's share gone on all 4 survivors after %v (probe %v, timeout %v, suspicion mult %d)",
 		time.Since(start), victim.c.cfg.ProbeInterval, victim.c.cfg.ProbeTimeout, victim.c.cfg.SuspicionMult)
 	waitMembers(t, nodes[:4], 4)
+	// A crash is not a leave: the survivors keep retrying the crashed
+	// node's address (so split halves find each other after a partition).
+	for _, nd := range nodes[:4] {
+		if l := nd.c.RecentlyLeft(); len(l) != 0 {
+			t.Errorf("%s reports a crashed node as left: %+v", nd.c.Name(), l)
+		}
+		if addrs := nd.c.failedAddrs(time.Now()); !slices.Contains(addrs, victim.c.Addr()) {
+			t.Errorf("%s does not retry the crashed node %s: %v", nd.c.Name(), victim.c.Addr(), addrs)
+		}
+	}
 }
 
 func TestGracefulLeaveShareDisappearsAtOnce(t *testing.T) {
@@ -212,6 +222,17 @@ func TestGracefulLeaveShareDisappearsAtOnce(t *testing.T) {
 	}
 	t.Logf("leaving node's share gone on A %v after Close began (Close took %v)", <-dropped, closeTook)
 	waitMembers(t, nodes[:2], 2)
+	// The others report it as recently left (the Raft leader removes such
+	// a server at once), with its metadata, and do not retry it.
+	for _, nd := range nodes[:2] {
+		if addrs := nd.c.failedAddrs(time.Now()); len(addrs) != 0 {
+			t.Errorf("%s retries a node that left: %v", nd.c.Name(), addrs)
+		}
+		waitFor(t, 10*time.Second, func() bool {
+			l := nd.c.RecentlyLeft()
+			return len(l) == 1 && l[0].Name == "node-c" && l[0].State == "left" && l[0].Meta.Wire == wireVersion
+		}, "%s reports node-c as left", nd.c.Name())
+	}
 	if err := nodes[2].c.Close(); err != nil {
 		t.Fatalf("second close: %v", err)
 	}

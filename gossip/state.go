@@ -81,15 +81,18 @@ func (s *state) join(name string) {
 	}
 }
 
-// leave drops a member and all its figures.
-func (s *state) leave(name string) {
+// leave drops a member and all its figures. It reports whether the
+// member said goodbye first (a graceful leave rather than a failure).
+func (s *state) leave(name string) (saidBye bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.memberDirty = true
 	if n, ok := s.nodes[name]; ok {
+		saidBye = n.closed
 		s.resetNode(n)
 		delete(s.nodes, name)
 	}
+	return saidBye
 }
 
 // touch marks the membership changed (a member's metadata changed).

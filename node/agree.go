@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/hashicorp/go-sockaddr"
+	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/node/cluster"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/ring"
@@ -92,7 +94,7 @@ func (n *Node) startAgreement(raftBind, raftAdvertise string) error {
 	t := cl.RaftTimeout
 	var members cluster.Membership
 	if n.gossip != nil {
-		members = n.gossip
+		members = departures{n.gossip}
 		cc.RaftBind, cc.RaftAdvertise = raftBind, raftAdvertise
 		cc.BootstrapExpect = cl.BootstrapExpect
 		cc.Voters = cl.Voters
@@ -117,6 +119,23 @@ func (n *Node) startAgreement(raftBind, raftAdvertise string) error {
 	}
 	n.agree = c
 	return nil
+}
+
+// departures adds the routers that left gracefully to gossip's live
+// members, with State "left", so the Raft leader removes them from the
+// configuration at once instead of after DeadNodeTimeout, as Consul does.
+// A router counts as left only when it is not live again.
+type departures struct{ *gossip.Cluster }
+
+func (d departures) Members() []gossip.Member {
+	live := d.Cluster.Members()
+	n := len(live)
+	for _, m := range d.Cluster.RecentlyLeft() {
+		if !slices.ContainsFunc(live[:n], func(l gossip.Member) bool { return l.Name == m.Name }) {
+			live = append(live, m)
+		}
+	}
+	return live
 }
 
 // validateState rejects a state this node could not route on.
