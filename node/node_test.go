@@ -65,6 +65,12 @@ func runNode(t *testing.T, cfg Config) *Node {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return runBuilt(t, n)
+}
+
+// runBuilt runs a node New returned and stops it at the end of the test.
+func runBuilt(t *testing.T, n *Node) *Node {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- n.Run(ctx) }()
