@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"time"
 
@@ -273,7 +274,8 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, t *table, b *backend, d ring.D
 	}
 	ts := p.streams.Get().(*trackedStream)
 	*ts = trackedStream{p: p, b: b, up: up, src: bs, sent: sent,
-		client: holdStreamHeaders(ctx.Conn(), up.LocalAddr())}
+		client: holdStreamHeaders(ctx.Conn(), up.LocalAddr()),
+		sse:    up.Header.ContentLength() < 0 && bytes.HasPrefix(up.Header.ContentType(), strEventStream)}
 	resp.ImmediateHeaderFlush = true
 	resp.SetBodyStream(ts, up.Header.ContentLength())
 	return false, nil

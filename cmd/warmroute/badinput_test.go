@@ -539,7 +539,8 @@ func blackhole(t *testing.T) string {
 
 // Upstream limits: a backend that cannot be connected to is given up at
 // --connect-timeout (502); one that does not answer at --first-byte-timeout
-// (504); a stream that stalls is cut at --stream-idle-timeout; a backend
+// (504); a stream that stalls is cut at --stream-idle-timeout (with an
+// error event); a backend
 // at --max-conns-per-backend makes requests wait --max-conn-wait, then 503.
 func TestE2EUpstreamLimits(t *testing.T) {
 	needBinary(t)
@@ -573,9 +574,11 @@ func TestE2EUpstreamLimits(t *testing.T) {
 		}
 		b, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		// Cut after the first event: the stream ends without its final
-		// chunk, which clients see as an error, well before the 5 s gap.
-		if resp.StatusCode != 200 || err == nil || strings.Count(string(b), "data: ") != 1 || time.Since(start) > 4*time.Second {
+		// Cut after the first event, well before the 5 s gap: the client
+		// gets an OpenAI-style error event and a clean end, no [DONE].
+		if resp.StatusCode != 200 || err != nil || strings.Count(string(b), "data: ") != 2 ||
+			!strings.Contains(string(b), `"code":"upstream_stream_failed"`) || strings.Contains(string(b), "[DONE]") ||
+			time.Since(start) > 4*time.Second {
 			t.Fatalf("%d %q %v after %v", resp.StatusCode, b, err, time.Since(start))
 		}
 		deadline := time.Now().Add(10 * time.Second)
