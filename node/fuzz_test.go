@@ -3,6 +3,9 @@ package node
 import (
 	"bytes"
 	"encoding/json"
+	"net"
+	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -116,7 +119,20 @@ func FuzzParseBackendSpec(f *testing.F) {
 		if b.Weight < 0 || b.Weight > 1000 {
 			t.Fatalf("accepted %q with weight %d", s, b.Weight)
 		}
-		if _, err := ring.New(ring.DefaultConfig(), []ring.Backend{rb}); err != nil {
+		// The id ends at the first '=', options at ';', and spaces around
+		// each part are not part of it.
+		if strings.ContainsAny(b.ID, "=;") || strings.Contains(b.Zone, ";") || strings.Contains(b.URL, ";") {
+			t.Fatalf("%q split wrongly: %+v", s, b)
+		}
+		for _, v := range []string{b.ID, b.URL, b.Zone} {
+			if v != strings.TrimSpace(v) {
+				t.Fatalf("%q: part %q not trimmed", s, v)
+			}
+		}
+		checkBackendAddr(t, s, b.URL, rb.Addr)
+		rc := ring.DefaultConfig()
+		rc.PartitionCount = 7 // a small ring: the backend is what is checked
+		if _, err := ring.New(rc, []ring.Backend{rb}); err != nil {
 			t.Fatalf("accepted %q, but no ring builds from it: %v", s, err)
 		}
 		out := formatBackendSpec(b)
@@ -128,6 +144,37 @@ func FuzzParseBackendSpec(f *testing.F) {
 			t.Fatalf("%q parsed to %+v, formatted as %q, re-parsed to %+v", s, b, out, back)
 		}
 	})
+}
+
+// checkBackendAddr: an accepted backend URL names a host that can be
+// dialled (an IP address or a DNS name) and carries nothing the router
+// would silently drop (user info, query, fragment).
+func checkBackendAddr(t *testing.T, spec, rawURL, addr string) {
+	t.Helper()
+	withScheme := rawURL
+	if !strings.Contains(withScheme, "://") {
+		withScheme = "http://" + withScheme
+	}
+	u, err := url.Parse(withScheme)
+	if err != nil {
+		t.Fatalf("%q accepted, but its URL %q does not parse: %v", spec, rawURL, err)
+	}
+	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		t.Fatalf("%q accepted, dropping user info, query or fragment of %q", spec, rawURL)
+	}
+	hostport := addr[strings.Index(addr, "://")+3:]
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		t.Fatalf("%q accepted as address %q: %v", spec, addr, err)
+	}
+	if _, err := netip.ParseAddr(host); err == nil {
+		return
+	}
+	for _, c := range []byte(host) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_') {
+			t.Fatalf("%q accepted with host %q, neither an IP address nor a DNS name", spec, host)
+		}
+	}
 }
 
 // FuzzParseSize: an accepted size is non-negative and within the parser's
@@ -265,5 +312,21 @@ func TestValidateRejectsPartitionCountBelowBackends(t *testing.T) {
 	c.Routing.PartitionCount = 2
 	if err := c.Validate(); err != nil {
 		t.Fatalf("partition_count 2 with 2 backends: %v", err)
+	}
+}
+
+// Found by FuzzParseBackendSpec: backend URLs whose host could never be
+// dialled ("y=h", "%80+++", a C1 control character) or whose user info,
+// query or fragment the router silently dropped were accepted.
+func TestParseBackendSpecRejectsUndiallableHosts(t *testing.T) {
+	for _, s := range []string{"x=y=h:1", "AA@0", "http://user:pass@h:1", "%80+++", "\u0088", "http://h:1/?a=b", "http://h:1#f", "+BBYBY"} {
+		if b, err := ParseBackendSpec(s); err == nil {
+			t.Errorf("ParseBackendSpec(%q) = %+v, want an error", s, b)
+		}
+	}
+	for _, s := range []string{"http://[fe80::1%25eth0]:1", "gpu_0.gpusim.svc.cluster.local.:8000", "https://10.0.0.1", "[::1]:9"} {
+		if _, err := ParseBackendSpec(s); err != nil {
+			t.Errorf("ParseBackendSpec(%q): %v", s, err)
+		}
 	}
 }
