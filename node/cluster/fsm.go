@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/hashicorp/raft"
+	"github.com/warmroute/warmroute/ring"
 )
 
 // published is an applied state and its epoch: the index of the log entry
@@ -113,14 +114,29 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if s.Version != snapshotVersion {
 		return fmt.Errorf("cluster: snapshot version %d, want %d", s.Version, snapshotVersion)
 	}
-	if s.State.Backends == nil {
-		s.State.Backends = []Backend{}
-	}
+	s.State.normalize()
 	if err := s.State.validate(); err != nil {
 		return fmt.Errorf("cluster: snapshot: %w", err)
 	}
 	f.set(&published{state: s.State, epoch: s.Epoch})
 	return nil
+}
+
+// normalize puts a state read from a snapshot or the cache file in the
+// form apply keeps it in: backends never nil, empty labels nil, the
+// strategy under its canonical name.
+func (s *State) normalize() {
+	if s.Backends == nil {
+		s.Backends = []Backend{}
+	}
+	for i := range s.Backends {
+		if len(s.Backends[i].Labels) == 0 {
+			s.Backends[i].Labels = nil
+		}
+	}
+	if st, err := ring.ParseStrategy(s.Routing.Strategy); err == nil {
+		s.Routing.Strategy = st.String()
+	}
 }
 
 type fsmSnapshot struct{ p *published }
@@ -157,9 +173,7 @@ func (sc stateCache) load() (*published, error) {
 	if s.Version != snapshotVersion {
 		return nil, fmt.Errorf("version %d", s.Version)
 	}
-	if s.State.Backends == nil {
-		s.State.Backends = []Backend{}
-	}
+	s.State.normalize()
 	if err := s.State.validate(); err != nil {
 		return nil, err
 	}
