@@ -68,7 +68,10 @@ func spawnRouter(t *testing.T, name string, backends []string, extra ...string) 
 	args := append([]string{"serve", "--listen", listen, "--admin-listen", admin,
 		"--backends", strings.Join(backends, ","), "--probe-interval", "100ms", "--shutdown-timeout", "2s",
 		"--node-name", name, "--gossip-listen", p.gossip, "--raft-listen", freeAddr(t),
-		"--raft-timeout", "200ms", "--data-dir", t.TempDir()}, extra...)
+		"--raft-timeout", "200ms", "--data-dir", t.TempDir(),
+		// The stub engines export no metrics; a scrape would be held like
+		// a request and counted in their concurrency.
+		"--engine-metrics-path", ""}, extra...)
 	p.cmd = exec.Command(binPath, args...)
 	p.cmd.Stderr = p.logs
 	p.started = time.Now()
@@ -629,6 +632,10 @@ func TestClusterProcessesLateJoiner(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("router C never saw A's and B's requests: %v, want %v: %v", remoteC, want, err)
 	}
+	// Changed figures are re-sent for 3 publish intervals (150 ms); wait
+	// past that, so only D's join exchange (memberlist push/pull) or the
+	// next periodic refresh (every 500 ms) can bring them to D.
+	time.Sleep(300 * time.Millisecond)
 
 	var d *proc
 	var firstAnswer time.Duration
