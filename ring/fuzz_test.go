@@ -215,3 +215,63 @@ func FuzzCheckTenant(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseStrategy: strategy names from flags, YAML, the admin API and
+// SageMaker's RoutingConfig never panic the parser; an accepted name is a
+// known strategy whose canonical name (and its text form) parses back to
+// it, whatever the case and '-' for '_'.
+func FuzzParseStrategy(f *testing.F) {
+	for _, s := range []string{"PREFIX_AWARE", "prefix-aware", " Round_Robin ", "LOR", "least-outstanding",
+		"LEAST_OUTSTANDING_REQUESTS", "consistent_hash", "RANDOM", "", "NOPE", "PREFIX AWARE", "prefixaware", "ſ"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		st, err := ParseStrategy(s)
+		if err != nil {
+			if !errors.Is(err, ErrConfig) {
+				t.Fatalf("ParseStrategy(%q): %v does not wrap ErrConfig", s, err)
+			}
+			return
+		}
+		if int(st) >= len(strategyNames) {
+			t.Fatalf("ParseStrategy(%q) = unknown %d", s, st)
+		}
+		for _, form := range []string{st.String(), strings.ToLower(st.String()), strings.ReplaceAll(st.String(), "_", "-")} {
+			if back, err := ParseStrategy(form); err != nil || back != st {
+				t.Fatalf("ParseStrategy(%q) = %v; %q parses to %v, %v", s, st, form, back, err)
+			}
+		}
+		text, _ := st.MarshalText()
+		var u Strategy
+		if err := u.UnmarshalText(text); err != nil || u != st {
+			t.Fatalf("%v: text %q unmarshals to %v, %v", st, text, u, err)
+		}
+		if lower, err := ParseStrategy(strings.ToLower(s)); err != nil || lower != st {
+			t.Fatalf("ParseStrategy(%q) = %v, but in lower case %v, %v", s, st, lower, err)
+		}
+	})
+}
+
+// FuzzParseState: backend states from the admin API and cluster commands
+// never panic the parser; an accepted state is one of the three and its
+// name parses back to it.
+func FuzzParseState(f *testing.F) {
+	for _, s := range []string{"active", "draining", "drain", "down", "", " DOWN ", "up", "Draining\n", "K"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		st, err := ParseState(s)
+		if err != nil {
+			if !errors.Is(err, ErrConfig) {
+				t.Fatalf("ParseState(%q): %v does not wrap ErrConfig", s, err)
+			}
+			return
+		}
+		if st != Active && st != Draining && st != Down {
+			t.Fatalf("ParseState(%q) = unknown %d", s, st)
+		}
+		if back, err := ParseState(st.String()); err != nil || back != st {
+			t.Fatalf("ParseState(%q) = %v; its name parses to %v, %v", s, st, back, err)
+		}
+	})
+}
