@@ -2,6 +2,7 @@ package node
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"net"
 	"net/netip"
@@ -329,4 +330,66 @@ func TestParseBackendSpecRejectsUndiallableHosts(t *testing.T) {
 			t.Errorf("ParseBackendSpec(%q): %v", s, err)
 		}
 	}
+}
+
+// FuzzGossipKey: the gossip key (a flag, a file or WARMROUTE_GOSSIP_KEY)
+// never panics the parser; an accepted key is 16, 24 or 32 bytes that
+// encode back to a key parsing to the same bytes, and no key is read only
+// from blank input.
+func FuzzGossipKey(f *testing.F) {
+	for _, s := range []string{
+		"", "  \n", base64.StdEncoding.EncodeToString(make([]byte, 16)), base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0xfe}, 24)),
+		" " + base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef")) + "\n", "not base64!", "AAAA",
+		base64.RawStdEncoding.EncodeToString(make([]byte, 32)), base64.URLEncoding.EncodeToString(bytes.Repeat([]byte{0xff}, 16)),
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		cl := Cluster{GossipKey: s}
+		key, err := cl.gossipKey()
+		if err != nil {
+			return
+		}
+		if key == nil {
+			if strings.TrimSpace(s) != "" {
+				t.Fatalf("gossipKey(%q) = no key, no error", s)
+			}
+			return
+		}
+		if n := len(key); n != 16 && n != 24 && n != 32 {
+			t.Fatalf("gossipKey(%q) = %d bytes", s, n)
+		}
+		again := Cluster{GossipKey: base64.StdEncoding.EncodeToString(key)}
+		if back, err := again.gossipKey(); err != nil || !bytes.Equal(back, key) {
+			t.Fatalf("gossipKey(%q) = %x; written back it gives %x, %v", s, key, back, err)
+		}
+	})
+}
+
+// FuzzListenAddr: Validate's check of a listen address (checkListen) and
+// the parser the node starts gossip and Raft with (splitHostPort) never
+// panic and agree, so a config that validates starts; an accepted
+// host:port is written back to the same.
+func FuzzListenAddr(f *testing.F) {
+	for _, s := range []string{":8080", "127.0.0.1:9090", "0.0.0.0:7946", "[::1]:7947", "[fe80::1%eth0]:1", "router-0:0",
+		"", ":", "h", "h:65536", "h:-1", "h:+1", "h:0x10", "[::1]", "a:b:c", "h:  1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		cerr := checkListen(s)
+		host, port, err := splitHostPort(s)
+		if (cerr == nil) != (err == nil) {
+			t.Fatalf("%q: checkListen says %v, splitHostPort %v", s, cerr, err)
+		}
+		if err != nil {
+			return
+		}
+		if port < 0 || port > 65535 {
+			t.Fatalf("%q: port %d", s, port)
+		}
+		h2, p2, err := splitHostPort(net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil || h2 != host || p2 != port {
+			t.Fatalf("%q = %q %d; written back %q %d, %v", s, host, port, h2, p2, err)
+		}
+	})
 }
