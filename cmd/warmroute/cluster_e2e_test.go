@@ -650,6 +650,9 @@ func TestClusterProcessesLateJoiner(t *testing.T) {
 			}
 			_, rd, err := liveLoads(c, d)
 			if err != nil {
+				if answers > 0 {
+					t.Logf("router D answered, then: %v", err)
+				}
 				return false, err
 			}
 			if answers++; answers == 1 {
@@ -670,6 +673,9 @@ func TestClusterProcessesLateJoiner(t *testing.T) {
 	}
 	t.Logf("late joiner D: remote in-flight %v matched %v after exec; its admin API first answered %v after exec, and %d answers (2 ms apart) were needed",
 		want, sinceExec, firstAnswer, answers)
+	if sinceExec > time.Second {
+		t.Logf("router D's log:\n%s", d.logs)
+	}
 	if sinceExec > 5*time.Second {
 		t.Errorf("router D converged %v after it was started, want under 5 s", sinceExec)
 	}
