@@ -225,9 +225,11 @@ func (n *Node) Run(ctx context.Context) error {
 		"strategy", n.cfg.Routing.Strategy.String(), "backends", len(n.cfg.Backends), "cluster", n.gossip != nil)
 
 	var runErr error
+	pending := 2 // Serve goroutines still running
 	select {
 	case <-ctx.Done():
 	case runErr = <-errc:
+		pending--
 	}
 	n.log.Info("shutting down", "drain", n.cfg.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
@@ -237,6 +239,10 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 	if err := n.admin.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		runErr = errors.Join(runErr, err)
+	}
+	// Both servers return once shut down (also when Shutdown came first).
+	for ; pending > 0; pending-- {
+		runErr = errors.Join(runErr, <-errc)
 	}
 	return runErr
 }

@@ -14,7 +14,7 @@ func (p *Proxy) startProber() {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.proberStarted {
+	if p.proberStarted || p.shutdown {
 		return
 	}
 	p.proberStarted = true

@@ -3,6 +3,7 @@ package proxy
 import (
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,7 +16,15 @@ import (
 // write to a client that stopped reading may stall (see rawConn).
 type clientListener struct {
 	net.Listener
-	p *Proxy
+	p         *Proxy
+	closeOnce *sync.Once // Shutdown and fasthttp both close it
+}
+
+// Close closes the listener once; later calls return nil.
+func (l clientListener) Close() error {
+	var err error
+	l.closeOnce.Do(func() { err = l.Listener.Close() })
+	return err
 }
 
 func (l clientListener) Accept() (net.Conn, error) {

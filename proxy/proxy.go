@@ -51,7 +51,9 @@ type Proxy struct {
 	streams sync.Pool // *trackedStream
 
 	server        *fasthttp.Server
-	proberStarted bool // guarded by mu
+	proberStarted bool             // guarded by mu
+	shutdown      bool             // guarded by mu: Shutdown was called
+	listeners     []clientListener // guarded by mu: what Serve serves on
 
 	open      atomic.Int64 // client connections open
 	lingering atomic.Int64 // refused connections being drained
@@ -237,10 +239,19 @@ func (p *Proxy) Explain(api ring.API, body, tenant []byte) (ring.KeyInfo, ring.E
 }
 
 // Serve accepts client connections on ln until Shutdown. It also runs the
-// active health checks.
+// active health checks. After Shutdown it closes ln and returns at once.
 func (p *Proxy) Serve(ln net.Listener) error {
+	cl := clientListener{Listener: ln, p: p, closeOnce: new(sync.Once)}
+	p.mu.Lock()
+	if p.shutdown {
+		p.mu.Unlock()
+		cl.Close()
+		return nil
+	}
+	p.listeners = append(p.listeners, cl)
+	p.mu.Unlock()
 	p.startProber()
-	err := p.server.Serve(clientListener{Listener: ln, p: p})
+	err := p.server.Serve(cl)
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}
@@ -260,6 +271,18 @@ func (p *Proxy) StartHealthChecks() { p.startProber() }
 // once.
 func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.stopOnce.Do(func() { close(p.stop) })
+	p.mu.Lock()
+	p.shutdown = true
+	lns := p.listeners
+	p.listeners = nil
+	p.mu.Unlock()
+	// fasthttp's Shutdown closes only the listeners its Serve has
+	// registered; a Serve called just before would register later and
+	// accept for ever. Closing them here first ends every Serve (fasthttp
+	// closes them again, which clientListener makes a no-op).
+	for _, ln := range lns {
+		ln.Close()
+	}
 	err := p.server.ShutdownWithContext(ctx)
 	p.wg.Wait()
 	p.mu.Lock()
