@@ -175,7 +175,9 @@ func getJSON(c *http.Client, url string, v any) error {
 		b, _ := io.ReadAll(resp.Body)
 		return fmt.Errorf("GET %s: %d %s", url, resp.StatusCode, b)
 	}
-	return json.NewDecoder(resp.Body).Decode(v)
+	err = json.NewDecoder(resp.Body).Decode(v)
+	io.Copy(io.Discard, resp.Body) // to EOF, so the connection is reused
+	return err
 }
 
 type clusterDoc struct {
@@ -438,6 +440,7 @@ func explain(c *http.Client, p *proc, body []byte) (explained, error) {
 	}
 	var e explained
 	err = json.NewDecoder(resp.Body).Decode(&e)
+	io.Copy(io.Discard, resp.Body) // to EOF, so the connection is reused
 	return e, err
 }
 
