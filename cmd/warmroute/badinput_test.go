@@ -674,13 +674,9 @@ func startRouterNoWait(t *testing.T, backends []string, extra ...string) *router
 }
 
 // A client that stops reading a stream is cut at --write-timeout and the
-// engine is told; skipped until serve has the flag.
+// engine is told.
 func TestE2EClientStopsReading(t *testing.T) {
 	needBinary(t)
-	out, _ := exec.Command(binPath, "serve", "--help").CombinedOutput()
-	if !strings.Contains(string(out), "-write-timeout") {
-		t.Skip("serve has no --write-timeout flag yet (proxy.Config.WriteTimeout)")
-	}
 	e := newEngine(t, 0, 0, 1<<30)
 	r := startRouter(t, []string{e.srv.URL}, "--write-timeout", "500ms")
 	c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
