@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -333,16 +334,21 @@ PrefixLength and ConcurrencyThreshold work too).
 	return printJSON(stdout, out)
 }
 
-// configValue types a command-line value: bools and numbers as JSON
-// values, anything else as a string.
+// configValue types a command-line value: integers and finite numbers as
+// JSON numbers, "true" and "false" (any case) as booleans, anything else
+// as a string. (strconv.ParseBool would also take "1", "0" and "t", so
+// concurrency_threshold=1 went out as true.)
 func configValue(v string) any {
-	if b, err := strconv.ParseBool(v); err == nil {
-		return b
-	}
 	if i, err := strconv.ParseInt(v, 10, 64); err == nil {
 		return i
 	}
-	if f, err := strconv.ParseFloat(v, 64); err == nil {
+	switch strings.ToLower(v) {
+	case "true":
+		return true
+	case "false":
+		return false
+	}
+	if f, err := strconv.ParseFloat(v, 64); err == nil && !math.IsInf(f, 0) && !math.IsNaN(f) {
 		return f
 	}
 	return v
