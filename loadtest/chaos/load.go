@@ -202,6 +202,7 @@ func (l *loader) read(resp *http.Response, ctx context.Context, rec *Record) {
 		if rec.Backend == "" {
 			rec.Backend = ErrorBackend(b)
 		}
+		rec.Detail = errorMessage(b)
 		return
 	}
 	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
@@ -252,15 +253,7 @@ func errKind(err error, ctx context.Context) string {
 // ("backend X failed: ..." or "backend X did not answer in time"), "" when
 // it names none.
 func ErrorBackend(body []byte) string {
-	var e struct {
-		Error struct {
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	if json.Unmarshal(body, &e) != nil {
-		return ""
-	}
-	rest, ok := strings.CutPrefix(e.Error.Message, "backend ")
+	rest, ok := strings.CutPrefix(errorMessage(body), "backend ")
 	if !ok {
 		return ""
 	}
@@ -274,6 +267,24 @@ func ErrorBackend(body []byte) string {
 		}
 	}
 	return ""
+}
+
+// errorMessage is the message of an OpenAI-style error body, at most 200
+// bytes of it, or "".
+func errorMessage(body []byte) string {
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &e) != nil {
+		return ""
+	}
+	m := e.Error.Message
+	if len(m) > 200 {
+		m = strings.ToValidUTF8(m[:200], "")
+	}
+	return m
 }
 
 // String is a short description for progress lines.

@@ -336,6 +336,8 @@ type Record struct {
 	// Redispatched: a connection to the first router was refused and the
 	// request went to the next one.
 	Redispatched bool `json:"redispatched,omitempty"`
+	// Detail is the error message of a failed answer (at most 200 bytes).
+	Detail string `json:"detail,omitempty"`
 }
 
 // Failed reports whether the request failed.
@@ -366,7 +368,13 @@ type Errors struct {
 	Other        int            `json:"other"`
 	Redispatched int            `json:"redispatched"`
 	ByKind       map[string]int `json:"by_kind,omitempty"`
+	// Examples are the first failures that were not unavoidable, to tell
+	// what happened to them.
+	Examples []Record `json:"examples,omitempty"`
 }
+
+// maxExamples bounds Errors.Examples.
+const maxExamples = 8
 
 // Classify sorts the records' failures: victims are the routers the fault
 // hit; outages the moments requests in flight could not survive. A
@@ -391,10 +399,14 @@ func Classify(recs []Record, victims []string, outages []Outage) Errors {
 		switch {
 		case unavoidable(r, outages):
 			e.Unavoidable++
+			continue
 		case victim[r.Router]:
 			e.Faulted++
 		default:
 			e.Other++
+		}
+		if len(e.Examples) < maxExamples {
+			e.Examples = append(e.Examples, r)
 		}
 	}
 	return e

@@ -159,6 +159,14 @@ func details(r *Result) []string {
 		}
 		out = append(out, "failures by kind: "+strings.Join(sorted(kinds), ", "))
 	}
+	for _, x := range r.Errors.Examples {
+		line := fmt.Sprintf("failure not explained by the fault: %s via %s to %s, sent at %.2fs, ended at %.2fs (status %d, epoch %d)",
+			x.Err, orNone(x.Router), orNone(x.Backend), (x.Start-r.Inject).Seconds(), (x.End-r.Inject).Seconds(), x.Status, x.Epoch)
+		if x.Detail != "" {
+			line += ": " + x.Detail
+		}
+		out = append(out, line)
+	}
 	if r.Errors.Redispatched > 0 {
 		out = append(out, fmt.Sprintf("%d requests refused by a router and sent to the next one (as an L4 balancer retries)", r.Errors.Redispatched))
 	}
@@ -240,4 +248,11 @@ func Check(rep Report, level Level) []string {
 		}
 	}
 	return bad
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
 }
