@@ -161,7 +161,7 @@ func details(r *Result) []string {
 	}
 	for _, x := range r.Errors.Examples {
 		line := fmt.Sprintf("failure not explained by the fault: %s via %s to %s, sent at %.2fs, ended at %.2fs (status %d, epoch %d)",
-			x.Err, orNone(x.Router), orNone(x.Backend), (x.Start-r.Inject).Seconds(), (x.End-r.Inject).Seconds(), x.Status, x.Epoch)
+			x.Err, orNone(x.Router), orNone(x.Backend), (x.Start - r.Inject).Seconds(), (x.End - r.Inject).Seconds(), x.Status, x.Epoch)
 		if x.Detail != "" {
 			line += ": " + x.Detail
 		}
