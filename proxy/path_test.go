@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -192,4 +193,33 @@ func TestStreamHeadersWithFirstEvent(t *testing.T) {
 		}
 	}
 	waitFor(t, func() bool { return h.p.Status()[0].InFlight == 0 }, "in-flight back to 0")
+}
+
+// A pooled connection whose last read deadline has passed (a health
+// probe's short one) and which the backend then closed (a crash, a
+// restart) is noticed before the request is written to it, like any other
+// closed pooled connection: the request is retried on a new one.
+func TestPooledConnectionClosedAfterProbeDeadline(t *testing.T) {
+	var probes atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			probes.Add(1)
+			return
+		}
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, `{"object":"chat.completion"}`)
+	}))
+	defer srv.Close()
+	cfg := testProxyConfig()
+	cfg.ProbeInterval = time.Hour // one probe, at start
+	cfg.ProbeTimeout = 100 * time.Millisecond
+	h := startProxyBackends(t, cfg, ring.DefaultConfig(), []ring.Backend{{ID: "a/", Addr: srv.URL}})
+	waitFor(t, func() bool { return probes.Load() == 1 }, "the first probe")
+	time.Sleep(300 * time.Millisecond) // the probe's read deadline passes
+	srv.CloseClientConnections()       // the backend drops its connections
+	time.Sleep(50 * time.Millisecond)
+	resp, body := post(t, h.url+"/v1/chat/completions", chatReq("hello", ""))
+	if resp.StatusCode != 200 {
+		t.Fatalf("request after the backend closed the probe's pooled connection: %d %s", resp.StatusCode, body)
+	}
 }

@@ -32,12 +32,13 @@ type rawSocket struct {
 	rc   syscall.RawConn
 
 	// Callback arguments and results.
-	p                              []byte
-	n                              int
-	err                            error
-	closed                         bool
-	wouldBlock                     bool
-	readCB, writeCB, peekCB, tryCB func(uintptr) bool
+	p                      []byte
+	n                      int
+	err                    error
+	closed                 bool
+	wouldBlock             bool
+	readCB, writeCB, tryCB func(uintptr) bool
+	peekCB                 func(uintptr)
 
 	// onBlock, when set, runs once before a read waits for data.
 	onBlock func()
@@ -219,21 +220,26 @@ func (s *rawSocket) writeStalled() error {
 
 // peerClosed reports whether the peer closed an idle connection (EOF or
 // reset pending, or unexpected bytes waiting), with one non-blocking
-// MSG_PEEK recv.
+// MSG_PEEK recv. It runs through Control, not Read: Read refuses to call
+// back once the connection's last read deadline has passed (a health
+// probe's short one, typically), and the check would then pass a closed
+// connection as alive. A connection whose descriptor is gone counts as
+// closed.
 func (s *rawSocket) peerClosed() bool {
 	s.closed = false
-	err := s.rc.Read(s.peekCB)
-	return err == nil && s.closed
+	if err := s.rc.Control(s.peekCB); err != nil {
+		return true
+	}
+	return s.closed
 }
 
-func (s *rawSocket) rawPeek(fd uintptr) bool {
+func (s *rawSocket) rawPeek(fd uintptr) {
 	var buf [1]byte
 	_, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), 1,
 		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
 	// EAGAIN: alive and quiet. Any other error: reset. No error: EOF (0
 	// bytes) or bytes nobody asked for; either way not reusable.
 	s.closed = e != syscall.EAGAIN && e != syscall.EWOULDBLOCK
-	return true
 }
 
 func (s *rawSocket) opError(op string, err error) error {
