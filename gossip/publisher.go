@@ -108,7 +108,7 @@ func (p *publisher) next(now time.Time) [][]byte {
 		}
 		if full || p.tick-e.changed < p.resend {
 			p.entry = appendEngine(p.entry[:0], k, e.s, age)
-			p.pk.add(tagEngine, p.entry)
+			p.pk.addEngine(p.entry)
 		}
 	}
 	pkts := p.pk.packets()

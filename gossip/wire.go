@@ -388,36 +388,32 @@ func (p *packer) pending() bool { return len(p.loads) > 0 || len(p.engines) > 0 
 // tagHealth entry to the same packet, which the receiver needs to pair
 // them.
 func (p *packer) addLoad(entry, health []byte) {
-	n := len(entry) + len(health)
+	if p.fit(len(entry) + len(health)) {
+		p.loads = append(p.loads, entry...)
+		p.health = append(p.health, health...)
+	}
+}
+
+// addEngine appends a tagEngine entry.
+func (p *packer) addEngine(entry []byte) {
+	if p.fit(len(entry)) {
+		p.engines = append(p.engines, entry...)
+	}
+}
+
+// fit makes room for n more bytes, flushing the pending entries into a
+// packet first when they would not fit. It reports false for an entry too
+// large for any packet, which is dropped.
+func (p *packer) fit(n int) bool {
 	if p.size()+n > p.limit {
 		if p.pending() {
 			p.flush()
 		}
 		if p.size()+n > p.limit {
-			return
+			return false
 		}
 	}
-	p.loads = append(p.loads, entry...)
-	p.health = append(p.health, health...)
-}
-
-// add appends one encoded entry to the section tag, flushing first when it
-// would not fit. An entry too large for any packet is dropped.
-func (p *packer) add(tag byte, entry []byte) {
-	if p.size()+len(entry) > p.limit {
-		if p.pending() {
-			p.flush()
-		}
-		if p.size()+len(entry) > p.limit {
-			return
-		}
-	}
-	switch tag {
-	case tagEngine:
-		p.engines = append(p.engines, entry...)
-	default:
-		p.loads = append(p.loads, entry...)
-	}
+	return true
 }
 
 // flush turns the pending sections into a packet (also when empty, which
