@@ -267,13 +267,30 @@ type upstreamConn struct {
 // as it sets its phase deadlines.
 func (c *upstreamConn) SetReadDeadline(t time.Time) error {
 	c.outer.Store(deadlineNanos(t))
-	return c.Conn.SetReadDeadline(t)
+	err := c.Conn.SetReadDeadline(t)
+	if c.d != nil {
+		c.d.pollerChanged()
+	}
+	return err
 }
 
 // SetDeadline is SetReadDeadline plus the write deadline.
 func (c *upstreamConn) SetDeadline(t time.Time) error {
 	c.outer.Store(deadlineNanos(t))
-	return c.Conn.SetDeadline(t)
+	err := c.Conn.SetDeadline(t)
+	if c.d != nil {
+		c.d.pollerChanged()
+	}
+	return err
+}
+
+// setReadDeadline sets the read deadline dl (unix nanoseconds), lazily
+// where the connection does its own I/O (see rawSocket.setReadDeadline).
+func (c *upstreamConn) setReadDeadline(dl, now int64) error {
+	if c.d != nil {
+		return c.d.setReadDeadline(dl, now)
+	}
+	return c.Conn.SetReadDeadline(time.Unix(0, dl))
 }
 
 func deadlineNanos(t time.Time) int64 {
@@ -319,11 +336,12 @@ func (c *upstreamConn) Read(p []byte) (int, error) {
 	if c.waiting {
 		d = c.first
 	}
-	dl := time.Now().Add(d)
-	if o := c.outer.Load(); o != 0 && o < dl.UnixNano() {
-		dl = time.Unix(0, o)
+	now := time.Now().UnixNano()
+	dl := now + int64(d)
+	if o := c.outer.Load(); o != 0 && o < dl {
+		dl = o
 	}
-	if err := c.Conn.SetReadDeadline(dl); err != nil {
+	if err := c.setReadDeadline(dl, now); err != nil {
 		return 0, err
 	}
 	// A deadline error keeps its Timeout() method, which fasthttp turns

@@ -23,6 +23,13 @@ func (d *deferredWrite) write(p []byte) (int, error) { return d.conn.Write(p) }
 func (d *deferredWrite) read(p []byte) (int, error)  { return d.conn.Read(p) }
 func (d *deferredWrite) peerClosed() bool            { return peerClosed(d.conn) }
 
+// setReadDeadline applies the deadline (unix nanoseconds) at once.
+func (d *deferredWrite) setReadDeadline(dl, _ int64) error {
+	return d.conn.SetReadDeadline(time.Unix(0, dl))
+}
+
+func (d *deferredWrite) pollerChanged() {}
+
 type rawConn struct{}
 
 func holdStreamHeaders(net.Conn, net.Addr) *rawConn { return nil }
