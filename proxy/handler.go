@@ -21,9 +21,10 @@ type reqState struct {
 
 var _ ring.Loads = (*reqState)(nil)
 
-func (s *reqState) reset(t *table) {
+// reset readies s for a request on t arriving at now.
+func (s *reqState) reset(t *table, now time.Time) {
 	s.t = t
-	s.now = time.Now().UnixNano()
+	s.now = now.UnixNano()
 	n := (len(t.bs) + 63) / 64
 	if cap(s.tried) < n {
 		s.tried = make([]uint64, n)
@@ -122,8 +123,8 @@ func (p *Proxy) routeLLM(ctx *fasthttp.RequestCtx, rt route, api ring.API) {
 	st := p.states.Get().(*reqState)
 	defer p.states.Put(st)
 	t := p.tab.Load()
-	st.reset(t)
 	start := time.Now()
+	st.reset(t, start)
 	kc, body := t.ring.Config().KeyConfig, ctx.PostBody()
 	err := ring.Extract(kc, api, body, ctx.Request.Header.Peek(HeaderTenant), &st.info)
 	if err == nil {
@@ -144,9 +145,10 @@ func (p *Proxy) routeLLM(ctx *fasthttp.RequestCtx, rt route, api ring.API) {
 func (p *Proxy) routeAny(ctx *fasthttp.RequestCtx, rt route) {
 	st := p.states.Get().(*reqState)
 	defer p.states.Put(st)
-	st.reset(p.tab.Load())
+	now := time.Now()
+	st.reset(p.tab.Load(), now)
 	st.info = ring.KeyInfo{Key: uint64(st.now)}
-	p.dispatch(ctx, st, rt, time.Now(), false)
+	p.dispatch(ctx, st, rt, now, false)
 }
 
 func badRequestCode(err error) string {
@@ -169,8 +171,11 @@ func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, st *reqState, rt route, start
 	allBusy := true // every failure so far was a backend out of connections
 	for attempt := 0; attempt <= p.cfg.Retries; attempt++ {
 		d, err := t.ring.Pick(st.info.Key, st)
+		var decided time.Time
 		if attempt == 0 {
-			p.m.observeDecision(start)
+			decided = p.m.observeDecision(start)
+		} else {
+			decided = time.Now()
 		}
 		if err != nil {
 			if lastErr != nil {
@@ -182,7 +187,7 @@ func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, st *reqState, rt route, start
 			return
 		}
 		b := t.bs[d.Backend]
-		retry, err := p.forward(ctx, t, b, d, rt, stream)
+		retry, err := p.forward(ctx, t, b, d, rt, stream, decided)
 		if !retry {
 			return
 		}
@@ -214,7 +219,10 @@ func (p *Proxy) unreachable(ctx *fasthttp.RequestCtx, rt route, lastErr error, a
 // the body is passed through as the backend sends it; otherwise it is read
 // whole (straight into the client's response, no copy) and the answer
 // goes out in one write.
-func (p *Proxy) forward(ctx *fasthttp.RequestCtx, t *table, b *backend, d ring.Decision, rt route, stream bool) (retry bool, err error) {
+//
+// sent is when the backend was chosen; the time to first byte is measured
+// from it (the request goes out a microsecond or so later).
+func (p *Proxy) forward(ctx *fasthttp.RequestCtx, t *table, b *backend, d ring.Decision, rt route, stream bool, sent time.Time) (retry bool, err error) {
 	req := &ctx.Request
 	clientClose := req.Header.ConnectionClose()
 	req.Header.ResetConnectionClose()
@@ -225,7 +233,6 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, t *table, b *backend, d ring.D
 	req.URI().SetSchemeBytes(b.scheme)
 
 	b.inflight.Add(1)
-	sent := time.Now()
 	if !stream {
 		resp := &ctx.Response
 		err = b.client.Do(req, resp)

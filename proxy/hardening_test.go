@@ -293,7 +293,7 @@ func BenchmarkRouteDecision(b *testing.B) {
 		b.Fatal(err)
 	}
 	st := &reqState{}
-	st.reset(&table{ring: r, bs: make([]*backend, len(bs))})
+	st.reset(&table{ring: r, bs: make([]*backend, len(bs))}, time.Now())
 	for i := range st.t.bs {
 		st.t.bs[i] = &backend{}
 	}

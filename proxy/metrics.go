@@ -131,6 +131,10 @@ func (m *metrics) countRequest(bm *backendMetrics, rt route, why ring.Reason, co
 	(*c).Inc()
 }
 
-func (m *metrics) observeDecision(start time.Time) {
-	m.decision.Observe(time.Since(start).Seconds())
+// observeDecision records the routing decision begun at start and returns
+// the time it ended.
+func (m *metrics) observeDecision(start time.Time) time.Time {
+	now := time.Now()
+	m.decision.Observe(now.Sub(start).Seconds())
+	return now
 }

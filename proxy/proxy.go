@@ -234,7 +234,7 @@ func (p *Proxy) Explain(api ring.API, body, tenant []byte) (ring.KeyInfo, ring.E
 		return info, ring.Explanation{}, err
 	}
 	st := &reqState{}
-	st.reset(t)
+	st.reset(t, time.Now())
 	return info, t.ring.Explain(info.Key, st), nil
 }
 
