@@ -310,8 +310,8 @@ func runMain(args []string, stdout io.Writer) error {
 				}
 				r.Rep = rep
 				res.Runs = append(res.Runs, r)
-				fmt.Fprintf(stdout, "rep %d %-9s c=%-3d %9.0f req/s  p50 %7.1fus  p99 %7.1fus  cpu %6.2fus/req  stubs %5.2fus/req  other on SUT cpus %4.0f%%\n",
-					rep, t.Name, c, r.RPS, us(r.P50), us(r.P99), us(r.CPUPerReq), us(r.StubCPUPerReq), 100*r.OtherSUTBusy)
+				fmt.Fprintf(stdout, "rep %d %-9s c=%-3d %9.0f req/s  p50 %7.1fus  p99 %7.1fus  cpu %6.2fus/req  stubs %5.2fus/req  other on SUT cpus %4.0f%%  generator cpus busy %4.0f%%\n",
+					rep, t.Name, c, r.RPS, us(r.P50), us(r.P99), us(r.CPUPerReq), us(r.StubCPUPerReq), 100*r.OtherSUTBusy, 100*r.GenBusy)
 			}
 		}
 		for _, together := range []bool{false, true} {
@@ -378,11 +378,19 @@ func measure(ctx context.Context, w *wrkRunner, t target, stubs *child, conns in
 	if err != nil {
 		return run{}, err
 	}
+	gen0, err := cpusBusy(o.GenCPUs)
+	if err != nil {
+		return run{}, err
+	}
 	r, err := w.run(ctx, t.URL, conns, o.Duration)
 	if err != nil {
 		return run{}, err
 	}
 	sut1, err := cpusBusy(o.SUTCPUs)
+	if err != nil {
+		return run{}, err
+	}
+	gen1, err := cpusBusy(o.GenCPUs)
 	if err != nil {
 		return run{}, err
 	}
@@ -408,6 +416,9 @@ func measure(ctx context.Context, w *wrkRunner, t target, stubs *child, conns in
 	if busy.total > 0 {
 		other := busy.busy - out.CPU
 		out.OtherSUTBusy = max(0, other.Seconds()/busy.total.Seconds())
+	}
+	if g := gen1.sub(gen0); g.total > 0 {
+		out.GenBusy = g.busy.Seconds() / g.total.Seconds()
 	}
 	return out, nil
 }

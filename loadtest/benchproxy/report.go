@@ -29,6 +29,10 @@ type run struct {
 	// OtherSUTBusy is the share of the SUT's cores that other processes
 	// used during the run.
 	OtherSUTBusy float64 `json:"other_sut_busy"`
+	// GenBusy is how busy the load generator's cores were (wrk and the
+	// stubs, and anything else there): near 100%, the run measured the
+	// generator's limit as much as the proxy's.
+	GenBusy float64 `json:"gen_busy"`
 }
 
 // streamRun is the streaming measurement of one target in one repetition.
@@ -80,6 +84,7 @@ type row struct {
 	AddedP50  spread `json:"added_p50_us"`
 	CPUus     spread `json:"cpu_per_req_us"`
 	StubCPUus spread `json:"stub_cpu_per_req_us"`
+	GenBusy   spread `json:"gen_busy_pct"`
 }
 
 // ratio is a warmroute/HAProxy ratio over repetitions, with its target.
@@ -138,7 +143,7 @@ func (r *results) summarise() {
 	reps := r.Options.Reps
 	for _, tgt := range r.targetNames() {
 		for _, c := range r.Options.Conns {
-			var rps, p50, p99, added, cpu, stub []float64
+			var rps, p50, p99, added, cpu, stub, gen []float64
 			for rep := 0; rep < reps; rep++ {
 				x, ok := r.find(rep, tgt, c)
 				if !ok {
@@ -149,12 +154,14 @@ func (r *results) summarise() {
 				p99 = append(p99, us(x.P99))
 				cpu = append(cpu, us(x.CPUPerReq))
 				stub = append(stub, us(x.StubCPUPerReq))
+				gen = append(gen, 100*x.GenBusy)
 				if d, ok := r.find(rep, "direct", c); ok {
 					added = append(added, us(x.P50-d.P50))
 				}
 			}
 			r.Rows = append(r.Rows, row{Target: tgt, Conns: c, RPS: spreadOf(rps), P50us: spreadOf(p50),
-				P99us: spreadOf(p99), AddedP50: spreadOf(added), CPUus: spreadOf(cpu), StubCPUus: spreadOf(stub)})
+				P99us: spreadOf(p99), AddedP50: spreadOf(added), CPUus: spreadOf(cpu), StubCPUus: spreadOf(stub),
+				GenBusy: spreadOf(gen)})
 		}
 	}
 	perRep := func(f func(w, h, d run) (float64, bool), c int) []float64 {
@@ -243,14 +250,14 @@ func (r *results) text() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Summary: median over %d repetitions (min-max); %s, %d backends, %d-byte bodies, %d prefixes, %ds runs\n",
 		r.Options.Reps, r.HAProxyVersion, r.Options.Backends, r.Options.BodySize, r.Options.Prefixes, int(r.Options.Duration.Seconds()))
-	fmt.Fprintf(&b, "%-10s %4s  %-26s %-24s %-26s %-24s %-24s\n", "target", "conc", "req/s", "p50 us", "p99 us", "added p50 us", "proxy CPU us/req")
+	fmt.Fprintf(&b, "%-10s %4s  %-26s %-24s %-26s %-24s %-24s %-16s\n", "target", "conc", "req/s", "p50 us", "p99 us", "added p50 us", "proxy CPU us/req", "generator busy %")
 	for _, x := range r.Rows {
 		cpu := x.CPUus.fmt(2, "")
 		if x.Target == "direct" {
 			cpu = "-"
 		}
-		fmt.Fprintf(&b, "%-10s %4d  %-26s %-24s %-26s %-24s %-24s\n", x.Target, x.Conns, x.RPS.fmt(0, ""), x.P50us.fmt(1, ""),
-			x.P99us.fmt(1, ""), x.AddedP50.fmt(1, ""), cpu)
+		fmt.Fprintf(&b, "%-10s %4d  %-26s %-24s %-26s %-24s %-24s %-16s\n", x.Target, x.Conns, x.RPS.fmt(0, ""), x.P50us.fmt(1, ""),
+			x.P99us.fmt(1, ""), x.AddedP50.fmt(1, ""), cpu, x.GenBusy.fmt(0, ""))
 	}
 	b.WriteString("\nwarmroute / HAProxy (per repetition, then median and range)\n")
 	for _, q := range r.Ratios {
@@ -276,13 +283,13 @@ func (r *results) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Run %s, %s, %s. Median over %d repetitions, range in brackets.\n\n",
 		r.Started.Format(time.RFC3339), r.CPU, r.HAProxyVersion, r.Options.Reps)
-	b.WriteString("| target | concurrency | req/s | p50 us | p99 us | added p50 us | proxy CPU us/req |\n|---|---|---|---|---|---|---|\n")
+	b.WriteString("| target | concurrency | req/s | p50 us | p99 us | added p50 us | proxy CPU us/req | generator busy % |\n|---|---|---|---|---|---|---|---|\n")
 	for _, x := range r.Rows {
 		cpu := x.CPUus.fmt(2, "")
 		if x.Target == "direct" {
 			cpu = "-"
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s |\n", x.Target, x.Conns, x.RPS.fmt(0, ""), x.P50us.fmt(1, ""), x.P99us.fmt(1, ""), x.AddedP50.fmt(1, ""), cpu)
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s |\n", x.Target, x.Conns, x.RPS.fmt(0, ""), x.P50us.fmt(1, ""), x.P99us.fmt(1, ""), x.AddedP50.fmt(1, ""), cpu, x.GenBusy.fmt(0, ""))
 	}
 	b.WriteString("\n| warmroute / HAProxy | ratio | goal | |\n|---|---|---|---|\n")
 	for _, q := range r.Ratios {
