@@ -24,7 +24,11 @@ func TestAgreementWhileBackendsChange(t *testing.T) {
 	for i := 0; i < 6; i++ {
 		urls = append(urls, newHoldEngine(t, 5*time.Millisecond).srv.URL)
 	}
-	nodes := startCluster(t, 3, func(i int, c *Config) { *c = testConfig(urls[:5]) })
+	// Raft timeouts of 500 ms, not 100: with six clients loading the
+	// routers (and the rest of the suite the machine), 100 ms heartbeats
+	// were missed often enough for leadership to flap past the 10 s an
+	// admin write may take. Agreement, not failover, is under test.
+	nodes := startClusterRaft(t, 3, 500*time.Millisecond, func(i int, c *Config) { *c = testConfig(urls[:5]) })
 	for _, n := range nodes {
 		waitAgreed(t, n)
 	}

@@ -88,8 +88,15 @@ func runBuilt(t *testing.T, n *Node) *Node {
 	return n
 }
 
-// cluster starts n nodes that gossip on loopback.
+// cluster starts n nodes that gossip on loopback, with Raft timeouts of
+// 100 ms.
 func startCluster(t *testing.T, size int, mutate func(i int, c *Config)) []*Node {
+	t.Helper()
+	return startClusterRaft(t, size, 100*time.Millisecond, mutate)
+}
+
+// startClusterRaft is startCluster with the given Raft timeout scale.
+func startClusterRaft(t *testing.T, size int, raftTimeout time.Duration, mutate func(i int, c *Config)) []*Node {
 	t.Helper()
 	var nodes []*Node
 	for i := 0; i < size; i++ {
@@ -98,7 +105,7 @@ func startCluster(t *testing.T, size int, mutate func(i int, c *Config)) []*Node
 		cfg.Cluster.NodeName = fmt.Sprintf("router-%d", i)
 		cfg.Cluster.GossipListen = "127.0.0.1:0"
 		cfg.Cluster.RaftListen = "127.0.0.1:0"
-		cfg.Cluster.RaftTimeout = 100 * time.Millisecond
+		cfg.Cluster.RaftTimeout = raftTimeout
 		if cfg.Cluster.BootstrapExpect == 0 && i < 3 {
 			cfg.Cluster.BootstrapExpect = min(size, 3)
 		}
