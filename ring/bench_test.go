@@ -54,23 +54,34 @@ func BenchmarkRoute(b *testing.B) {
 	}
 }
 
+// BenchmarkPick is Pick alone, on an idle fleet and on one where every
+// backend has 2 requests in flight (with LoadFactor, a busy owner needs
+// the fleet's total; an idle one does not).
 func BenchmarkPick(b *testing.B) {
 	for _, n := range []int{7, 100, 1000} {
 		for _, lf := range []float64{0, 1.25} {
-			cfg := DefaultConfig()
-			cfg.LoadFactor = lf
-			r := mustRing(b, cfg, gpus(n))
-			loads := newLoads(n)
-			b.Run(fmt.Sprintf("backends=%d/loadfactor=%g", n, lf), func(b *testing.B) {
-				b.ReportAllocs()
-				k := uint64(0)
-				for b.Loop() {
-					k += 0x9e3779b97f4a7c15
-					if _, err := r.Pick(k, loads); err != nil {
-						b.Fatal(err)
-					}
+			for _, inflight := range []int64{0, 2} {
+				if lf == 0 && inflight > 0 {
+					continue
 				}
-			})
+				cfg := DefaultConfig()
+				cfg.LoadFactor = lf
+				r := mustRing(b, cfg, gpus(n))
+				loads := newLoads(n)
+				for i := range loads.inflight {
+					loads.inflight[i] = inflight
+				}
+				b.Run(fmt.Sprintf("backends=%d/loadfactor=%g/inflight=%d", n, lf, inflight), func(b *testing.B) {
+					b.ReportAllocs()
+					k := uint64(0)
+					for b.Loop() {
+						k += 0x9e3779b97f4a7c15
+						if _, err := r.Pick(k, loads); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
 		}
 	}
 }

@@ -172,7 +172,10 @@ func (r *Ring) tryCandidate(b, rank int, loads Loads, c *candidate) (Decision, b
 	if n >= r.limits[b] || (r.cfg.BusyIsFull && loads.Busy(b)) {
 		return Decision{}, false
 	}
-	if !c.boundDone {
+	// The cap is at least 1 (LoadFactor >= 1), so an idle backend is always
+	// within it: the sum over the fleet, O(backends), is only needed for a
+	// busy one.
+	if n > 0 && !c.boundDone {
 		c.bound = r.loadBound(loads)
 		c.boundDone = true
 	}

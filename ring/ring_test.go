@@ -437,3 +437,90 @@ func (r *Ring) mustIndex(t *testing.T, id string) int {
 	}
 	return i
 }
+
+// countingLoads counts InFlight calls.
+type countingLoads struct {
+	*fakeLoads
+	calls int
+}
+
+func (c *countingLoads) InFlight(b int) int64 { c.calls++; return c.fakeLoads.InFlight(b) }
+
+// With LoadFactor, an idle owner is taken without summing the fleet's
+// in-flight (the cap is never below 1); a busy one still gets the cap.
+func TestLoadFactorIdleOwnerSkipsFleetSum(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.LoadFactor = 1.25
+	r := mustRing(t, cfg, gpus(1000))
+	loads := &countingLoads{fakeLoads: newLoads(1000)}
+	d, err := r.Pick(7, loads)
+	if err != nil || d.Reason != ReasonAffinity {
+		t.Fatalf("%+v %v", d, err)
+	}
+	if loads.calls != 1 {
+		t.Fatalf("%d InFlight calls for an idle owner, want 1", loads.calls)
+	}
+	loads.inflight[d.Backend] = 1
+	loads.calls = 0
+	if _, err := r.Pick(7, loads); err != nil {
+		t.Fatal(err)
+	}
+	if loads.calls < 1000 {
+		t.Fatalf("%d InFlight calls for a busy owner: the cap was not computed", loads.calls)
+	}
+}
+
+// Over random loads, PREFIX_AWARE with LoadFactor picks the first backend
+// in the partition's order that is eligible, under its limit, not busy
+// and within ceil(LoadFactor x (total+1) / eligible), computed here the
+// plain way.
+func TestLoadFactorPickMatchesDefinition(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.LoadFactor = 1.25
+	cfg.ConcurrencyThreshold = 6
+	const n = 12
+	r := mustRing(t, cfg, gpus(n))
+	rng := rand.New(rand.NewPCG(3, 4))
+	loads := newLoads(n)
+	for k := 0; k < 20000; k++ {
+		for b := 0; b < n; b++ {
+			loads.inflight[b] = int64(rng.IntN(8))
+			if rng.IntN(3) == 0 {
+				loads.inflight[b] = 0
+			}
+			loads.down[b] = rng.IntN(10) == 0
+			loads.busy[b] = rng.IntN(10) == 0
+		}
+		var total, eligible int64
+		for b := 0; b < n; b++ {
+			if !loads.down[b] {
+				total += loads.inflight[b]
+				eligible++
+			}
+		}
+		bound := int64(math.MaxInt64)
+		if eligible > 0 {
+			bound = int64(math.Ceil(1.25 * float64(total+1) / float64(eligible)))
+		}
+		key := rng.Uint64()
+		want := -1
+		for _, b32 := range r.Order(r.Partition(key)) {
+			b := int(b32)
+			if loads.down[b] || loads.inflight[b] >= r.Limit(b) || loads.busy[b] || loads.inflight[b]+1 > bound {
+				continue
+			}
+			want = b
+			break
+		}
+		d, err := r.Pick(key, loads)
+		if want < 0 {
+			if err == nil && d.Reason != ReasonFallback {
+				t.Fatalf("round %d: no candidate qualifies, got %+v", k, d)
+			}
+			continue
+		}
+		if err != nil || d.Backend != want {
+			t.Fatalf("round %d: got %+v %v, want backend %d", k, d, err, want)
+		}
+	}
+}
