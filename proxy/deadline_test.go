@@ -59,11 +59,7 @@ func TestIdleClientConnectionClosed(t *testing.T) {
 	cfg := testProxyConfig()
 	cfg.IdleTimeout = 400 * time.Millisecond
 	h := startProxy(t, cfg, ring.DefaultConfig(), a)
-	c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := h.dial(t)
 	br := bufio.NewReader(c)
 	for i := range 5 {
 		rawRequest(t, c, fmt.Sprint("p", i))
@@ -95,11 +91,7 @@ func TestReadTimeoutCutsStalledRequest(t *testing.T) {
 	cfg.ReadTimeout = 300 * time.Millisecond
 	cfg.IdleTimeout = 10 * time.Second
 	h := startProxy(t, cfg, ring.DefaultConfig(), a)
-	c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := h.dial(t)
 	br := bufio.NewReader(c)
 	rawRequest(t, c, "first")
 	if s := readStatus(t, br); s != 200 {
@@ -141,11 +133,7 @@ func TestKeepAliveAfterRequestLongerThanTimeouts(t *testing.T) {
 	cfg.IdleTimeout = 1500 * time.Millisecond
 	cfg.FirstByteTimeout = 10 * time.Second
 	h := startProxy(t, cfg, ring.DefaultConfig(), a)
-	c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := h.dial(t)
 	br := bufio.NewReader(c)
 	// Let the router wait for the first request, so a deadline is on the
 	// poller when the long request begins.

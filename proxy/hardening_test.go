@@ -91,11 +91,7 @@ func TestWriteTimeoutCutsClientThatStopsReading(t *testing.T) {
 	cfg := testProxyConfig()
 	cfg.WriteTimeout = 300 * time.Millisecond
 	h := startProxy(t, cfg, ring.DefaultConfig(), a)
-	c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := h.dial(t)
 	body := chatReq("stream", `,"stream":true`)
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 	// Never read.

@@ -98,6 +98,18 @@ func startProxyBackends(t testing.TB, pcfg Config, rcfg ring.Config, bs []ring.B
 	return &harness{p: p, url: "http://" + ln.Addr().String(), reg: reg, ring: r}
 }
 
+// dial opens a raw client connection to the router, closed when the test
+// ends.
+func (h *harness) dial(t *testing.T) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 func testProxyConfig() Config {
 	c := DefaultConfig()
 	c.ProbeInterval = 50 * time.Millisecond

@@ -82,9 +82,7 @@ func (s *rawSocket) setReadDeadline(want, now int64) error {
 	if want != 0 {
 		s.rdDur = want - now
 	}
-	if s.rdDirty.Swap(false) {
-		s.rdSet = -1
-	}
+	s.forgetIfChanged()
 	if (want != 0 && want <= now) || (s.rdSet != 0 && s.rdSet-now < rdMargin) {
 		return s.applyReadDeadline()
 	}
@@ -94,6 +92,15 @@ func (s *rawSocket) setReadDeadline(want, now int64) error {
 // pollerChanged records that the poller's read deadline was set directly
 // (by the connection's owner or from another goroutine).
 func (s *rawSocket) pollerChanged() { s.rdDirty.Store(true) }
+
+// forgetIfChanged marks rdSet unknown after pollerChanged, so the next
+// deadline is applied. The plain load first keeps the common case (never
+// changed behind its back) free of a locked instruction.
+func (s *rawSocket) forgetIfChanged() {
+	if s.rdDirty.Load() && s.rdDirty.Swap(false) {
+		s.rdSet = -1
+	}
+}
 
 // applyReadDeadline hands the recorded deadline to the poller.
 func (s *rawSocket) applyReadDeadline() error {
@@ -114,9 +121,7 @@ func (s *rawSocket) applyReadDeadline() error {
 // poller's deadline up to date. It returns true, with s.err set, if that
 // failed, and false (wait) otherwise.
 func (s *rawSocket) armRead() bool {
-	if s.rdDirty.Swap(false) {
-		s.rdSet = -1
-	}
+	s.forgetIfChanged()
 	if s.rdWant == s.rdSet {
 		return false
 	}
