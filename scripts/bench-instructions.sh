@@ -9,7 +9,8 @@
 # no async preemption for warmroute, whose SIGURG preemption signals trip
 # callgrind), gets a 3 s wrk warm-up, then its counters are zeroed and it
 # serves wrk (64 connections, the bench-proxy workload) for DURATION
-# seconds; the count is divided by the requests wrk completed. Requires
+# seconds; the count is divided by the requests wrk completed. HAProxy's
+# configuration is bench-proxy's own (benchproxy haproxy-config). Requires
 # valgrind, haproxy and wrk (installed with apt-get when missing).
 # Usage: scripts/bench-instructions.sh [warmroute-binary ...]
 set -euo pipefail
@@ -86,32 +87,7 @@ measure() {
 }
 
 port=$(free_port)
-{
-  cat <<EOF
-global
-    nbthread 1
-    maxconn 4096
-defaults
-    mode http
-    timeout connect 2s
-    timeout client 60s
-    timeout server 60s
-    timeout http-request 30s
-    option http-keep-alive
-    option http-no-delay
-    http-reuse always
-frontend bench
-    bind 127.0.0.1:$port
-    default_backend engines
-backend engines
-    option http-buffer-request
-    balance hash req.body,bytes(0,2048)
-    hash-type consistent
-    hash-balance-factor 125
-EOF
-  i=0
-  for a in $addrs; do echo "    server e$i $a"; i=$((i + 1)); done
-} >"$out/haproxy.cfg"
+./bin/benchproxy haproxy-config -listen "127.0.0.1:$port" -backends "$(echo "$addrs" | paste -sd, -)" >"$out/haproxy.cfg"
 measure haproxy "$port" haproxy -db -f "$out/haproxy.cfg"
 
 for b in "${bins[@]}"; do

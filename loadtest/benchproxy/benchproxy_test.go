@@ -103,6 +103,21 @@ func TestHAProxyConfigIsValid(t *testing.T) {
 	}
 }
 
+// The haproxy-config subcommand prints the harness's own configuration
+// and refuses to run without an address and backends.
+func TestHAProxyConfigCommand(t *testing.T) {
+	var b bytes.Buffer
+	if err := haproxyConfigMain([]string{"-listen", "127.0.0.1:18999", "-backends", "127.0.0.1:1,127.0.0.1:2"}, &b); err != nil {
+		t.Fatal(err)
+	}
+	if want := haproxyConfig("127.0.0.1:18999", []string{"127.0.0.1:1", "127.0.0.1:2"}, 2048, 125); b.String() != want {
+		t.Fatalf("got\n%s\nwant\n%s", b.String(), want)
+	}
+	if err := haproxyConfigMain([]string{"-listen", "127.0.0.1:1"}, &b); err == nil {
+		t.Fatal("no backends accepted")
+	}
+}
+
 func TestStub(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

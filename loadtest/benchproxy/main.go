@@ -34,6 +34,13 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "haproxy-config" {
+		if err := haproxyConfigMain(os.Args[2:], os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "benchproxy haproxy-config:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	args := os.Args[1:]
 	if len(args) > 0 && args[0] == "run" {
 		args = args[1:]
@@ -93,6 +100,24 @@ func scriptMain(args []string, w io.Writer) error {
 		return err
 	}
 	_, err = io.WriteString(w, wrkScript(bodies, "/v1/chat/completions"))
+	return err
+}
+
+// haproxyConfigMain prints the benchmark's HAProxy configuration, for runs
+// outside the harness (scripts/bench-instructions.sh).
+func haproxyConfigMain(args []string, w io.Writer) error {
+	fs := flag.NewFlagSet("haproxy-config", flag.ContinueOnError)
+	listen := fs.String("listen", "", "address HAProxy listens on (host:port)")
+	backends := fs.String("backends", "", "comma-separated stub addresses (host:port)")
+	prefixBytes := fs.Int("prefix-bytes", 2048, "bytes hashed for affinity")
+	balanceFactor := fs.Int("balance-factor", 125, "hash-balance-factor")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *listen == "" || *backends == "" {
+		return errors.New("-listen and -backends are required")
+	}
+	_, err := io.WriteString(w, haproxyConfig(*listen, strings.Split(*backends, ","), *prefixBytes, *balanceFactor))
 	return err
 }
 
