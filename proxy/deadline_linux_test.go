@@ -36,7 +36,7 @@ func TestReadDeadlineReachesPollerLazily(t *testing.T) {
 	srv, cli := tcpPair(t)
 	var open atomic.Int64
 	open.Add(1)
-	rc := newRawConn(srv, time.Second, &open).(*rawConn)
+	rc := newRawConn(srv, time.Second, &open, nil).(*rawConn)
 	const idle, read = 10 * time.Second, 3 * time.Second
 	buf := make([]byte, 64)
 	const n = 200

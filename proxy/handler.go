@@ -110,6 +110,11 @@ func (p *Proxy) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 	}
 	writeError(ctx, status, code, msg)
 	ctx.SetConnectionClose()
+	// The rest of the request may still be on its way: closing on it would
+	// reset the connection and could destroy this answer.
+	if l, ok := ctx.Conn().(interface{ lingerOnClose() }); ok {
+		l.lingerOnClose()
+	}
 	p.m.countRequest(p.m.none, routeOther, ring.ReasonNone, status)
 }
 

@@ -318,3 +318,31 @@ func BenchmarkRouteDecision(b *testing.B) {
 		}
 	}
 }
+
+// A body over the limit is answered 413 without being read, and the
+// client must get that answer, not a reset while it is still sending.
+// Closing on the unread bytes would reset the connection; clients that
+// write the whole body before reading (Go's net/http among them, at times)
+// then report the failed write instead of the 413.
+func TestBodyTooLargeAnswerSurvivesUnreadBody(t *testing.T) {
+	a := newStub(t, "a", nil)
+	cfg := testProxyConfig()
+	cfg.MaxRequestBodySize = 64 << 10
+	h := startProxy(t, cfg, ring.DefaultConfig(), a)
+	c := h.dial(t)
+	// Far more than loopback's socket buffers hold: the write goes on
+	// after the router answered.
+	body := chatReq(strings.Repeat("x", 8<<20), "")
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+		t.Fatalf("sending the body: %v", err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("the 413 was lost: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 413 || decodeError(t, b).Code != "body_too_large" {
+		t.Fatalf("got %d %s", resp.StatusCode, b)
+	}
+}

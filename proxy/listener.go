@@ -40,7 +40,7 @@ func (l clientListener) Accept() (net.Conn, error) {
 			p.refuse(c)
 			continue
 		}
-		return newRawConn(c, p.cfg.WriteTimeout, &p.open), nil
+		return newRawConn(c, p.cfg.WriteTimeout, &p.open, p.lingerClose), nil
 	}
 }
 
@@ -58,22 +58,36 @@ const maxLingering = 64
 // lingerFor is how long a refused connection is drained.
 const lingerFor = 500 * time.Millisecond
 
-// refuse answers a connection over the limit and closes it. The client has
-// usually sent its request already; closing with those bytes unread would
-// reset the connection, and a reset can destroy the answer before the
-// client reads it. So the answer goes out, the write side is shut, and the
-// request is read and dropped for up to lingerFor, by a goroutine that
-// Shutdown waits for (at most maxLingering of them).
+// refuse answers a connection over the limit and closes it, lingering (the
+// client has usually sent its request already).
 func (p *Proxy) refuse(c net.Conn) {
 	_ = c.SetDeadline(time.Now().Add(lingerFor))
-	if _, err := c.Write(refusal); err != nil || p.lingering.Add(1) > maxLingering {
-		if err == nil {
-			p.lingering.Add(-1)
-		}
+	if _, err := c.Write(refusal); err != nil {
 		c.Close()
 		return
 	}
+	p.lingerClose(c)
+}
+
+// lingerClose closes a client connection that was answered without its
+// request being read to the end (a refusal, a body over the limit, a
+// request that cannot be parsed). Closing with those bytes unread would
+// reset the connection, and a reset can destroy the answer before the
+// client reads it. So the write side is shut (the answer is out, then
+// FIN), and the rest is read and dropped for up to lingerFor, by a
+// goroutine that Shutdown waits for: at most maxLingering of them, and
+// none once Shutdown began; past that the connection is closed at once.
+func (p *Proxy) lingerClose(c net.Conn) {
+	p.mu.Lock()
+	if p.shutdown || p.lingering.Load() >= maxLingering {
+		p.mu.Unlock()
+		c.Close()
+		return
+	}
+	p.lingering.Add(1)
 	p.wg.Add(1)
+	p.mu.Unlock()
+	_ = c.SetReadDeadline(time.Now().Add(lingerFor))
 	go func() {
 		defer p.wg.Done()
 		defer p.lingering.Add(-1)
@@ -90,18 +104,43 @@ func (p *Proxy) refuse(c net.Conn) {
 	}()
 }
 
+// clientClose is the closing of a client connection: counted once in
+// open, and, once lingerOnClose was called, handed to linger instead of
+// closed at once (see Proxy.lingerClose).
+type clientClose struct {
+	open       *atomic.Int64
+	linger     func(net.Conn)
+	closed     atomic.Bool
+	lingerNext atomic.Bool
+}
+
+// lingerOnClose makes the coming Close linger: the connection's answer
+// goes out before its request was read to the end.
+func (cc *clientClose) lingerOnClose() { cc.lingerNext.Store(true) }
+
+// close closes c; the first call counts it closed and lingers if asked to.
+func (cc *clientClose) close(c net.Conn) error {
+	if cc.closed.CompareAndSwap(false, true) {
+		cc.open.Add(-1)
+		if cc.linger != nil && cc.lingerNext.Load() {
+			cc.linger(c)
+			return nil
+		}
+	}
+	return c.Close()
+}
+
 // countedConn is a client connection that counts itself closed and sets a
 // write deadline of writeStall before each write: the portable form of
 // rawConn's accounting.
 type countedConn struct {
 	net.Conn
 	writeStall time.Duration
-	open       *atomic.Int64
-	closed     atomic.Bool
+	clientClose
 }
 
-func newCountedConn(c net.Conn, writeStall time.Duration, open *atomic.Int64) net.Conn {
-	return &countedConn{Conn: c, writeStall: writeStall, open: open}
+func newCountedConn(c net.Conn, writeStall time.Duration, open *atomic.Int64, linger func(net.Conn)) net.Conn {
+	return &countedConn{Conn: c, writeStall: writeStall, clientClose: clientClose{open: open, linger: linger}}
 }
 
 func (c *countedConn) Write(p []byte) (int, error) {
@@ -113,9 +152,5 @@ func (c *countedConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-func (c *countedConn) Close() error {
-	if c.closed.CompareAndSwap(false, true) {
-		c.open.Add(-1)
-	}
-	return c.Conn.Close()
-}
+// Close closes the connection (see clientClose).
+func (c *countedConn) Close() error { return c.clientClose.close(c.Conn) }

@@ -352,8 +352,7 @@ type rawConn struct {
 	net.Conn
 	s *rawSocket
 
-	open   *atomic.Int64 // open client connections, decremented on Close
-	closed atomic.Bool
+	clientClose
 
 	hold    bool       // the next write goes out together with held
 	held    []byte     // headers held back
@@ -362,27 +361,23 @@ type rawConn struct {
 	flushFn func()     // flushHeld, bound once
 }
 
-// newRawConn wraps a client connection counted in open: writes that
-// stall longer than writeStall fail, and Close decrements open once. A
-// connection without a raw descriptor gets the portable wrapper.
-func newRawConn(c net.Conn, writeStall time.Duration, open *atomic.Int64) net.Conn {
+// newRawConn wraps a client connection: writes that stall longer than
+// writeStall fail, and Close counts it closed in open and, when asked,
+// lingers with linger (see clientClose). A connection without a raw
+// descriptor gets the portable wrapper.
+func newRawConn(c net.Conn, writeStall time.Duration, open *atomic.Int64, linger func(net.Conn)) net.Conn {
 	s := newRawSocket(c)
 	if s == nil {
-		return newCountedConn(c, writeStall, open)
+		return newCountedConn(c, writeStall, open, linger)
 	}
 	s.writeStall = writeStall
-	rc := &rawConn{Conn: c, s: s, open: open}
+	rc := &rawConn{Conn: c, s: s, clientClose: clientClose{open: open, linger: linger}}
 	rc.flushFn = rc.flushHeld
 	return rc
 }
 
-// Close closes the connection; the first call counts it closed.
-func (c *rawConn) Close() error {
-	if c.closed.CompareAndSwap(false, true) {
-		c.open.Add(-1)
-	}
-	return c.Conn.Close()
-}
+// Close closes the connection (see clientClose).
+func (c *rawConn) Close() error { return c.clientClose.close(c.Conn) }
 
 // SetReadDeadline records the deadline; it reaches the poller when a read
 // waits (see rawSocket.setReadDeadline).

@@ -15,8 +15,8 @@ type deferredWrite struct{ conn net.Conn }
 
 func newDeferredWrite(c net.Conn, _ time.Duration) *deferredWrite { return &deferredWrite{conn: c} }
 
-func newRawConn(c net.Conn, writeStall time.Duration, open *atomic.Int64) net.Conn {
-	return newCountedConn(c, writeStall, open)
+func newRawConn(c net.Conn, writeStall time.Duration, open *atomic.Int64, linger func(net.Conn)) net.Conn {
+	return newCountedConn(c, writeStall, open, linger)
 }
 
 func (d *deferredWrite) write(p []byte) (int, error) { return d.conn.Write(p) }
