@@ -115,8 +115,11 @@ func newBackend(id string, target Target, cfg *Config, m *metrics) *backend {
 		MaxConnWaitTimeout:       cfg.MaxConnWait,
 		MaxIdleConnDuration:      cfg.UpstreamIdleConn,
 		// Streamed per request (Response.StreamBody): SSE is passed through
-		// as it comes, complete answers are read whole and sent in one write.
+		// as it comes, complete answers are read whole and sent in one write,
+		// up to MaxBufferedResponse (checked against a Content-Length before
+		// anything is allocated for it). Streams are not bounded.
 		StreamResponseBody:            false,
+		MaxResponseBodySize:           cfg.MaxBufferedResponse,
 		ReadBufferSize:                16 << 10,
 		WriteBufferSize:               16 << 10,
 		DisablePathNormalizing:        true,
@@ -228,16 +231,24 @@ func newDialer(cfg *Config) fasthttp.DialFuncWithTimeout {
 // connection (retryUnsent tells fasthttp so).
 var errStaleConn = errors.New("pooled upstream connection closed by the backend")
 
+// errNotReusable: the pool handed out a connection whose last response
+// was not a plain final one (see upstreamConn.sniff). Nothing was written
+// to it; the request goes out on another connection.
+var errNotReusable = errors.New("upstream connection not reusable after its last response")
+
 // retryUnsent is fasthttp's RetryIfErr: retry only requests that were never
 // written. A stale connection usually means the backend restarted or died,
 // so every idle connection to it is dropped and the retry dials afresh.
 func retryUnsent(hc *fasthttp.HostClient) fasthttp.RetryIfErrFunc {
 	return func(_ *fasthttp.Request, attempts int, err error) (bool, bool) {
-		if !errors.Is(err, errStaleConn) {
-			return false, false
+		switch {
+		case errors.Is(err, errNotReusable):
+			return false, attempts < 3
+		case errors.Is(err, errStaleConn):
+			hc.CloseIdleConnections()
+			return false, attempts < 3
 		}
-		hc.CloseIdleConnections()
-		return false, attempts < 3
+		return false, false
 	}
 }
 
@@ -260,6 +271,38 @@ type upstreamConn struct {
 	// health probe. Reads never wait past it. It is atomic because
 	// fasthttp may also set it from another goroutine to interrupt a read.
 	outer atomic.Int64
+
+	// head holds the first bytes of the current response, headN how many
+	// (see sniff).
+	head  [len("HTTP/1.1 2")]byte
+	headN int
+	// noReuse: a response on this connection did not start as a plain
+	// final one; no further request may be written to it. Atomic because
+	// closeUpstream reads it from the goroutine that got the response.
+	noReuse atomic.Bool
+}
+
+// sniff looks at the first bytes of each response, before fasthttp parses
+// them and pools the connection. Unless the response starts exactly as
+// "HTTP/1.1 " or "HTTP/1.0 " and a status from 200 to 599 (then fasthttp's
+// parser, too, reads it as the final response), the connection is never
+// reused: a backend that switched protocols (101, which fasthttp would
+// pool) or sent interim responses, an unknown status or leading junk gets
+// a new connection for the next request, so what it sends later can reach
+// no other client.
+func (c *upstreamConn) sniff(p []byte) {
+	n := copy(c.head[c.headN:], p)
+	c.headN += n
+	if c.headN == len(c.head) && !plainFinalStatus(c.head[:]) {
+		c.noReuse.Store(true)
+	}
+}
+
+// plainFinalStatus reports whether head (10 bytes) is an HTTP/1.x status
+// line's start with a status from 2xx to 5xx.
+func plainFinalStatus(head []byte) bool {
+	s := string(head[:len(head)-1])
+	return (s == "HTTP/1.1 " || s == "HTTP/1.0 ") && head[len(head)-1] >= '2' && head[len(head)-1] <= '5'
 }
 
 // SetReadDeadline records a deadline of fasthttp's own and applies it at
@@ -313,7 +356,11 @@ func (c *upstreamConn) LocalAddr() net.Addr { return &c.laddr }
 
 func (c *upstreamConn) Write(p []byte) (int, error) {
 	if !c.sending {
+		if c.noReuse.Load() {
+			return 0, errNotReusable
+		}
 		c.sending = true
+		c.headN = 0
 		// A new request: a deadline set for the previous one is over.
 		c.outer.Store(0)
 		// The backend may have closed this pooled connection while it sat
@@ -354,6 +401,9 @@ func (c *upstreamConn) Read(p []byte) (int, error) {
 		n, err = c.Conn.Read(p)
 	}
 	if n > 0 {
+		if c.headN < len(c.head) {
+			c.sniff(p[:n])
+		}
 		c.waiting = false
 		c.used = true
 	}

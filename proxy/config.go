@@ -55,6 +55,19 @@ type Config struct {
 	// Retries is how many other backends a request may try when it never
 	// reached one.
 	Retries int
+	// MaxBufferedResponse bounds the body of a response that is not
+	// streamed (a complete, non-SSE answer), which is read whole before it
+	// is sent: a larger one (by its Content-Length, or once that much of a
+	// chunked or unframed body arrived) is refused with 502
+	// upstream_response_too_large and its connection closed. Streamed
+	// answers (SSE, /invocations) are passed through and not bounded.
+	MaxBufferedResponse int
+	// MaxHops bounds the warmroute routers a request may have passed
+	// through before this one, as counted by the X-Warmroute-Hops field
+	// every router sets on the requests it forwards: a request that passed
+	// more is answered 508 loop_detected (a backend address that leads back
+	// to a router).
+	MaxHops int
 
 	// ProbePath is requested by the active health check ("" disables it).
 	ProbePath string
@@ -97,6 +110,9 @@ func DefaultConfig() Config {
 		UpstreamIdleConn:   4 * time.Second,
 		Retries:            2,
 
+		MaxBufferedResponse: 8 << 20,
+		MaxHops:             4,
+
 		ProbePath:          "/health",
 		ProbeInterval:      1 * time.Second,
 		ProbeTimeout:       500 * time.Millisecond,
@@ -126,6 +142,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxConnsPerBackend < 1 {
 		errs = append(errs, fmt.Errorf("max connections per backend must be positive, got %d", c.MaxConnsPerBackend))
+	}
+	if c.MaxBufferedResponse < 64<<10 {
+		errs = append(errs, fmt.Errorf("max buffered response must be at least 64KiB, got %d", c.MaxBufferedResponse))
+	}
+	if c.MaxHops < 1 || c.MaxHops > maxHopsLimit {
+		errs = append(errs, fmt.Errorf("max hops must be within [1, %d], got %d", maxHopsLimit, c.MaxHops))
 	}
 	if c.Retries < 0 || c.Retries > 10 {
 		errs = append(errs, fmt.Errorf("retries must be within [0, 10], got %d", c.Retries))

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"errors"
+	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -17,6 +18,9 @@ type reqState struct {
 	now   int64
 	tried []uint64 // bitset of backend indexes already tried
 	info  ring.KeyInfo
+	// scratch holds Connection field options while hop-by-hop fields are
+	// removed.
+	scratch []byte
 }
 
 var _ ring.Loads = (*reqState)(nil)
@@ -95,7 +99,14 @@ func (p *Proxy) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 	var status int
 	var code, msg string
 	var small *fasthttp.ErrSmallBuffer
+	if fc, ok := ctx.Conn().(interface{ framingErr() error }); ok && fc.framingErr() != nil {
+		err = fc.framingErr()
+	}
 	switch {
+	case errors.Is(err, errTLSOnPlainPort):
+		status, code, msg = fasthttp.StatusBadRequest, "tls_on_plain_http_port", "this port speaks plain HTTP, not TLS: use http://, not https://"
+	case errors.Is(err, errBareLF):
+		status, code, msg = fasthttp.StatusBadRequest, "bad_request", "cannot parse the HTTP request: its head has lines ending in a bare LF; HTTP/1.1 lines end in CRLF"
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		status, code, msg = fasthttp.StatusRequestEntityTooLarge, "body_too_large", "request body exceeds the limit"
 	case errors.As(err, &small):
@@ -168,9 +179,22 @@ func badRequestCode(err error) string {
 	return "invalid_request"
 }
 
-// dispatch picks a backend and forwards, trying further backends while the
-// request never reached one.
+// dispatch readies the request for the backends (prepareUpstream) and
+// sends it. The client's Connection: close outlives the hop-by-hop fields
+// removed on the way: the server reads it after the handler.
 func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, st *reqState, rt route, start time.Time, stream bool) {
+	clientClose := ctx.Request.Header.ConnectionClose()
+	if p.prepareUpstream(ctx, st, rt) {
+		p.send(ctx, st, rt, start, stream)
+	}
+	if clientClose {
+		ctx.Request.Header.SetConnectionClose()
+	}
+}
+
+// send picks a backend and forwards, trying further backends while the
+// request never reached one.
+func (p *Proxy) send(ctx *fasthttp.RequestCtx, st *reqState, rt route, start time.Time, stream bool) {
 	t := st.t
 	var lastErr error
 	allBusy := true // every failure so far was a backend out of connections
@@ -192,7 +216,7 @@ func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, st *reqState, rt route, start
 			return
 		}
 		b := t.bs[d.Backend]
-		retry, err := p.forward(ctx, t, b, d, rt, stream, decided)
+		retry, err := p.forward(ctx, st, b, d, rt, stream, decided)
 		if !retry {
 			return
 		}
@@ -222,36 +246,40 @@ func (p *Proxy) unreachable(ctx *fasthttp.RequestCtx, rt route, lastErr error, a
 // forward sends the request to b and hands the response to the client. It
 // returns retry=true only when the request never reached b. With stream
 // the body is passed through as the backend sends it; otherwise it is read
-// whole (straight into the client's response, no copy) and the answer
-// goes out in one write.
+// whole (straight into the client's response, no copy, at most
+// MaxBufferedResponse bytes) and the answer goes out in one write.
+//
+// The backend always sees its own address as Host and an origin-form
+// target (path and query), whatever form the client's request line took.
 //
 // sent is when the backend was chosen; the time to first byte is measured
 // from it (the request goes out a microsecond or so later).
-func (p *Proxy) forward(ctx *fasthttp.RequestCtx, t *table, b *backend, d ring.Decision, rt route, stream bool, sent time.Time) (retry bool, err error) {
+func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ring.Decision, rt route, stream bool, sent time.Time) (retry bool, err error) {
 	req := &ctx.Request
-	clientClose := req.Header.ConnectionClose()
-	req.Header.ResetConnectionClose()
 	req.Header.SetHost(b.target.HostPort)
 	req.SetRequestURIBytes(ctx.RequestURI())
 	// A request that came over TLS carries an https URI; the backend's
-	// scheme is its own (HostClient refuses a mismatch).
-	req.URI().SetSchemeBytes(b.scheme)
+	// scheme is its own (HostClient refuses a mismatch). An absolute-form
+	// target names a host of the client's choosing: the URI's host is what
+	// goes out as Host.
+	u := req.URI()
+	u.SetSchemeBytes(b.scheme)
+	u.SetHost(b.target.HostPort)
 
 	b.inflight.Add(1)
 	if !stream {
 		resp := &ctx.Response
 		err = b.client.Do(req, resp)
 		b.inflight.Add(-1)
-		if clientClose {
-			req.Header.SetConnectionClose()
-		}
 		if err != nil {
 			return p.upstreamFailed(ctx, b, d, rt, err)
 		}
 		b.connOK()
+		if !p.upstreamHeaders(ctx, st, b, d, rt, resp) {
+			return false, nil
+		}
 		b.m.ttfb.Observe(time.Since(sent).Seconds())
-		resp.Header.ResetConnectionClose()
-		p.setHeaders(resp, t, b, d)
+		p.setHeaders(resp, st.t, b, d)
 		p.m.countRequest(b.m, rt, d.Reason, resp.StatusCode())
 		return false, nil
 	}
@@ -259,9 +287,6 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, t *table, b *backend, d ring.D
 	up := fasthttp.AcquireResponse()
 	up.StreamBody = true
 	err = b.client.Do(req, up)
-	if clientClose {
-		req.Header.SetConnectionClose()
-	}
 	if err != nil {
 		b.inflight.Add(-1)
 		fasthttp.ReleaseResponse(up)
@@ -271,8 +296,15 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, t *table, b *backend, d ring.D
 
 	resp := &ctx.Response
 	up.Header.CopyTo(&resp.Header)
-	resp.Header.ResetConnectionClose()
-	p.setHeaders(resp, t, b, d)
+	if !p.upstreamHeaders(ctx, st, b, d, rt, up) {
+		if bs, ok := up.BodyStream().(fasthttp.ReadCloserWithError); ok && bs != nil {
+			_ = bs.CloseWithError(errBadUpstream)
+		}
+		fasthttp.ReleaseResponse(up)
+		b.inflight.Add(-1)
+		return false, nil
+	}
+	p.setHeaders(resp, st.t, b, d)
 	p.m.countRequest(b.m, rt, d.Reason, up.StatusCode())
 
 	bs, ok := up.BodyStream().(fasthttp.ReadCloserWithError)
@@ -291,6 +323,57 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, t *table, b *backend, d ring.D
 	resp.ImmediateHeaderFlush = true
 	resp.SetBodyStream(ts, up.Header.ContentLength())
 	return false, nil
+}
+
+// errBadUpstream closes the stream of a response the proxy refused.
+var errBadUpstream = errors.New("response refused")
+
+// upstreamHeaders checks the status of the response up from b and removes
+// its hop-by-hop fields from the client's response (ctx.Response, into
+// which up's header was copied, or which is up). A backend that switched
+// protocols (101) or sent a status outside 200-599 gets its connection
+// closed, never reused, and the client 502: it returns false then.
+func (p *Proxy) upstreamHeaders(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ring.Decision, rt route, up *fasthttp.Response) bool {
+	resp := &ctx.Response
+	resp.Header.ResetConnectionClose()
+	status, code, msg := 0, "", ""
+	switch sc := up.StatusCode(); {
+	case sc == fasthttp.StatusSwitchingProtocols:
+		closeUpstream(up)
+		status, code, msg = fasthttp.StatusBadGateway, "upstream_switched_protocols",
+			"backend "+b.id+" switched protocols (101); the router does not forward upgrades"
+	case sc < 200 || sc > 599:
+		closeUpstream(up)
+		status, code, msg = fasthttp.StatusBadGateway, "upstream_invalid_status",
+			"backend "+b.id+" answered with status "+strconv.Itoa(sc)
+	default:
+		var found hopSet
+		for k := range resp.Header.All() {
+			found |= hopField(k)
+		}
+		if found&responseHop == 0 {
+			return true
+		}
+		if err := stripResponseHop(&resp.Header, responseHop, &st.scratch); err == nil {
+			return true
+		} else {
+			status, code, msg = fasthttp.StatusBadGateway, "upstream_invalid_header", "backend "+b.id+" sent an invalid header: "+err.Error()
+		}
+	}
+	b.m.upErrors["protocol"].Inc()
+	writeError(ctx, status, code, msg)
+	p.m.countRequest(b.m, rt, d.Reason, status)
+	return false
+}
+
+// closeUpstream closes the connection a response with a status outside
+// 2xx-5xx came on. Its reads marked it unusable before fasthttp could pool
+// it (see upstreamConn.sniff), so no other request uses it; this ends it
+// now rather than when the pool next hands it out.
+func closeUpstream(up *fasthttp.Response) {
+	if a, ok := up.LocalAddr().(*upstreamAddr); ok && a.c.noReuse.Load() {
+		_ = a.c.Conn.Close()
+	}
 }
 
 func (p *Proxy) setHeaders(resp *fasthttp.Response, t *table, b *backend, d ring.Decision) {
@@ -313,6 +396,13 @@ func (p *Proxy) upstreamFailed(ctx *fasthttp.RequestCtx, b *backend, d ring.Deci
 	case errors.Is(err, fasthttp.ErrNoFreeConns):
 		b.m.upErrors["no_free_conns"].Inc()
 		return true, err
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		b.m.upErrors["protocol"].Inc()
+		writeError(ctx, fasthttp.StatusBadGateway, "upstream_response_too_large",
+			"backend "+b.id+" sent a response over "+strconv.Itoa(p.cfg.MaxBufferedResponse)+
+				" bytes, the limit for answers that are not streamed (max-buffered-response); ask for a streamed answer (\"stream\": true)")
+		p.m.countRequest(b.m, rt, d.Reason, fasthttp.StatusBadGateway)
+		return false, err
 	case errors.Is(err, fasthttp.ErrTimeout):
 		b.m.upErrors["timeout"].Inc()
 		writeError(ctx, fasthttp.StatusGatewayTimeout, "upstream_timeout", "backend "+b.id+" did not answer in time")

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"errors"
+	"io"
 	"sync"
 	"time"
 
@@ -61,7 +63,16 @@ func (p *Proxy) probeAll(probes *sync.WaitGroup) {
 	}
 }
 
-// probe requests ProbePath; any 2xx is a success.
+// maxProbeBody bounds the body of a health-check answer; a larger one fails
+// the check.
+const maxProbeBody = 64 << 10
+
+var errProbeBodyTooLarge = errors.New("health check answer over 64 KiB")
+
+// probe requests ProbePath; any 2xx with a body of at most maxProbeBody
+// bytes is a success. The body is streamed and read (within ProbeTimeout)
+// only up to that bound, so nothing a backend declares (a Content-Length
+// of exabytes) is ever allocated.
 func (p *Proxy) probe(b *backend) {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
@@ -70,12 +81,10 @@ func (p *Proxy) probe(b *backend) {
 	req.Header.SetMethod(fasthttp.MethodGet)
 	req.SetRequestURI(p.cfg.ProbePath)
 	req.Header.SetHost(b.target.HostPort)
-	resp.StreamBody = false
+	resp.StreamBody = true
 	err := b.client.DoTimeout(req, resp, p.cfg.ProbeTimeout)
 	if err == nil {
-		if s := resp.BodyStream(); s != nil {
-			_ = resp.CloseBodyStream()
-		}
+		err = drainProbe(resp)
 	}
 	ok := err == nil && resp.StatusCode() >= 200 && resp.StatusCode() < 300
 	if p.cfg.OnProbe != nil {
@@ -111,4 +120,28 @@ func (p *Proxy) probe(b *backend) {
 		}
 		p.log.Warn("backend failed health checks", "backend", b.id, "reason", reason)
 	}
+}
+
+// drainProbe reads and drops a probe answer's streamed body, at most
+// maxProbeBody bytes, and closes it: the connection goes back to the pool
+// when the body was read to its end, and is closed otherwise. A status
+// outside 2xx-5xx (a switch of protocols) closes the connection too (see
+// closeUpstream).
+func drainProbe(resp *fasthttp.Response) error {
+	if sc := resp.StatusCode(); sc < 200 || sc > 599 {
+		closeUpstream(resp)
+	}
+	bs, ok := resp.BodyStream().(fasthttp.ReadCloserWithError)
+	if !ok || bs == nil {
+		return nil
+	}
+	n, err := io.CopyN(io.Discard, bs, maxProbeBody+1)
+	switch {
+	case errors.Is(err, io.EOF):
+		err = nil
+	case err == nil && n > maxProbeBody:
+		err = errProbeBodyTooLarge
+	}
+	_ = bs.CloseWithError(err)
+	return err
 }

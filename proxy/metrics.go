@@ -84,7 +84,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"backend"}),
 		upErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmroute_upstream_errors_total",
-			Help: "Failed upstream exchanges by kind: dial, timeout, no_free_conns, other.",
+			Help: "Failed upstream exchanges by kind: dial, timeout, no_free_conns, protocol (a response refused: too large, a switch of protocols, an invalid status or header), other.",
 		}, []string{"backend", "kind"}),
 		connsRejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "warmroute_client_connections_rejected_total",
@@ -107,7 +107,7 @@ func (m *metrics) forBackend(id string) *backendMetrics {
 		ejects:   m.ejections.WithLabelValues(id),
 		upErrors: map[string]prometheus.Counter{},
 	}
-	for _, k := range []string{"dial", "timeout", "no_free_conns", "other"} {
+	for _, k := range []string{"dial", "timeout", "no_free_conns", "protocol", "other"} {
 		bm.upErrors[k] = m.upErrors.WithLabelValues(id, k)
 	}
 	return bm

@@ -353,6 +353,7 @@ type rawConn struct {
 	s *rawSocket
 
 	clientClose
+	firstHead
 
 	hold    bool       // the next write goes out together with held
 	held    []byte     // headers held back
@@ -395,7 +396,15 @@ func (c *rawConn) SetDeadline(t time.Time) error {
 
 func (c *rawConn) Read(p []byte) (int, error) {
 	c.flushHeld()
-	return c.s.read(p)
+	if c.done {
+		if c.err != nil {
+			return 0, c.err
+		}
+		return c.s.read(p)
+	}
+	n, err := c.s.read(p)
+	c.inspect(p[:n])
+	return n, err
 }
 
 func (c *rawConn) Write(p []byte) (int, error) {
