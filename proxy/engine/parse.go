@@ -74,6 +74,10 @@ const (
 // maxNames bounds the names per figure.
 const maxNames = 16
 
+// maxValueLen bounds a sample value's text (Go writes any float64 in at
+// most 24 characters): a longer value is skipped, not copied to be parsed.
+const maxValueLen = 64
+
 // Sample is one parse of a /metrics body: raw figures before the hit rate
 // is derived from the counters.
 type Sample struct {
@@ -266,7 +270,7 @@ func sampleValue(rest []byte, inLabels bool) (float64, bool) {
 	for j < len(rest) && rest[j] != ' ' && rest[j] != '\t' && rest[j] != '\r' {
 		j++
 	}
-	if j == 0 {
+	if j == 0 || j > maxValueLen {
 		return 0, false
 	}
 	v, err := strconv.ParseFloat(string(rest[:j]), 64)

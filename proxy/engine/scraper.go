@@ -19,7 +19,13 @@ import (
 var (
 	ErrInvalidConfig = errors.New("engine: invalid config")
 	ErrBodyTooLarge  = errors.New("engine: metrics body too large")
+
+	errRedirect = errors.New("engine: metrics endpoint redirects")
 )
+
+// maxHeaderBytes bounds the header of a /metrics answer (net/http's own
+// default is 10 MiB).
+const maxHeaderBytes = 64 << 10
 
 // Target is one backend whose engine metrics can be scraped.
 type Target struct {
@@ -144,13 +150,20 @@ func New(cfg Config, targets func() []Target, owner func(id string) bool, publis
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	if s.client == nil {
-		s.client = &http.Client{Transport: &http.Transport{
-			Proxy:                 nil,
-			DialContext:           (&net.Dialer{Timeout: cfg.Timeout}).DialContext,
-			MaxIdleConnsPerHost:   1,
-			IdleConnTimeout:       max(3*cfg.Interval, 10*time.Second),
-			ResponseHeaderTimeout: cfg.Timeout,
-		}}
+		s.client = &http.Client{
+			Transport: &http.Transport{
+				Proxy:                  nil,
+				DialContext:            (&net.Dialer{Timeout: cfg.Timeout}).DialContext,
+				MaxIdleConnsPerHost:    1,
+				IdleConnTimeout:        max(3*cfg.Interval, 10*time.Second),
+				ResponseHeaderTimeout:  cfg.Timeout,
+				MaxResponseHeaderBytes: maxHeaderBytes,
+			},
+			// A backend's metrics URL is where it is scraped: a redirect
+			// elsewhere (another host, a cloud metadata address) is a
+			// failed scrape, not a request the router makes for it.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return errRedirect },
+		}
 	}
 	if cfg.Registry != nil {
 		for _, c := range []prometheus.Collector{s.scrapes, s.duration} {
@@ -266,6 +279,9 @@ func (s *Scraper) fetch(ctx context.Context, url string) scrapeResult {
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return scrapeResult{at: start, err: fmt.Errorf("engine: %s: status %d", url, resp.StatusCode)}
+	}
+	if resp.ContentLength > s.cfg.MaxBodyBytes {
+		return scrapeResult{at: start, err: fmt.Errorf("%w (%d bytes declared, the limit is %d)", ErrBodyTooLarge, resp.ContentLength, s.cfg.MaxBodyBytes)}
 	}
 	buf := s.bufs.Get().(*bytes.Buffer)
 	defer func() {
