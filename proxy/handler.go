@@ -354,11 +354,11 @@ func (p *Proxy) upstreamHeaders(ctx *fasthttp.RequestCtx, st *reqState, b *backe
 		if found&responseHop == 0 {
 			return true
 		}
-		if err := stripResponseHop(&resp.Header, responseHop, &st.scratch); err == nil {
+		err := stripResponseHop(&resp.Header, responseHop, &st.scratch)
+		if err == nil {
 			return true
-		} else {
-			status, code, msg = fasthttp.StatusBadGateway, "upstream_invalid_header", "backend "+b.id+" sent an invalid header: "+err.Error()
 		}
+		status, code, msg = fasthttp.StatusBadGateway, "upstream_invalid_header", "backend "+b.id+" sent an invalid header: "+err.Error()
 	}
 	b.m.upErrors["protocol"].Inc()
 	writeError(ctx, status, code, msg)
