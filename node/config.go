@@ -88,6 +88,12 @@ type Upstream struct {
 	MaxConnWait        time.Duration `yaml:"max_conn_wait"`
 	IdleConnTimeout    time.Duration `yaml:"idle_conn_timeout"`
 	Retries            int           `yaml:"retries"`
+	// MaxBufferedResponse bounds a complete (not streamed) backend answer;
+	// larger ones get 502. Streamed answers are passed through unbounded.
+	MaxBufferedResponse Size `yaml:"max_buffered_response"`
+	// MaxHops bounds the warmroute routers a request may already have
+	// passed (X-Warmroute-Hops); more is a loop: 508.
+	MaxHops int `yaml:"max_hops"`
 }
 
 // Health configures active and passive health checking.
@@ -235,13 +241,15 @@ func DefaultConfig() Config {
 			MaxConns:      pc.MaxConns,
 		},
 		Upstream: Upstream{
-			ConnectTimeout:     pc.ConnectTimeout,
-			FirstByteTimeout:   pc.FirstByteTimeout,
-			StreamIdleTimeout:  pc.StreamIdleTimeout,
-			MaxConnsPerBackend: pc.MaxConnsPerBackend,
-			MaxConnWait:        pc.MaxConnWait,
-			IdleConnTimeout:    pc.UpstreamIdleConn,
-			Retries:            pc.Retries,
+			ConnectTimeout:      pc.ConnectTimeout,
+			FirstByteTimeout:    pc.FirstByteTimeout,
+			StreamIdleTimeout:   pc.StreamIdleTimeout,
+			MaxConnsPerBackend:  pc.MaxConnsPerBackend,
+			MaxConnWait:         pc.MaxConnWait,
+			IdleConnTimeout:     pc.UpstreamIdleConn,
+			Retries:             pc.Retries,
+			MaxBufferedResponse: Size(pc.MaxBufferedResponse),
+			MaxHops:             pc.MaxHops,
 		},
 		Health: Health{
 			ProbePath:     pc.ProbePath,
@@ -331,6 +339,8 @@ func (c *Config) ProxyConfig() proxy.Config {
 	pc.MaxConnWait = c.Upstream.MaxConnWait
 	pc.UpstreamIdleConn = c.Upstream.IdleConnTimeout
 	pc.Retries = c.Upstream.Retries
+	pc.MaxBufferedResponse = int(c.Upstream.MaxBufferedResponse)
+	pc.MaxHops = c.Upstream.MaxHops
 	pc.ProbePath = c.Health.ProbePath
 	pc.ProbeInterval = c.Health.ProbeInterval
 	pc.ProbeTimeout = c.Health.ProbeTimeout

@@ -103,6 +103,8 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config) (configPath *string) {
 	fs.DurationVar(&u.MaxConnWait, "max-conn-wait", u.MaxConnWait, "wait for a free upstream connection before trying another backend")
 	fs.DurationVar(&u.IdleConnTimeout, "upstream-idle-conn-timeout", u.IdleConnTimeout, "close idle upstream connections after this (keep below the engine's keep-alive, 5s for vLLM)")
 	fs.IntVar(&u.Retries, "retries", u.Retries, "other backends to try when a request could not reach one")
+	fs.TextVar(&u.MaxBufferedResponse, "max-buffered-response", u.MaxBufferedResponse, "largest complete (not streamed) backend answer the router reads; larger ones get 502 upstream_response_too_large (streamed answers are not bounded)")
+	fs.IntVar(&u.MaxHops, "max-hops", u.MaxHops, "warmroute routers a request may already have passed (X-Warmroute-Hops) before this router answers 508 loop_detected (1-64)")
 
 	h := &cfg.Health
 	fs.StringVar(&h.ProbePath, "probe-path", h.ProbePath, "health-check path on backends (empty disables active checks)")
