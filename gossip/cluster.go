@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"slices"
@@ -26,6 +27,8 @@ type Cluster struct {
 	ml   *memberlist.Memberlist
 	tr   *transport
 	seal *sealer
+	sign *signer   // nil without an Identity
+	keys *keyCache // nil without an Identity
 	st   *state
 	pub  *publisher
 	cnt  counters
@@ -53,6 +56,13 @@ type Cluster struct {
 
 	registered []prometheus.Collector
 	sendBuf    [][]byte // sealed packets; publish loop, then Close
+	signBuf    []byte   // a signed packet; publish loop, then Close
+	sigScratch []byte   // signed input; publish loop, then Close
+
+	chainReqs  chan chainReq // chain messages to send (chainLoop)
+	chainMsgs  [2][]byte     // this node's chain message: [0] plain, [1] asking for the peer's
+	skewWarned atomic.Int64  // unix ns of the last clock skew warning
+	seedWarned atomic.Bool
 
 	stopPub   chan struct{}
 	pubDone   chan struct{}
@@ -113,9 +123,29 @@ func New(cfg Config, local LocalSource) (*Cluster, error) {
 		stopPub: make(chan struct{}),
 		pubDone: make(chan struct{}),
 		stop:    make(chan struct{}),
+
+		chainReqs: make(chan chainReq, 256),
 	}
 	if c.seal, err = newSealer(cfg.SecretKey, cfg.ExtraKeys); err != nil {
 		return nil, err
+	}
+	if cfg.Identity != nil {
+		if c.sign, err = newSigner(cfg.Identity, cfg.NodeName); err != nil {
+			return nil, err
+		}
+		c.keys = newKeyCache(cfg.Identity)
+		c.st.signed = true
+		c.pub.keepalive = true
+		c.pub.pk.limit = maxPacket - c.sign.overhead()
+		if c.pub.pk.limit < maxPacket/2 {
+			return nil, fmt.Errorf("%w: signatures of %d bytes leave too little room in a packet", ErrIdentity, c.sign.sigMax)
+		}
+		c.chainMsgs = [2][]byte{c.sign.chainMsg(cfg.NodeName, false), c.sign.chainMsg(cfg.NodeName, true)}
+		if n := len(c.chainMsgs[1]); n > maxChainMsg {
+			return nil, fmt.Errorf("%w: certificate chain message of %d bytes (at most %d)", ErrIdentity, n, maxChainMsg)
+		} else if n > maxPacket {
+			lg.Warn("gossip: the certificate chain does not fit one packet; it will be fragmented (drop intermediates the peers do not need)", "bytes", n)
+		}
 	}
 	meta := cfg.Meta
 	meta.Wire = wireVersion
@@ -149,13 +179,17 @@ func New(cfg Config, local LocalSource) (*Cluster, error) {
 	c.peersMu.Lock()
 	c.addr = c.peers[cfg.NodeName].addr.String()
 	c.peersMu.Unlock()
-	c.log.Info("gossip started", "addr", c.addr, "encrypted", len(cfg.SecretKey) > 0)
+	c.log.Info("gossip started", "addr", c.addr, "encrypted", len(cfg.SecretKey) > 0, "signed", c.sign != nil)
 	if len(cfg.Join) > 0 {
 		c.joinSeeds()
 	}
 	c.wg.Add(2)
 	go c.viewLoop()
 	go c.joinLoop()
+	if c.sign != nil {
+		c.wg.Add(1)
+		go c.chainLoop()
+	}
 	go c.publishLoop()
 	return c, nil
 }
@@ -172,6 +206,7 @@ func (c *Cluster) memberlistConfig() (*memberlist.Config, error) {
 	mc.Logger = log.New(logWriter{c.log}, "", 0)
 	mc.Delegate = delegate{c}
 	mc.Events = events{c}
+	mc.Alive = aliveFilter{c}
 	mc.PushPullInterval = cfg.PushPullInterval
 	mc.GossipInterval = cfg.GossipInterval
 	mc.ProbeInterval = cfg.ProbeInterval
@@ -286,7 +321,10 @@ func (c *Cluster) Subscribe() (<-chan struct{}, func()) {
 // Members returns the live members, this node included, sorted by name.
 // State is "alive" for every member: memberlist does not report its
 // suspicion of a member to the application, and a suspect is still a
-// member until it is declared dead.
+// member until it is declared dead. With an Identity, Proven says whether
+// a member proved its name with a certificate of the cluster CA; any
+// holder of the gossip key can join memberlist under a name of its
+// choice, so a member that has not is no router to trust.
 func (c *Cluster) Members() []Member {
 	c.peersMu.Lock()
 	out := make([]Member, 0, len(c.peers))
@@ -298,6 +336,11 @@ func (c *Cluster) Members() []Member {
 		out = append(out, m)
 	}
 	c.peersMu.Unlock()
+	if c.sign != nil {
+		for i := range out {
+			out[i].Proven = c.st.isProven(out[i].Name)
+		}
+	}
 	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
@@ -368,9 +411,10 @@ func (c *Cluster) signal() {
 }
 
 // receivePacket returns the transport's handler for load packets. It runs
-// on the transport's read loop only, so one scratch buffer serves.
+// on the transport's read loop only, so one set of scratch buffers serves.
 func (c *Cluster) receivePacket() func([]byte) {
 	scratch := make([]byte, 0, udpReadBuf)
+	rx := new(rxScratch)
 	return func(b []byte) {
 		msg, err := c.seal.open(scratch, b)
 		if err != nil {
@@ -379,22 +423,154 @@ func (c *Cluster) receivePacket() func([]byte) {
 			c.cnt.malformed.Add(1)
 			return
 		}
-		c.receive(msg)
+		c.receive(msg, rx)
 	}
 }
 
+// rxScratch is the decoding and verification scratch of one receiving
+// goroutine.
+type rxScratch struct {
+	msg wireMsg
+	sig []byte
+}
+
 // receive applies a message from another node (UDP or push/pull).
-func (c *Cluster) receive(b []byte) {
+func (c *Cluster) receive(b []byte, rx *rxScratch) {
 	c.cnt.msgsRecv.Add(1)
 	c.cnt.bytesRecv.Add(uint64(len(b)))
-	changed, err := c.st.handle(b, time.Now())
-	if err != nil {
-		c.cnt.malformed.Add(1)
-		return
+	now := time.Now()
+	var changed bool
+	if c.sign == nil {
+		var err error
+		if changed, err = c.st.handle(b, now); err != nil {
+			c.cnt.malformed.Add(1)
+			return
+		}
+	} else {
+		if err := rx.msg.decode(b); err != nil {
+			c.cnt.malformed.Add(1)
+			return
+		}
+		changed = c.receiveSigned(&rx.msg, now, &rx.sig)
 	}
 	if changed {
 		c.signal()
 	}
+}
+
+// receiveSigned checks a decoded message the way a node with an Identity
+// must, cheapest checks first, and applies it when it passes. It reports
+// whether a View needs building.
+func (c *Cluster) receiveSigned(m *wireMsg, now time.Time, scratch *[]byte) bool {
+	if m.version != wireV2 {
+		c.st.rej.add(rejUnsigned)
+		return false
+	}
+	if m.kind == kindChain {
+		return c.receiveChain(m, now)
+	}
+	blk := &m.blocks[0]
+	if string(blk.origin) == c.cfg.NodeName {
+		return false
+	}
+	if !c.st.member(blk.origin) {
+		c.st.noteUnknown()
+		return false
+	}
+	if skew, ok := clockSkew(m.sentAt, now); !ok {
+		c.st.rej.add(rejClockSkew)
+		c.warnSkew(string(blk.origin), skew)
+		return false
+	}
+	key := c.keys.lookup(m.key, now)
+	if key == nil && len(blk.chain) > 0 {
+		id, k, why, ok := c.keys.learn(blk.chain, now)
+		if !ok {
+			c.st.rej.add(why)
+			return false
+		}
+		if id == m.key {
+			key = k
+		}
+	}
+	if key == nil {
+		c.st.rej.add(rejUnknownKey)
+		c.queueChain(string(blk.origin), true)
+		return false
+	}
+	if key.name != string(blk.origin) {
+		c.st.rej.add(rejWrongName)
+		return false
+	}
+	// A replayed or reordered block would change nothing: skip the
+	// signature check.
+	if !c.st.fresh(m.kind, blk, now) {
+		c.st.noteStale()
+		return false
+	}
+	if !key.verifySig(m.signed, m.sig, scratch) {
+		c.st.rej.add(rejBadSignature)
+		return false
+	}
+	c.st.prove(key.name, key.notAfter)
+	c.st.apply(m, now)
+	return true
+}
+
+// receiveChain learns a member's certificate chain and, when asked,
+// answers with this node's.
+func (c *Cluster) receiveChain(m *wireMsg, now time.Time) bool {
+	origin := string(m.origin)
+	if origin == c.cfg.NodeName {
+		return false
+	}
+	if !c.st.member(m.origin) {
+		c.st.noteUnknown()
+		return false
+	}
+	_, key, why, ok := c.keys.learn(m.chain, now)
+	if !ok {
+		c.st.rej.add(why)
+		return false
+	}
+	if key.name != origin {
+		c.st.rej.add(rejWrongName)
+		return false
+	}
+	if m.want {
+		c.queueChain(origin, false)
+	}
+	c.st.prove(origin, key.notAfter)
+	return true
+}
+
+// clockSkew returns how far sentAt (ms since the epoch) is from now, and
+// whether that is within maxClockSkew.
+func clockSkew(sentAt uint64, now time.Time) (time.Duration, bool) {
+	ms := uint64(now.UnixMilli())
+	d := ms - sentAt
+	if sentAt > ms {
+		d = sentAt - ms
+	}
+	if d > uint64(maxClockSkew/time.Millisecond) {
+		if d > uint64(math.MaxInt64/int64(time.Millisecond)) {
+			return math.MaxInt64, false
+		}
+		return time.Duration(d) * time.Millisecond, false
+	}
+	return time.Duration(d) * time.Millisecond, true
+}
+
+// warnSkew logs, at most once a minute, that a member's signed messages
+// are refused for their send time.
+func (c *Cluster) warnSkew(origin string, skew time.Duration) {
+	now := time.Now().UnixNano()
+	last := c.skewWarned.Load()
+	if now-last < int64(time.Minute) || !c.skewWarned.CompareAndSwap(last, now) {
+		return
+	}
+	c.log.Warn("gossip: refusing signed figures sent too far from this node's clock (a replay, or clocks out of sync)",
+		"from", origin, "skew", skew, "max", maxClockSkew)
 }
 
 func (c *Cluster) viewLoop() {
@@ -446,16 +622,29 @@ func (c *Cluster) publishLoop() {
 	}
 }
 
-// sendAll seals every packet once and sends it straight to every other
-// live member.
+// sendAll signs (with an Identity) and seals every packet once and sends
+// it straight to every other live member.
 func (c *Cluster) sendAll(pkts [][]byte) {
 	for len(c.sendBuf) < len(pkts) {
 		c.sendBuf = append(c.sendBuf, nil)
 	}
 	sealed := c.sendBuf[:len(pkts)]
-	for i, p := range pkts {
-		sealed[i] = c.seal.seal(sealed[i][:0], p)
+	now := time.Now()
+	n := 0
+	for _, p := range pkts {
+		if c.sign != nil {
+			var err error
+			if c.signBuf, err = c.sign.sign(c.signBuf[:0], p, now, &c.sigScratch); err != nil {
+				c.cnt.sendErrors.Add(1)
+				c.log.Warn("gossip: cannot sign", "err", err)
+				continue
+			}
+			p = c.signBuf
+		}
+		sealed[n] = c.seal.seal(sealed[n][:0], p)
+		n++
 	}
+	sealed = sealed[:n]
 	for _, to := range *c.sendList.Load() {
 		for _, p := range sealed {
 			if err := c.tr.send(p, to); err != nil {
@@ -468,14 +657,39 @@ func (c *Cluster) sendAll(pkts [][]byte) {
 	}
 }
 
-// localState is this node's push/pull payload: its own figures and the
-// fresh figures it holds from every other node, so a joining node
-// converges in one exchange.
+// localState is this node's push/pull payload. Without an Identity: its
+// own figures and the fresh figures it holds from every other node, so a
+// joining node converges in one exchange. With one: its own figures and
+// its certificate chain, signed (other nodes' figures cannot be
+// verified, so each node's reach a joiner directly, within a
+// RefreshInterval).
 func (c *Cluster) localState() []byte {
 	now := time.Now()
 	b := appendHeader(nil, kindState)
-	b = c.pub.ownBlock(b, now)
-	return c.st.appendRelay(b, now)
+	if c.sign == nil {
+		b = c.pub.ownBlock(b, now, nil)
+		return c.st.appendRelay(b, now)
+	}
+	b = c.pub.ownBlock(b, now, c.sign.chain)
+	var scratch []byte
+	out, err := c.sign.sign(nil, b, now, &scratch)
+	if err != nil || len(out) > maxStateBytes {
+		c.log.Warn("gossip: cannot send this node's state", "err", err, "bytes", len(out))
+		return nil
+	}
+	return out
+}
+
+// mergeState applies a push/pull state from another node.
+func (c *Cluster) mergeState(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	if len(b) > maxStateBytes {
+		c.st.rej.add(rejStateSize)
+		return
+	}
+	c.receive(b, new(rxScratch))
 }
 
 // joinSeeds resolves the seeds and joins them. It reports whether another
@@ -495,19 +709,23 @@ func (c *Cluster) joinSeeds() bool {
 }
 
 // resolveSeeds turns the Join list into ip:port addresses, every A/AAAA
-// record of a name included, without this node's own address.
+// record of a name included, without this node's own address. When two
+// or more seeds were all this node's own address, it warns (once): the
+// node joins no one.
 func (c *Cluster) resolveSeeds() []string {
 	self, _ := netip.ParseAddrPort(c.addr)
-	selfAddr := self.Addr()
-	isSelf := func(a netip.Addr, port int) bool {
-		if port != int(self.Port()) {
-			return false
-		}
-		a = a.Unmap()
-		return a == selfAddr || (a.IsLoopback() && (selfAddr.IsLoopback() || c.cfg.BindAddr == "0.0.0.0"))
+	bind := netip.IPv4Unspecified()
+	if c.cfg.BindAddr != "" {
+		bind, _ = netip.ParseAddr(c.cfg.BindAddr)
 	}
+	var local []netip.Addr
+	if bind.IsUnspecified() {
+		local = interfaceAddrs()
+	}
+	isSelf := selfMatcher(self, bind, uint16(c.tr.port), local)
 	seen := make(map[string]bool)
 	var out []string
+	var selfSeeds []string
 	for _, s := range c.cfg.Join {
 		host, port, err := splitSeed(s, c.cfg.seedPort())
 		if err != nil {
@@ -526,15 +744,62 @@ func (c *Cluster) resolveSeeds() []string {
 			}
 			ips = res
 		}
+		onlySelf := len(ips) > 0
 		for _, ip := range ips {
-			if isSelf(ip, port) {
+			if isSelf(ip, uint16(port)) {
 				continue
 			}
+			onlySelf = false
 			a := netip.AddrPortFrom(ip.Unmap(), uint16(port)).String()
 			if !seen[a] {
 				seen[a] = true
 				out = append(out, a)
 			}
+		}
+		if onlySelf {
+			selfSeeds = append(selfSeeds, s)
+		}
+	}
+	if len(out) == 0 && len(selfSeeds) > 1 && !c.seedWarned.Swap(true) {
+		c.log.Warn("gossip: every seed is this node's own address, so it joins no one; "+
+			"nodes sharing a port on one host must each bind their own address",
+			"seeds", selfSeeds, "addr", c.addr, "bind", c.cfg.BindAddr)
+	}
+	return out
+}
+
+// selfMatcher returns a function reporting whether a seed address is this
+// node: its advertised address and port, its bound address and port, or,
+// bound to all addresses, any loopback, unspecified or interface address
+// (local) with its port. Another loopback address with the same port is
+// another node (127.0.0.0/8 all reaches this host).
+func selfMatcher(adv netip.AddrPort, bind netip.Addr, port uint16, local []netip.Addr) func(netip.Addr, uint16) bool {
+	bind = bind.Unmap()
+	return func(a netip.Addr, p uint16) bool {
+		a = a.Unmap()
+		if a == adv.Addr().Unmap() && p == adv.Port() {
+			return true
+		}
+		if p != port {
+			return false
+		}
+		if !bind.IsUnspecified() {
+			return a == bind
+		}
+		return a.IsLoopback() || a.IsUnspecified() || slices.Contains(local, a)
+	}
+}
+
+// interfaceAddrs returns this host's interface addresses.
+func interfaceAddrs() []netip.Addr {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out = append(out, p.Addr().Unmap())
 		}
 	}
 	return out
@@ -610,14 +875,29 @@ func (d delegate) NodeMeta(limit int) []byte {
 	return b
 }
 
-// NotifyMsg decodes b at once and keeps no reference to it.
-func (d delegate) NotifyMsg(b []byte) { d.c.receive(b) }
+// NotifyMsg ignores memberlist user messages: figures travel in load
+// packets and push/pull states only, and nothing sends user messages.
+func (d delegate) NotifyMsg(b []byte) {}
 
 func (d delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 
 func (d delegate) LocalState(join bool) []byte { return d.c.localState() }
 
-func (d delegate) MergeRemoteState(b []byte, join bool) { d.c.receive(b) }
+func (d delegate) MergeRemoteState(b []byte, join bool) { d.c.mergeState(b) }
+
+// aliveFilter implements memberlist.AliveDelegate: a member whose name is
+// not a valid router name (see Config.NodeName) is refused, so names with
+// control characters or separators never reach logs, metrics or the Raft
+// configuration.
+type aliveFilter struct{ c *Cluster }
+
+func (a aliveFilter) NotifyAlive(n *memberlist.Node) error {
+	if err := checkName(n.Name); err != nil {
+		a.c.st.rej.add(rejMemberName)
+		return err
+	}
+	return nil
+}
 
 // events implements memberlist.EventDelegate. It must not call back into
 // memberlist (Members would deadlock).
@@ -629,6 +909,8 @@ func (e events) NotifyJoin(n *memberlist.Node) {
 	c.setPeer(n, false, false)
 	if n.Name != c.cfg.NodeName {
 		c.joined.Store(true)
+		// Exchange chains with the new member at once.
+		c.queueChain(n.Name, true)
 	}
 	c.signal()
 }

@@ -110,6 +110,15 @@ type Config struct {
 	// unless both bind and advertise addresses are loopback.
 	AllowPlaintext bool
 
+	// Identity, when set, ties every figure to its sender: this node
+	// signs what it publishes, and figures, engine metrics and health
+	// verdicts from another node are accepted only when signed by a
+	// certificate that proves that node's name. Its certificate must
+	// prove NodeName. Without it any holder of SecretKey can speak for
+	// any node (single-host loopback clusters, or an explicit insecure
+	// choice).
+	Identity Identity
+
 	// Logger receives the Cluster's and memberlist's logs. Nil discards.
 	Logger *slog.Logger
 	// Registry, when non-nil, receives the Cluster's metrics.
@@ -158,8 +167,8 @@ func (c *Config) Validate() error {
 	if c.NodeName == "" {
 		return ErrNoNodeName
 	}
-	if len(c.NodeName) > 128 {
-		return fmt.Errorf("%w: node name longer than 128 bytes", ErrInvalidConfig)
+	if err := checkName(c.NodeName); err != nil {
+		return err
 	}
 	if c.BindPort < 0 || c.BindPort > 65535 || c.AdvertisePort < 0 || c.AdvertisePort > 65535 {
 		return fmt.Errorf("%w: port out of range", ErrInvalidConfig)

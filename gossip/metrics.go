@@ -20,6 +20,13 @@ type Stats struct {
 	WirePacketBytes  uint64 // all UDP bytes memberlist sent, ours included
 	WireStreamBytes  uint64 // all TCP bytes memberlist sent (push/pull, joins)
 	ViewUpdates      uint64
+	// Rejected counts messages, figures and members refused, by reason
+	// (the label of warmroute_gossip_rejected_total): "unsigned",
+	// "unknown_key", "bad_chain", "wrong_name", "bad_signature",
+	// "chain_rate_limited", "clock_skew" (messages, with an Identity);
+	// "out_of_range", "too_many_backends" (figures); "bad_member_name"
+	// (members); "state_too_large" (push/pull states).
+	Rejected map[string]uint64
 }
 
 type counters struct {
@@ -30,7 +37,7 @@ type counters struct {
 // Stats returns the Cluster's running totals.
 func (c *Cluster) Stats() Stats {
 	unknown, stale := c.st.counters()
-	return Stats{
+	st := Stats{
 		MessagesSent:     c.cnt.msgsSent.Load(),
 		BytesSent:        c.cnt.bytesSent.Load(),
 		MessagesReceived: c.cnt.msgsRecv.Load(),
@@ -42,7 +49,12 @@ func (c *Cluster) Stats() Stats {
 		WirePacketBytes:  c.tr.packetBytes.Load(),
 		WireStreamBytes:  c.tr.streamBytes.Load(),
 		ViewUpdates:      c.cnt.viewUpdates.Load(),
+		Rejected:         make(map[string]uint64, numRejects),
 	}
+	for r := range numRejects {
+		st.Rejected[r.String()] = c.st.rej[r].Load()
+	}
+	return st
 }
 
 // newCollectors returns the Cluster's Prometheus metrics. Own and global
@@ -59,8 +71,8 @@ func (c *Cluster) newCollectors() []prometheus.Collector {
 			Namespace: "warmroute", Subsystem: "gossip", Name: name, Help: help,
 		}, f)
 	}
-	return []prometheus.Collector{
-		gauge("members", "Live members of the router cluster, this node included.",
+	cols := []prometheus.Collector{
+		gauge("members", "Live members of the router cluster, this node included (with an Identity, those that proved their name).",
 			func() float64 { return float64(len(c.View().members)) }),
 		gauge("oldest_remote_figure_age_seconds", "Age of the oldest in-flight figure from another node still counted.",
 			func() float64 { return c.st.oldestAge(time.Now()).Seconds() }),
@@ -76,4 +88,12 @@ func (c *Cluster) newCollectors() []prometheus.Collector {
 		counter("wire_stream_bytes_sent_total", "All TCP bytes sent by the gossip layer (push/pull, joins).", c.tr.streamBytes.Load),
 		counter("view_updates_total", "Views built (figure or membership changes).", c.cnt.viewUpdates.Load),
 	}
+	for r := range numRejects {
+		cols = append(cols, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "warmroute", Subsystem: "gossip", Name: "rejected_total",
+			Help:        "Messages, figures and members from other nodes refused, by reason.",
+			ConstLabels: prometheus.Labels{"reason": r.String()},
+		}, func() float64 { return float64(c.st.rej[r].Load()) }))
+	}
+	return cols
 }

@@ -17,6 +17,10 @@ type publisher struct {
 	resend       uint64
 	refreshTicks uint64
 	engineExpire time.Duration
+	// keepalive: every refresh sends a packet even with no figures
+	// (signed mode, where a node that goes quiet may be replaced by an
+	// older run of itself; see state.signedOrder).
+	keepalive bool
 
 	tick        uint64
 	seq         uint64
@@ -112,6 +116,10 @@ func (p *publisher) next(now time.Time) [][]byte {
 		}
 	}
 	pkts := p.pk.packets()
+	if len(pkts) == 0 && full && p.keepalive {
+		p.pk.flush()
+		pkts = p.pk.out[:p.pk.n]
+	}
 	if len(pkts) > 0 {
 		p.seq++
 	}
@@ -137,8 +145,9 @@ func (p *publisher) setEngine(backend string, s EngineStats) {
 }
 
 // ownBlock appends this node's block with all its current figures, under
-// a new seq (for memberlist push/pull).
-func (p *publisher) ownBlock(dst []byte, now time.Time) []byte {
+// a new seq (for memberlist push/pull), and chain in a tagChain section
+// when not nil.
+func (p *publisher) ownBlock(dst []byte, now time.Time, chain [][]byte) []byte {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.seq++
@@ -160,6 +169,9 @@ func (p *publisher) ownBlock(dst []byte, now time.Time) []byte {
 	body = appendSection(body, tagLoads, loads)
 	body = appendSection(body, tagEngine, engines)
 	body = appendSection(body, tagHealth, health)
+	if chain != nil {
+		body = appendSection(body, tagChain, appendChain(nil, chain))
+	}
 	return appendBlock(dst, body)
 }
 

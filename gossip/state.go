@@ -1,6 +1,8 @@
 package gossip
 
 import (
+	"encoding/binary"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -9,11 +11,21 @@ import (
 // state holds the latest figures from every other node. Messages are
 // decoded and applied under mu; per-backend sums are kept incrementally so
 // building a View costs a copy of one small map.
+//
+// With signed set (the node has an Identity) only verified messages reach
+// apply, and the order of one node's messages is strict, so a replayed
+// signed message changes nothing: within a run seq must grow (the packets
+// of one multi-packet publish share a seq and are accepted for
+// sameSeqWindow after the first), a duplicate never refreshes a figure's
+// age, and there are no relayed figures. The Cluster also drops signed
+// messages sent more than maxClockSkew from this node's clock.
 type state struct {
 	mu           sync.Mutex
 	self         string
 	expire       time.Duration
 	engineExpire time.Duration
+	signed       bool
+	rej          *rejects
 
 	nodes map[string]*remoteNode // live members except self
 	sums  map[string]*agg        // backend -> sum over nodes' fresh figures
@@ -39,6 +51,13 @@ type remoteNode struct {
 	lastHeard time.Time
 	loads     map[string]*loadEntry
 	engines   map[string]*EngineStats
+
+	// Signed mode only.
+	heard       bool      // a block of some run was accepted
+	maxSeq      uint64    // highest seq accepted in this run
+	maxSeqAt    time.Time // when it was first accepted
+	proven      bool      // its name is proven by a verified chain
+	provenUntil time.Time
 }
 
 type loadEntry struct {
@@ -65,6 +84,7 @@ func newState(self string, expire, engineExpire time.Duration) *state {
 		sums:         make(map[string]*agg),
 		local:        make(map[string]EngineStats),
 		memberDirty:  true,
+		rej:          new(rejects),
 	}
 }
 
@@ -102,24 +122,153 @@ func (s *state) touch() {
 	s.mu.Unlock()
 }
 
-// handle decodes and applies one message received at now. It reports
-// whether a View needs building.
+// handle decodes and applies one message received at now, as a node
+// without an Identity does (version 2 messages are taken unverified; chain
+// messages mean nothing to it). It reports whether a View needs building.
 func (s *state) handle(b []byte, now time.Time) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.msg.decode(b); err != nil {
 		return false, err
 	}
-	for i := range s.msg.blocks {
-		blk := &s.msg.blocks[i]
-		if s.msg.kind == kindBye {
+	if s.msg.kind == kindChain {
+		return false, nil
+	}
+	return s.applyLocked(&s.msg, now), nil
+}
+
+// apply applies a decoded message whose signature was verified (signed
+// mode). It reports whether a View needs building.
+func (s *state) apply(m *wireMsg, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.applyLocked(m, now)
+}
+
+func (s *state) applyLocked(m *wireMsg, now time.Time) bool {
+	for i := range m.blocks {
+		blk := &m.blocks[i]
+		switch {
+		case s.signed:
+			s.applySigned(m.kind, blk, now)
+		case m.kind == kindBye:
 			s.bye(blk)
-		} else {
+		default:
 			s.applyBlock(blk, now)
 		}
 	}
 	// True also when an earlier change is not built yet: harmless.
-	return s.loadDirty || s.engineDirty || s.healthDirty, nil
+	return s.loadDirty || s.engineDirty || s.healthDirty
+}
+
+// member reports whether name is a live member other than this node.
+func (s *state) member(name []byte) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.nodes[string(name)] != nil
+}
+
+// prove records that name's chain was verified, valid until until.
+func (s *state) prove(name string, until time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.nodes[name]
+	if n == nil {
+		return
+	}
+	if !n.proven {
+		n.proven = true
+		s.memberDirty = true
+	}
+	if until.After(n.provenUntil) {
+		n.provenUntil = until
+	}
+}
+
+// proven reports whether name's chain was verified (this node: always).
+func (s *state) isProven(name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.nodes[name]
+	return name == s.self || (n != nil && n.proven)
+}
+
+// sameSeqWindow is how long after a seq was first accepted other packets
+// with the same seq (one publish split over packets) are accepted.
+func (s *state) sameSeqWindow() time.Duration { return min(time.Second, s.expire/2) }
+
+// order is what a signed block means for its node.
+type order uint8
+
+const (
+	orderStale  order = iota // a replay, a reordered packet, or after a bye
+	orderSame                // the current run, a newer seq
+	orderNewRun              // a new run (or the first heard)
+)
+
+// signedOrder decides, without changing anything, what a signed block
+// of kind with instance and seq from n means at now.
+func (s *state) signedOrder(n *remoteNode, kind byte, instance, seq uint64, now time.Time) order {
+	switch {
+	case n.heard && instance == n.instance:
+		if n.closed {
+			return orderStale
+		}
+		if seq > n.maxSeq || (seq == n.maxSeq && kind != kindBye && now.Sub(n.maxSeqAt) < s.sameSeqWindow()) {
+			return orderSame
+		}
+		return orderStale
+	case !n.heard || instance > n.instance:
+		return orderNewRun
+	case kind != kindBye && now.Sub(n.lastHeard) > s.expire:
+		// The newer run went quiet for longer than figures live (or
+		// the node's clock went back): follow the one that talks. A
+		// replay of an older run's packets cannot use this: they are
+		// older than maxClockSkew unless that run ended less than that
+		// ago.
+		return orderNewRun
+	}
+	return orderStale
+}
+
+// fresh reports whether a signed block would be applied (a replayed or
+// reordered one would not), so that its signature need not be checked.
+func (s *state) fresh(kind byte, blk *wireBlock, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.nodes[string(blk.origin)]
+	return n != nil && s.signedOrder(n, kind, blk.instance, blk.seq, now) != orderStale
+}
+
+func (s *state) applySigned(kind byte, blk *wireBlock, now time.Time) {
+	if string(blk.origin) == s.self {
+		return
+	}
+	n := s.nodes[string(blk.origin)]
+	if n == nil {
+		s.unknown++
+		return
+	}
+	switch s.signedOrder(n, kind, blk.instance, blk.seq, now) {
+	case orderStale:
+		s.stale++
+		return
+	case orderNewRun:
+		s.resetNode(n)
+		n.instance, n.closed, n.heard = blk.instance, false, true
+		n.maxSeq, n.maxSeqAt = blk.seq, now
+	case orderSame:
+		if blk.seq > n.maxSeq {
+			n.maxSeq, n.maxSeqAt = blk.seq, now
+		}
+	}
+	if kind == kindBye {
+		s.resetNode(n)
+		n.closed = true
+		return
+	}
+	n.lastHeard = now
+	s.applyFigures(n, blk, now)
 }
 
 func (s *state) bye(blk *wireBlock) {
@@ -166,14 +315,40 @@ func (s *state) applyBlock(blk *wireBlock, now time.Time) {
 		return
 	}
 	n.lastHeard = now
+	s.applyFigures(n, blk, now)
+}
+
+// validEngine reports whether engine figures are in range: finite, usage
+// and hit rate in [0, 1], running and waiting in [0, MaxEngineRequests].
+func validEngine(st EngineStats) bool {
+	for _, f := range [...]float64{st.KVUsage, st.Running, st.Waiting, st.PrefixHitRate} {
+		if math.IsNaN(f) || f < 0 {
+			return false
+		}
+	}
+	return st.KVUsage <= 1 && st.PrefixHitRate <= 1 && st.Running <= MaxEngineRequests && st.Waiting <= MaxEngineRequests
+}
+
+// applyFigures applies the figures of a block accepted from n. Figures out
+// of range, and new backends beyond MaxBackends per node, are dropped and
+// counted.
+func (s *state) applyFigures(n *remoteNode, blk *wireBlock, now time.Time) {
 	for i := range blk.loads {
 		l := &blk.loads[i]
+		if l.inFlight < 0 || l.inFlight > MaxInFlight || l.age > maxAge {
+			s.rej.add(rejRange)
+			continue
+		}
 		if l.age >= s.expire {
 			continue
 		}
 		at := now.Add(-l.age)
 		e := n.loads[string(l.backend)]
 		if e == nil {
+			if len(n.loads) >= MaxBackends {
+				s.rej.add(rejTooMany)
+				continue
+			}
 			key := string(l.backend)
 			n.loads[key] = &loadEntry{v: l.inFlight, failing: l.failing, seq: l.seq, at: at, agg: s.addFigure(key, l.inFlight)}
 			continue
@@ -193,12 +368,19 @@ func (s *state) applyBlock(blk *wireBlock, now time.Time) {
 			if at.After(e.at) {
 				e.at = at
 			}
-		case l.seq == e.seq && at.After(e.at):
+		case l.seq == e.seq && at.After(e.at) && !s.signed:
+			// A relayed copy of the same figure, younger than the
+			// one held. (Signed figures are never relayed: an equal
+			// seq is a duplicate or a replay.)
 			e.at = at
 		}
 	}
 	for i := range blk.engines {
 		we := &blk.engines[i]
+		if !validEngine(we.stats) || we.age > maxAge {
+			s.rej.add(rejRange)
+			continue
+		}
 		if we.age >= s.engineExpire {
 			continue
 		}
@@ -206,6 +388,10 @@ func (s *state) applyBlock(blk *wireBlock, now time.Time) {
 		st.Scraped = now.Add(-we.age)
 		cur := n.engines[string(we.backend)]
 		if cur == nil {
+			if len(n.engines) >= MaxBackends {
+				s.rej.add(rejTooMany)
+				continue
+			}
 			n.engines[string(we.backend)] = &st
 			s.engineDirty = true
 			continue
@@ -286,6 +472,10 @@ func (s *state) sweep(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, n := range s.nodes {
+		if n.proven && !now.Before(n.provenUntil) {
+			n.proven = false
+			s.memberDirty = true
+		}
 		for k, e := range n.loads {
 			if now.Sub(e.at) > s.expire {
 				s.removeFigure(e)
@@ -380,8 +570,12 @@ func (s *state) build(prev *View) *View {
 	if s.memberDirty || prev == nil {
 		v.members = make([]string, 0, len(s.nodes)+1)
 		v.members = append(v.members, s.self)
-		for name := range s.nodes {
-			v.members = append(v.members, name)
+		for name, n := range s.nodes {
+			// With an Identity, a member counts once it proved its
+			// name: one that cannot does not get backends to scrape.
+			if !s.signed || n.proven {
+				v.members = append(v.members, name)
+			}
 		}
 		slices.Sort(v.members)
 	}
@@ -400,6 +594,18 @@ func (s *state) oldestAge(now time.Time) time.Duration {
 		}
 	}
 	return oldest
+}
+
+func (s *state) noteUnknown() {
+	s.mu.Lock()
+	s.unknown++
+	s.mu.Unlock()
+}
+
+func (s *state) noteStale() {
+	s.mu.Lock()
+	s.stale++
+	s.mu.Unlock()
 }
 
 func (s *state) counters() (unknown, stale uint64) {
@@ -439,6 +645,9 @@ func (s *state) appendRelay(dst []byte, now time.Time) []byte {
 		body = appendBlockHead(body[:0], name, n.instance, maxSeq)
 		body = appendSection(body, tagLoadsRelay, loads)
 		body = appendSection(body, tagEngine, engines)
+		if len(dst)+len(body)+binary.MaxVarintLen64 > maxStateBytes {
+			break
+		}
 		dst = appendBlock(dst, body)
 	}
 	return dst

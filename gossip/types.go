@@ -49,4 +49,8 @@ type Member struct {
 	Meta  Meta
 	State string // "alive" or "suspect"
 	Self  bool
+	// Proven: with an Identity, the member proved its name with a
+	// certificate of the cluster CA (this node: always). Without one,
+	// false.
+	Proven bool
 }

@@ -7,8 +7,10 @@ import (
 	"time"
 )
 
-// Wire format, version 1. All integers are varints (encoding/binary);
-// strings are a uvarint length then the bytes.
+// Wire format. All integers are varints (encoding/binary); strings are a
+// uvarint length then the bytes.
+//
+// Version 1 (unsigned; nodes without an Identity):
 //
 //	message = magic(0x57) version(1) kind block*
 //	block   = uvarint(len) origin:string instance:uvarint seq:uvarint section*
@@ -18,6 +20,7 @@ import (
 //	tagEngine     entry = backend:string flags:byte kv,run,wait,hit:float32le scrapeAgeMs:uvarint
 //	tagLoadsRelay entry = backend:string inFlight:varint seq:uvarint ageMs:uvarint
 //	tagHealth     entry = backend:string flags:byte (healthFailing: the sender sees it failing)
+//	tagChain      payload = chain (version 2 state messages only)
 //
 // A kindPublish message carries one block from its sender; figures in a
 // tagLoads section carry the block's seq and are fresh. A kindState
@@ -29,34 +32,96 @@ import (
 // and relayed figures say nothing about health. A kindBye message is a block without sections:
 // its sender is leaving and its figures must be dropped now.
 //
+// Version 2 (signed; nodes with an Identity) wraps exactly one block, the
+// sender's own, and signs everything before the signature:
+//
+//	message = magic(0x57) version(2) kind(1-3) key:16 sentAtMs:uvarint uvarint(len) block signature
+//	chain message (not signed; the certificates prove themselves):
+//	          magic(0x57) version(2) kindChain flags:byte origin:string chain
+//	chain   = count:uvarint (uvarint(len) certificate:DER)*, leaf first
+//
+// key is the chain's id (chainID: the first 16 bytes of a SHA-256 of the
+// chain) the receiver verifies the signature with; sentAtMs is the
+// sender's wall clock. The signature is Identity.Sign(sigContext ||
+// message-before-the-signature) and runs to the end of the message. A
+// version 2 message never carries relay sections (figures of other nodes
+// cannot be verified); its state message carries the sender's chain in a
+// tagChain section. flags bit chainWant asks the receiver to answer with
+// its own chain message.
+//
 // instance identifies one run of a node (its start time in nanoseconds);
 // seq counts publishes within a run. (instance, seq) orders figures from
 // one node. Sections with unknown tags are skipped, so a later version can
 // add per-backend fields (such as local health) without breaking older
 // nodes; a new version byte is only for incompatible changes.
 const (
-	wireMagic   = 0x57
-	wireVersion = 1
+	wireMagic = 0x57
+	// wireVersion is the highest version this node speaks (Meta.Wire).
+	wireVersion = wireV2
+	wireV1      = 1
+	wireV2      = 2
 
 	kindPublish = 1
 	kindState   = 2
 	kindBye     = 3
+	kindChain   = 4 // version 2 only
 
 	tagLoads      = 1
 	tagEngine     = 2
 	tagLoadsRelay = 3
 	tagHealth     = 4
+	tagChain      = 5
 
-	// maxString bounds node names and backend ids on the wire.
+	// maxString bounds any string on the wire.
 	maxString = 1024
+	// maxNodeName bounds node names (origins); it is identity.MaxNameLen.
+	maxNodeName = 128
+	// maxBackendID bounds backend ids (node configurations allow 253).
+	maxBackendID = 256
+	// MaxBackends bounds the backends one node may report: the entries
+	// of each kind in one message, and the figures held per node. It is
+	// ring.MaxBackends.
+	MaxBackends = 4096
+	// maxBlocks bounds the blocks of one (version 1 state) message.
+	maxBlocks = 1024
 	// maxPacket bounds one UDP payload so that, with memberlist's framing
 	// (message type, CRC) and AES-GCM overhead, a packet stays below the
 	// usual 1500-byte MTU and memberlist's 1400-byte UDP buffer.
 	maxPacket = 1300
+	// maxStateBytes bounds a push/pull state, sent or accepted.
+	maxStateBytes = 4 << 20
+
+	// keyIDLen is the length of a chain id on the wire.
+	keyIDLen = 16
+	// maxSig bounds a signature (RSA-4096 makes 512 bytes).
+	maxSig = 1024
+	// maxChainCerts and maxCertLen bound a certificate chain.
+	maxChainCerts = 8
+	maxCertLen    = 8192
+	// maxChainMsg bounds this node's chain message (a UDP packet; one
+	// over maxPacket is fragmented by IP).
+	maxChainMsg = 16 << 10
 
 	engineOK = 0x80
 
 	healthFailing = 0x01
+
+	chainWant = 0x01
+)
+
+// sigContext starts every signed input, so a gossip signature can never
+// be taken for a signature of anything else made with the same key.
+const sigContext = "warmroute gossip signature v2\x00"
+
+// Ranges of figures from other nodes. Figures outside them are dropped
+// and counted (rejected_total{reason="out_of_range"}), never clamped.
+const (
+	// MaxInFlight bounds one node's in-flight count for one backend.
+	MaxInFlight = 1 << 20
+	// MaxEngineRequests bounds a backend's running and waiting requests.
+	MaxEngineRequests = 1 << 20
+	// maxAge bounds the age of a relayed figure or an engine scrape.
+	maxAge = time.Hour
 )
 
 // Engine metric bits in EngineStats.Known.
@@ -68,8 +133,20 @@ const (
 )
 
 type wireMsg struct {
-	kind   byte
-	blocks []wireBlock
+	version byte
+	kind    byte
+	blocks  []wireBlock
+
+	// Version 2 signed messages.
+	key    keyID
+	sentAt uint64 // ms since the Unix epoch, by the sender's clock
+	signed []byte // what the signature covers (after sigContext)
+	sig    []byte
+
+	// Version 2 chain messages.
+	want   bool
+	origin []byte
+	chain  [][]byte
 }
 
 type wireBlock struct {
@@ -79,6 +156,8 @@ type wireBlock struct {
 	loads    []wireLoad
 	engines  []wireEngine
 	failing  [][]byte // backends of loads the origin sees failing
+	chain    [][]byte // tagChain: the origin's certificate chain
+	relays   bool     // holds a tagLoadsRelay section
 }
 
 type wireLoad struct {
@@ -97,48 +176,115 @@ type wireEngine struct {
 }
 
 // decode parses b into m, reusing m's slices. The byte slices in m point
-// into b.
+// into b. Structure and sizes are checked here; the ranges of figures are
+// checked where they are applied (state), which drops and counts them
+// one by one.
 func (m *wireMsg) decode(b []byte) error {
 	m.blocks = m.blocks[:0]
+	m.chain = m.chain[:0]
+	m.signed, m.sig, m.origin, m.want, m.sentAt, m.key = nil, nil, nil, false, 0, keyID{}
 	if len(b) < 3 || b[0] != wireMagic {
 		return ErrBadMessage
 	}
-	if b[1] != wireVersion {
+	m.version, m.kind = b[1], b[2]
+	switch m.version {
+	case wireV1:
+		if m.kind < kindPublish || m.kind > kindBye {
+			return fmt.Errorf("%w: kind %d", ErrBadMessage, m.kind)
+		}
+		return m.decodeBlocks(b[3:])
+	case wireV2:
+	default:
 		return ErrUnknownVersion
 	}
-	m.kind = b[2]
-	if m.kind < kindPublish || m.kind > kindBye {
-		return fmt.Errorf("%w: kind %d", ErrBadMessage, m.kind)
-	}
 	r := reader{b: b[3:]}
-	for len(r.b) > 0 {
-		n := r.uvarint()
-		if r.err || n > uint64(len(r.b)) {
-			return ErrBadMessage
-		}
-		body := reader{b: r.b[:n]}
-		r.b = r.b[n:]
-		if len(m.blocks) < cap(m.blocks) {
-			m.blocks = m.blocks[:len(m.blocks)+1]
-		} else {
-			m.blocks = append(m.blocks, wireBlock{})
-		}
-		blk := &m.blocks[len(m.blocks)-1]
-		if err := blk.decode(&body); err != nil {
+	switch m.kind {
+	case kindPublish, kindState, kindBye:
+	case kindChain:
+		flags := r.byte1()
+		m.want = flags&chainWant != 0
+		m.origin = r.str(maxNodeName)
+		var err error
+		if m.chain, err = r.chainList(m.chain); err != nil {
 			return err
 		}
+		if r.err || len(m.origin) == 0 || len(r.b) != 0 {
+			return ErrBadMessage
+		}
+		return nil
+	default:
+		return fmt.Errorf("%w: kind %d", ErrBadMessage, m.kind)
+	}
+	if len(r.b) < keyIDLen {
+		return ErrBadMessage
+	}
+	copy(m.key[:], r.b)
+	r.b = r.b[keyIDLen:]
+	m.sentAt = r.uvarint()
+	n := r.uvarint()
+	if r.err || n > uint64(len(r.b)) {
+		return ErrBadMessage
+	}
+	body := r.b[:n]
+	m.sig = r.b[n:]
+	if len(m.sig) == 0 || len(m.sig) > maxSig {
+		return fmt.Errorf("%w: signature of %d bytes", ErrBadMessage, len(m.sig))
+	}
+	m.signed = b[:len(b)-len(m.sig)]
+	// The block, as a version 1 message body holds it.
+	if err := m.decodeBlock(body); err != nil {
+		return err
+	}
+	if blk := &m.blocks[0]; blk.relays || (len(blk.chain) > 0 && m.kind != kindState) {
+		return fmt.Errorf("%w: relayed figures or a chain in a signed %d message", ErrBadMessage, m.kind)
+	}
+	return nil
+}
+
+// decodeBlocks parses a version 1 message body: length-prefixed blocks.
+func (m *wireMsg) decodeBlocks(b []byte) error {
+	r := reader{b: b}
+	for len(r.b) > 0 {
+		n := r.uvarint()
+		if r.err || n > uint64(len(r.b)) || len(m.blocks) >= maxBlocks {
+			return ErrBadMessage
+		}
+		if err := m.decodeBlock(r.b[:n]); err != nil {
+			return err
+		}
+		r.b = r.b[n:]
 	}
 	if m.kind != kindState && len(m.blocks) != 1 {
 		return fmt.Errorf("%w: %d blocks", ErrBadMessage, len(m.blocks))
 	}
+	if m.version == wireV1 {
+		for i := range m.blocks {
+			if len(m.blocks[i].chain) > 0 {
+				return fmt.Errorf("%w: chain in an unsigned message", ErrBadMessage)
+			}
+		}
+	}
 	return nil
+}
+
+// decodeBlock appends the block in b to m.blocks.
+func (m *wireMsg) decodeBlock(b []byte) error {
+	if len(m.blocks) < cap(m.blocks) {
+		m.blocks = m.blocks[:len(m.blocks)+1]
+	} else {
+		m.blocks = append(m.blocks, wireBlock{})
+	}
+	body := reader{b: b}
+	return m.blocks[len(m.blocks)-1].decode(&body)
 }
 
 func (blk *wireBlock) decode(r *reader) error {
 	blk.loads = blk.loads[:0]
 	blk.engines = blk.engines[:0]
 	blk.failing = blk.failing[:0]
-	blk.origin = r.str()
+	blk.chain = blk.chain[:0]
+	blk.relays = false
+	blk.origin = r.str(maxNodeName)
 	blk.instance = r.uvarint()
 	blk.seq = r.uvarint()
 	if r.err || len(blk.origin) == 0 {
@@ -154,21 +300,22 @@ func (blk *wireBlock) decode(r *reader) error {
 		r.b = r.b[n:]
 		switch tag {
 		case tagLoads, tagLoadsRelay:
+			blk.relays = blk.relays || tag == tagLoadsRelay
 			for len(sec.b) > 0 {
-				l := wireLoad{backend: sec.str(), inFlight: sec.varint(), seq: blk.seq}
+				l := wireLoad{backend: sec.str(maxBackendID), inFlight: sec.varint(), seq: blk.seq}
 				if tag == tagLoadsRelay {
 					l.relay = true
 					l.seq = sec.uvarint()
 					l.age = sec.millis()
 				}
-				if sec.err || len(l.backend) == 0 {
+				if sec.err || len(l.backend) == 0 || len(blk.loads) >= MaxBackends {
 					return ErrBadMessage
 				}
 				blk.loads = append(blk.loads, l)
 			}
 		case tagEngine:
 			for len(sec.b) > 0 {
-				e := wireEngine{backend: sec.str()}
+				e := wireEngine{backend: sec.str(maxBackendID)}
 				flags := sec.byte1()
 				e.stats.OK = flags&engineOK != 0
 				e.stats.Known = flags &^ engineOK
@@ -177,35 +324,81 @@ func (blk *wireBlock) decode(r *reader) error {
 				e.stats.Waiting = sec.float32()
 				e.stats.PrefixHitRate = sec.float32()
 				e.age = sec.millis()
-				if sec.err || len(e.backend) == 0 {
+				if sec.err || len(e.backend) == 0 || len(blk.engines) >= MaxBackends {
 					return ErrBadMessage
 				}
 				blk.engines = append(blk.engines, e)
 			}
 		case tagHealth:
 			for len(sec.b) > 0 {
-				backend, flags := sec.str(), sec.byte1()
-				if sec.err || len(backend) == 0 {
+				backend, flags := sec.str(maxBackendID), sec.byte1()
+				if sec.err || len(backend) == 0 || len(blk.failing) >= MaxBackends {
 					return ErrBadMessage
 				}
 				if flags&healthFailing != 0 {
 					blk.failing = append(blk.failing, backend)
 				}
 			}
+		case tagChain:
+			var err error
+			if len(blk.chain) > 0 {
+				return ErrBadMessage
+			}
+			if blk.chain, err = sec.chainList(blk.chain); err != nil {
+				return err
+			}
+			if len(sec.b) != 0 {
+				return ErrBadMessage
+			}
 		default:
 			// A section from a later version: skip it.
 		}
 	}
-	// Health applies to the block's own (not relayed) figures, whatever
-	// the order of the sections.
-	for _, f := range blk.failing {
-		for i := range blk.loads {
-			if l := &blk.loads[i]; !l.relay && string(l.backend) == string(f) {
-				l.failing = true
+	blk.pairHealth()
+	return nil
+}
+
+// pairHealth marks the block's own (not relayed) loads its health
+// section names, whatever the order of the sections.
+func (blk *wireBlock) pairHealth() {
+	if len(blk.failing) == 0 {
+		return
+	}
+	if len(blk.failing) <= 8 {
+		for _, f := range blk.failing {
+			for i := range blk.loads {
+				if l := &blk.loads[i]; !l.relay && string(l.backend) == string(f) {
+					l.failing = true
+				}
 			}
 		}
+		return
 	}
-	return nil
+	failing := make(map[string]bool, len(blk.failing))
+	for _, f := range blk.failing {
+		failing[string(f)] = true
+	}
+	for i := range blk.loads {
+		if l := &blk.loads[i]; !l.relay && failing[string(l.backend)] {
+			l.failing = true
+		}
+	}
+}
+
+// chainList reads a certificate chain, appending to dst.
+func (r *reader) chainList(dst [][]byte) ([][]byte, error) {
+	n := r.uvarint()
+	if r.err || n == 0 || n > maxChainCerts {
+		return dst, fmt.Errorf("%w: chain of %d certificates", ErrBadMessage, n)
+	}
+	for range n {
+		c := r.bytes(maxCertLen)
+		if r.err || len(c) == 0 {
+			return dst, ErrBadMessage
+		}
+		dst = append(dst, c)
+	}
+	return dst, nil
 }
 
 // reader consumes b; after the first error every read returns zero and err
@@ -251,9 +444,12 @@ func (r *reader) byte1() byte {
 	return c
 }
 
-func (r *reader) str() []byte {
+func (r *reader) str(limit int) []byte { return r.bytes(min(limit, maxString)) }
+
+// bytes reads a length-prefixed byte string of at most limit bytes.
+func (r *reader) bytes(limit int) []byte {
 	n := r.uvarint()
-	if r.err || n > maxString || n > uint64(len(r.b)) {
+	if r.err || n > uint64(limit) || n > uint64(len(r.b)) {
 		r.err = true
 		return nil
 	}
@@ -269,11 +465,9 @@ func (r *reader) float32() float64 {
 	}
 	v := math.Float32frombits(binary.LittleEndian.Uint32(r.b))
 	r.b = r.b[4:]
-	f := float64(v)
-	if math.IsNaN(f) || math.IsInf(f, 0) {
-		return 0
-	}
-	return f
+	// NaN and infinities pass through: the receiver drops such figures
+	// and counts them (validEngine).
+	return float64(v)
 }
 
 func (r *reader) millis() time.Duration {
@@ -288,7 +482,39 @@ func (r *reader) millis() time.Duration {
 // Encoding helpers. Each appends to dst and returns it.
 
 func appendHeader(dst []byte, kind byte) []byte {
-	return append(dst, wireMagic, wireVersion, kind)
+	return append(dst, wireMagic, wireV1, kind)
+}
+
+// appendSignedHead appends the version 2 form of the version 1 message
+// msg (one block), without its signature: what the sender signs. The
+// signature is then appended to the result.
+func appendSignedHead(dst, msg []byte, key keyID, sentAt uint64) []byte {
+	dst = append(dst, wireMagic, wireV2, msg[2])
+	dst = append(dst, key[:]...)
+	dst = binary.AppendUvarint(dst, sentAt)
+	return append(dst, msg[3:]...)
+}
+
+// appendChain appends a chain: count, then each certificate.
+func appendChain(dst []byte, chain [][]byte) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(chain)))
+	for _, c := range chain {
+		dst = binary.AppendUvarint(dst, uint64(len(c)))
+		dst = append(dst, c...)
+	}
+	return dst
+}
+
+// appendChainMsg appends a chain message from origin.
+func appendChainMsg(dst []byte, origin string, chain [][]byte, want bool) []byte {
+	dst = append(dst, wireMagic, wireV2, kindChain)
+	var flags byte
+	if want {
+		flags |= chainWant
+	}
+	dst = append(dst, flags)
+	dst = appendString(dst, origin)
+	return appendChain(dst, chain)
 }
 
 func appendString(dst []byte, s string) []byte {

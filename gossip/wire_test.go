@@ -178,7 +178,7 @@ func FuzzDecode(f *testing.F) {
 	st.join("node-a")
 	st.handle(p.next(now)[0], now)
 	f.Add(st.appendRelay(appendHeader(nil, kindState), now))
-	f.Add(append(appendHeader(nil, kindState), p.ownBlock(nil, now)...))
+	f.Add(append(appendHeader(nil, kindState), p.ownBlock(nil, now, nil)...))
 	f.Add([]byte{wireMagic, wireVersion, kindPublish, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s := newState("self", time.Minute, time.Minute)
