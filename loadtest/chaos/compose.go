@@ -89,7 +89,7 @@ type Compose struct {
 	project string
 	net     string // first three octets of the backbone
 	tmp     string
-	token   string
+	admin   AdminAccess
 	log     io.Writer
 
 	mu       sync.Mutex
@@ -145,12 +145,13 @@ func (c *Compose) Describe() string {
 	for _, b := range c.Backends() {
 		zones[b.Zone] = true
 	}
-	return fmt.Sprintf("docker-compose project %s (%s, image %s): %d routers, %d gpusim containers in %d zones, backbone %s.0/24",
+	return fmt.Sprintf("docker-compose project %s (%s, image %s): %d routers with cluster TLS, %d gpusim containers in %d zones, backbone %s.0/24",
 		c.project, c.cfg.File, c.cfg.Image, len(c.routers), len(c.backends), len(zones), c.net)
 }
 
-// AdminToken implements Target.
-func (c *Compose) AdminToken() string { return c.token }
+// Admin implements Target: the stack's admin token, and HTTPS verified
+// against the CA init-secrets.sh made for it.
+func (c *Compose) Admin() AdminAccess { return c.admin }
 
 // Routers implements Target.
 func (c *Compose) Routers() []Router {
@@ -250,6 +251,13 @@ func (c *Compose) start(ctx context.Context) error {
 	}
 	c.tmp = tmp
 	secrets := filepath.Join(tmp, "secrets")
+	c.env = []string{
+		"COMPOSE_PROJECT_NAME=" + c.project,
+		"WARMROUTE_IMAGE=" + c.cfg.Image, // init-secrets.sh runs 'warmroute tls' in it
+		"WR_NET=" + c.net,
+		"WR_SECRETS_DIR=" + secrets,
+		"WR_GPUSIM_TIME_SCALE=" + c.cfg.TimeScale,
+	}
 	initSecrets := filepath.Join(filepath.Dir(c.cfg.File), "init-secrets.sh")
 	if _, err := c.run(ctx, initSecrets, secrets); err != nil {
 		return err
@@ -258,13 +266,9 @@ func (c *Compose) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c.token = strings.TrimSpace(string(tok))
-	c.env = []string{
-		"COMPOSE_PROJECT_NAME=" + c.project,
-		"WARMROUTE_IMAGE=" + c.cfg.Image,
-		"WR_NET=" + c.net,
-		"WR_SECRETS_DIR=" + secrets,
-		"WR_GPUSIM_TIME_SCALE=" + c.cfg.TimeScale,
+	c.admin.Token = strings.TrimSpace(string(tok))
+	if c.admin.TLS, err = caFileTLS(filepath.Join(secrets, "ca", "warmroute-ca.pem")); err != nil {
+		return fmt.Errorf("%w: the stack's CA: %v", ErrTarget, err)
 	}
 	letters := []string{"A", "B", "C"}
 	for i, l := range letters {
@@ -273,7 +277,7 @@ func (c *Compose) start(ctx context.Context) error {
 		c.routers = append(c.routers, &composeRouter{
 			Router: Router{Name: name,
 				URL:      fmt.Sprintf("http://127.0.0.1:%d", ports[i]),
-				AdminURL: fmt.Sprintf("http://127.0.0.1:%d", ports[3+i])},
+				AdminURL: fmt.Sprintf("https://127.0.0.1:%d", ports[3+i])},
 			service:  name,
 			backbone: fmt.Sprintf("%s.%d", c.net, 11+i),
 		})
@@ -332,7 +336,7 @@ func (c *Compose) waitRouters(ctx context.Context) error {
 // loadBackends reads the agreed backends from router-a and finds each
 // one's container and backbone address (for its metrics).
 func (c *Compose) loadBackends(ctx context.Context) error {
-	admin := newAdminClient(c.token, 1)
+	admin := newAdminClient(c.admin, 1)
 	defer admin.close()
 	var v struct {
 		Backends []struct {

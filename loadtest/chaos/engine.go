@@ -28,7 +28,7 @@ func Run(ctx context.Context, cfg Config, tgt Target) (Report, error) {
 	if err := tgt.Start(ctx); err != nil {
 		return rep, err
 	}
-	e.admin = newAdminClient(tgt.AdminToken(), 8)
+	e.admin = newAdminClient(tgt.Admin(), 8)
 	defer e.admin.close()
 	rep.Describe = tgt.Describe()
 	e.routers = tgt.Routers()
@@ -56,7 +56,7 @@ func Run(ctx context.Context, cfg Config, tgt Target) (Report, error) {
 	e.t0 = time.Now()
 	e.rot = newRotation(e.routers)
 	e.load = newLoader(&e.cfg, gen, e.rot, e.t0)
-	e.probe = newProber(&e.cfg, e.routers, probePrompts(cfg.ProbePrompts, wc.Model, cfg.Seed), tgt.AdminToken(), e.t0)
+	e.probe = newProber(&e.cfg, e.routers, probePrompts(cfg.ProbePrompts, wc.Model, cfg.Seed), tgt.Admin(), e.t0)
 	e.kv = newKVScraper(&e.cfg, e.backends, e.t0)
 	loadCtx, stopLoad := context.WithCancel(context.Background())
 	sampleCtx, stopSampling := context.WithCancel(context.Background())

@@ -222,7 +222,7 @@ func (f *fakeTarget) Routers() []Router {
 	return out
 }
 func (f *fakeTarget) Backends() []Backend { return append([]Backend(nil), f.c.backends...) }
-func (f *fakeTarget) AdminToken() string  { return "" }
+func (f *fakeTarget) Admin() AdminAccess  { return AdminAccess{} }
 func (f *fakeTarget) router(name string) *fakeRouter {
 	for _, r := range f.c.routers {
 		if r.name == name {

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -18,7 +19,10 @@ import (
 
 // LocalConfig describes a cluster of child processes on loopback: routers
 // on 127.0.0.11, .12, ... (each its own address, so a partition can name
-// it) and one gpusim process per backend on 127.0.0.1.
+// it) and one gpusim process per backend on 127.0.0.1. The routers run
+// with cluster TLS, as a deployment does: a CA made for the run signs a
+// certificate for each (its node name), so Raft and admin forwarding go
+// over mutual TLS and the admin APIs serve HTTPS.
 type LocalConfig struct {
 	// Exe is the warmroute executable (default: the running one).
 	Exe      string
@@ -96,13 +100,14 @@ type localBackend struct {
 
 // Local is the local target.
 type Local struct {
-	cfg     LocalConfig
-	dir     string
-	exe     string
-	routers []*localRouter
-	backs   []*localBackend
-	fw      *firewall
-	log     io.Writer
+	cfg      LocalConfig
+	dir      string
+	exe      string
+	routers  []*localRouter
+	backs    []*localBackend
+	fw       *firewall
+	log      io.Writer
+	adminTLS *tls.Config
 
 	mu        sync.Mutex
 	closeOnce sync.Once
@@ -132,12 +137,13 @@ func (l *Local) Describe() string {
 	if l.fw != nil {
 		part = "partitions with iptables owner rules"
 	}
-	return fmt.Sprintf("%d router processes on 127.0.0.11-%d, %d gpusim processes (one instance each) on 127.0.0.1, %s; work dir %s",
+	return fmt.Sprintf("%d router processes on 127.0.0.11-%d with cluster TLS, %d gpusim processes (one instance each) on 127.0.0.1, %s; work dir %s",
 		len(l.routers), 10+len(l.routers), len(l.backs), part, l.dir)
 }
 
-// AdminToken implements Target: loopback admin writes need no token.
-func (l *Local) AdminToken() string { return "" }
+// Admin implements Target: HTTPS with the run's CA; loopback admin
+// requests need no token.
+func (l *Local) Admin() AdminAccess { return AdminAccess{TLS: l.adminTLS} }
 
 // Routers implements Target.
 func (l *Local) Routers() []Router {
@@ -233,7 +239,7 @@ func (l *Local) prepare() error {
 		name := "router-" + string(rune('a'+i))
 		hp := func(p int) string { return host + ":" + strconv.Itoa(p) }
 		r := &localRouter{
-			Router:      Router{Name: name, URL: "http://" + hp(ports[0]), AdminURL: "http://" + hp(ports[1])},
+			Router:      Router{Name: name, URL: "http://" + hp(ports[0]), AdminURL: "https://" + hp(ports[1])},
 			host:        host,
 			traffic:     hp(ports[0]),
 			adminListen: hp(ports[1]),
@@ -255,6 +261,17 @@ func (l *Local) prepare() error {
 		}
 		l.routers = append(l.routers, r)
 	}
+	names, uids := make([]string, len(l.routers)), make([]int, len(l.routers))
+	for i, r := range l.routers {
+		names[i], uids[i] = r.Name, r.uid
+	}
+	// Valid for a year: runs are short, and a --keep'd work dir can be
+	// started again by hand.
+	pki, adminTLS, err := localPKI(l.dir, names, uids, 365*24*time.Hour)
+	if err != nil {
+		return fmt.Errorf("cluster certificates: %w", err)
+	}
+	l.adminTLS = adminTLS
 	var specs []string
 	for _, b := range l.backs {
 		specs = append(specs, b.ID+"="+b.URL)
@@ -280,6 +297,7 @@ func (l *Local) prepare() error {
 			"--probe-interval", "1s",
 			"--shutdown-timeout", "10s",
 		}
+		args = append(args, pki[r.Name].args()...)
 		args = append(args, c.RouterArgs...)
 		r.proc = &lproc{name: r.Name, exe: l.exe, args: args, dir: l.dir, uid: r.uid,
 			logPath: filepath.Join(l.dir, r.Name+".log")}

@@ -44,20 +44,23 @@ func probePrompts(n int, model string, seed uint64) [][]byte {
 	return out
 }
 
-// adminClient is an HTTP client for admin APIs with a bearer token.
+// adminClient is an HTTP client for admin APIs with a bearer token, over
+// HTTPS when the routers run cluster TLS.
 type adminClient struct {
 	hc    *http.Client
 	token string
 }
 
-func newAdminClient(token string, conns int) *adminClient {
+func newAdminClient(access AdminAccess, conns int) *adminClient {
 	tr := &http.Transport{
 		Proxy:               nil,
 		DialContext:         (&net.Dialer{Timeout: time.Second}).DialContext,
+		TLSClientConfig:     access.TLS,
+		TLSHandshakeTimeout: time.Second,
 		MaxIdleConnsPerHost: conns,
 		IdleConnTimeout:     30 * time.Second,
 	}
-	return &adminClient{hc: &http.Client{Transport: tr}, token: token}
+	return &adminClient{hc: &http.Client{Transport: tr}, token: access.Token}
 }
 
 func (c *adminClient) close() { c.hc.CloseIdleConnections() }
@@ -143,8 +146,8 @@ type prober struct {
 	ticks []Tick
 }
 
-func newProber(cfg *Config, routers []Router, prompts [][]byte, token string, t0 time.Time) *prober {
-	return &prober{cfg: cfg, routers: routers, prompts: prompts, admin: newAdminClient(token, 16), t0: t0}
+func newProber(cfg *Config, routers []Router, prompts [][]byte, access AdminAccess, t0 time.Time) *prober {
+	return &prober{cfg: cfg, routers: routers, prompts: prompts, admin: newAdminClient(access, 16), t0: t0}
 }
 
 // Ticks returns a copy of the samples so far.

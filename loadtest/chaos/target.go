@@ -6,7 +6,7 @@ import "context"
 type Router struct {
 	Name     string // node name, as Raft and /v1/cluster call it
 	URL      string // traffic: http://host:port
-	AdminURL string // admin API and /debug/route: http://host:port
+	AdminURL string // admin API and /debug/route: https://host:port with cluster TLS, else http://
 }
 
 // Backend is one GPU instance of a target.
@@ -27,8 +27,9 @@ type Target interface {
 	Start(ctx context.Context) error
 	Routers() []Router
 	Backends() []Backend
-	// AdminToken is the bearer token of the admin API ("" for none).
-	AdminToken() string
+	// Admin says how to reach the admin APIs: the bearer token, and the
+	// TLS client configuration when they serve HTTPS (cluster TLS).
+	Admin() AdminAccess
 
 	KillRouter(ctx context.Context, name string) error
 	// StartRouter starts a killed router again with its identity and data.

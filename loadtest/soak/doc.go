@@ -10,7 +10,9 @@
 // baseline, loads for Config.Duration, lets the router go idle again and
 // returns a Report: the sampled curve and the verdicts of the pass
 // criteria (see Report.Check). Everything listens on 127.0.0.1 and every
-// loop is bounded in time.
+// loop is bounded in time. The router runs with cluster TLS, as deployed (a
+// CA and certificate made for the run), so its admin API, where the
+// samples come from, serves HTTPS.
 //
 // `make soak` runs about 10 minutes (scripts/soak.sh); `go test
 // ./loadtest/soak` runs a short version.

@@ -4,13 +4,17 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +22,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/warmroute/warmroute/node/identity"
 )
 
 // Config is a soak run. Start from DefaultConfig.
@@ -165,6 +171,7 @@ type runner struct {
 	client   *http.Client
 	url      string
 	admin    string
+	adminHC  *http.Client // HTTPS, trusting the run's cluster CA
 	start    time.Time
 	mu       sync.Mutex
 	windows  []*window
@@ -211,12 +218,27 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	listen := fmt.Sprintf("127.0.0.1:%d", ports[cfg.Backends])
 	admin := fmt.Sprintf("127.0.0.1:%d", ports[cfg.Backends+1])
-	router, err := startProc(cfg.Binary, "serve", "--listen", listen, "--admin-listen", admin,
-		"--backends", strings.Join(urls, ","), "--probe-interval", "200ms", "--shutdown-timeout", "5s")
+	// The router runs with cluster TLS, as deployed: its admin API serves
+	// HTTPS with a certificate from a CA made for the run.
+	tlsDir, err := os.MkdirTemp("", "warmroute-soak-tls-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tlsDir)
+	tlsArgs, adminTLS, err := clusterTLS(tlsDir, routerName, cfg.Duration+time.Hour)
+	if err != nil {
+		return nil, fmt.Errorf("soak: cluster certificate: %w", err)
+	}
+	args := append([]string{"serve", "--listen", listen, "--admin-listen", admin, "--node-name", routerName,
+		"--backends", strings.Join(urls, ","), "--probe-interval", "200ms", "--shutdown-timeout", "5s"}, tlsArgs...)
+	router, err := startProc(cfg.Binary, args...)
 	if err != nil {
 		return nil, fmt.Errorf("soak: router: %w", err)
 	}
-	r.url, r.admin = "http://"+listen, "http://"+admin
+	r.url, r.admin = "http://"+listen, "https://"+admin
+	adminTr := &http.Transport{TLSClientConfig: adminTLS}
+	defer adminTr.CloseIdleConnections()
+	r.adminHC = &http.Client{Transport: adminTr}
 	rep := &Report{Config: cfg}
 	defer func() {
 		if rep.RouterExit == "" {
@@ -455,7 +477,7 @@ func (r *runner) sample(phase string) (Sample, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", r.admin+"/metrics", nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := r.adminHC.Do(req)
 	if err != nil {
 		return Sample{}, fmt.Errorf("soak: /metrics: %w", err)
 	}
@@ -774,6 +796,37 @@ func waitHTTP(ctx context.Context, p *proc, url string) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// routerName is the soak router's node name, and the name in its
+// certificate.
+const routerName = "soak"
+
+// clusterTLS makes a CA and a certificate for router name (with the SAN
+// 127.0.0.1, where its admin API is reached) in dir, and returns the serve
+// flags that use them and the client configuration that trusts the CA.
+func clusterTLS(dir, name string, validity time.Duration) ([]string, *tls.Config, error) {
+	ca, err := identity.NewCA("warmroute soak CA", validity)
+	if err != nil {
+		return nil, nil, err
+	}
+	certPEM, keyPEM, err := ca.Issue(identity.Request{Name: name, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Validity: validity})
+	if err != nil {
+		return nil, nil, err
+	}
+	caFile, certFile, keyFile := filepath.Join(dir, "warmroute-ca.pem"), filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
+	for _, f := range []struct {
+		path string
+		data []byte
+	}{{caFile, ca.CertPEM()}, {certFile, certPEM}, {keyFile, keyPEM}} {
+		if err := os.WriteFile(f.path, f.data, 0o600); err != nil {
+			return nil, nil, err
+		}
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	args := []string{"--cluster-tls-cert-file", certFile, "--cluster-tls-key-file", keyFile, "--cluster-tls-ca-file", caFile}
+	return args, &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }
 
 // freePorts reserves n loopback ports and releases them for the processes.
