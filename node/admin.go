@@ -20,7 +20,12 @@ const maxExplainBody = 64 << 20
 
 func (n *Node) adminHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(n.reg, promhttp.HandlerOpts{Registry: n.reg}))
+	metrics := promhttp.HandlerFor(n.reg, promhttp.HandlerOpts{Registry: n.reg})
+	if n.cfg.Admin.PublicMetrics {
+		mux.Handle("GET /metrics", metrics)
+	} else {
+		mux.Handle("GET /metrics", n.guarded(false, metrics.ServeHTTP))
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /status", n.guarded(false, n.handleStatus))
 	mux.HandleFunc("POST /debug/route", n.guarded(false, n.handleExplain))
@@ -55,6 +60,9 @@ type Status struct {
 	Backends []proxy.BackendStatus `json:"backends"`
 	Members  []gossip.Member       `json:"members,omitempty"`
 	Raft     *cluster.Status       `json:"raft,omitempty"`
+	// Halted says why this router stopped applying the Raft log, when it
+	// did (it is then not ready).
+	Halted string `json:"halted,omitempty"`
 }
 
 func (n *Node) status() Status {
@@ -72,7 +80,15 @@ func (n *Node) status() Status {
 		Backends: n.proxy.Status(),
 		Members:  n.members(),
 		Raft:     n.raftStatus(),
+		Halted:   errString(n.agree.Halted()),
 	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 func (n *Node) raftStatus() *cluster.Status {

@@ -33,7 +33,23 @@ const (
 // writes are accepted from loopback clients only and reads from anywhere
 // the admin listener is reachable. It answers the request and returns false
 // when it is refused.
+//
+// A write another router forwarded is authorized by that router (it
+// checked the operator's token, or its loopback) when the router proves
+// its name with its cluster certificate; without cluster identities the
+// rules above apply to it as to any request.
 func (n *Node) authorize(w http.ResponseWriter, r *http.Request, write bool) bool {
+	if r.Header.Get(headerForwarded) != "" {
+		by, ok := n.forwardedBy(r)
+		if !ok {
+			writeJSONError(w, http.StatusForbidden, "forwarded_write_unproven",
+				"a forwarded admin write must come from a router proving its name with its cluster certificate")
+			return false
+		}
+		if write && n.identity != nil && by != "" {
+			return true
+		}
+	}
 	loopback := isLoopbackRemote(r.RemoteAddr)
 	if n.adminToken == "" {
 		if write && !loopback {
@@ -223,17 +239,26 @@ func (n *Node) handleGetConfig(w http.ResponseWriter, r *http.Request) {
 // SageMaker's names (RoutingStrategy, PrefixLength, ConcurrencyThreshold)
 // are accepted too.
 func ParseRoutingPatch(cur cluster.Routing, body []byte, replace bool) (cluster.Routing, error) {
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(body, &raw); err != nil {
+	raw, err := objectFields(body)
+	if err != nil {
 		return cur, fmt.Errorf("request body: %w", err)
 	}
 	alias := map[string]string{"RoutingStrategy": "strategy", "PrefixLength": "prefix_length", "ConcurrencyThreshold": "concurrency_threshold"}
 	norm := map[string]json.RawMessage{}
-	for k, v := range raw {
+	given := map[string]string{} // field -> the name it was given as
+	for _, f := range raw {
+		k := f.name
 		if a, ok := alias[k]; ok {
 			k = a
 		}
-		norm[k] = v
+		if prev, dup := given[k]; dup {
+			if prev == f.name {
+				return cur, fmt.Errorf("routing field %q given twice", f.name)
+			}
+			return cur, fmt.Errorf("routing field %q given twice, as %q and %q: give it once", k, prev, f.name)
+		}
+		given[k] = f.name
+		norm[k] = f.value
 	}
 	base := cur
 	if replace {
@@ -268,6 +293,46 @@ func ParseRoutingPatch(cur cluster.Routing, body []byte, replace bool) (cluster.
 		return cur, err
 	}
 	out.Strategy = rc.Strategy.String()
+	return out, nil
+}
+
+// field is one member of a JSON object, in order.
+type field struct {
+	name  string
+	value json.RawMessage
+}
+
+// objectFields reads a JSON object's members in order, duplicates
+// included (encoding/json keeps the last of a duplicated key silently).
+func objectFields(body []byte) ([]field, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil {
+		return nil, err
+	} else if d, ok := t.(json.Delim); !ok || d != '{' {
+		return nil, errors.New("want a JSON object")
+	}
+	var out []field
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		name, ok := t.(string)
+		if !ok {
+			return nil, errors.New("want a JSON object")
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, field{name: name, value: v})
+	}
+	if _, err := dec.Token(); err != nil { // the closing '}'
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("trailing data after the JSON object")
+	}
 	return out, nil
 }
 
@@ -325,24 +390,11 @@ func (n *Node) handleCluster(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, n.clusterView())
 }
 
-// leaderAdmin returns the admin address of the current leader from gossip
-// metadata.
-func (n *Node) leaderAdmin() string {
-	id, _ := n.agree.Leader()
-	if id == "" || n.gossip == nil {
-		return ""
-	}
-	for _, m := range n.gossip.Members() {
-		if m.Name == id {
-			return m.Meta.AdminAddr
-		}
-	}
-	return ""
-}
-
 // write commits cmd, forwarding it to the leader when this node is not the
 // leader and retrying with jitter while there is none. body is the original
-// request body, sent on when forwarding.
+// request body, sent on when forwarding. A forward that has not answered
+// when Raft names another leader (the old one paused or cut off) is
+// abandoned and sent to the new one: commands are idempotent.
 func (n *Node) write(w http.ResponseWriter, r *http.Request, body []byte, cmd cluster.Command) {
 	ctx, cancel := context.WithTimeout(r.Context(), writeRetryFor)
 	defer cancel()
@@ -359,9 +411,12 @@ func (n *Node) write(w http.ResponseWriter, r *http.Request, body []byte, cmd cl
 		case errors.Is(err, cluster.ErrUnknownBackend):
 			writeJSONError(w, http.StatusNotFound, "unknown_backend", err.Error())
 			return
+		case errors.Is(err, cluster.ErrHalted):
+			writeJSONError(w, http.StatusServiceUnavailable, "agreement_halted", "this router stopped applying the Raft log: "+err.Error())
+			return
 		case errors.Is(err, cluster.ErrNotLeader) && r.Header.Get(headerForwarded) == "":
-			if addr := n.leaderAdmin(); addr != "" {
-				if n.forward(ctx, w, r, body, addr) {
+			if id, addr := n.leaderAdmin(); addr != "" {
+				if n.forward(ctx, w, r, body, id, addr) {
 					return
 				}
 			}
@@ -387,11 +442,48 @@ func (n *Node) write(w http.ResponseWriter, r *http.Request, body []byte, cmd cl
 	}
 }
 
+// leaderAdmin returns the current leader's name and its admin address
+// from gossip metadata.
+func (n *Node) leaderAdmin() (id, addr string) {
+	id, _ = n.agree.Leader()
+	if id == "" || n.gossip == nil {
+		return "", ""
+	}
+	for _, m := range n.gossip.Members() {
+		if m.Name == id {
+			return id, m.Meta.AdminAddr
+		}
+	}
+	return "", ""
+}
+
 // forward sends the write to the leader's admin API and relays its answer.
-// It returns false when the leader could not be reached (the caller
-// retries).
-func (n *Node) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, body []byte, addr string) bool {
-	req, err := http.NewRequestWithContext(ctx, r.Method, n.adminScheme+"://"+addr+r.URL.RequestURI(), bytes.NewReader(body))
+// It returns false when the leader could not be reached, or Raft named
+// another leader before it answered (the caller retries).
+func (n *Node) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, body []byte, leader, addr string) bool {
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	moved := make(chan struct{})
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		t := time.NewTicker(leaderPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-fctx.Done():
+				return
+			case <-t.C:
+				if id, _ := n.agree.Leader(); id != "" && id != leader {
+					close(moved)
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	defer func() { cancel(); <-watchDone }()
+	req, err := http.NewRequestWithContext(fctx, r.Method, n.adminScheme+"://"+addr+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
 		return false
 	}
@@ -401,9 +493,14 @@ func (n *Node) forward(ctx context.Context, w http.ResponseWriter, r *http.Reque
 		}
 	}
 	req.Header.Set(headerForwarded, n.name)
-	resp, err := n.adminClient.Do(req)
+	resp, err := n.forwardClient(leader).Do(req)
 	if err != nil {
-		n.log.Debug("forwarding an admin write", "leader", addr, "err", err)
+		select {
+		case <-moved:
+			n.log.Debug("the leader changed while a write was forwarded to it; forwarding to the new one", "old", leader)
+		default:
+			n.log.Debug("forwarding an admin write", "leader", addr, "err", err)
+		}
 		return false
 	}
 	defer resp.Body.Close()
@@ -428,6 +525,10 @@ func (n *Node) forward(ctx context.Context, w http.ResponseWriter, r *http.Reque
 	w.Write(out)
 	return true
 }
+
+// leaderPoll is how often a forward checks whether Raft moved on to
+// another leader.
+const leaderPoll = 50 * time.Millisecond
 
 // waitEpoch waits until this node routes on a ring of at least epoch, or d
 // passes, so a client that wrote through this node then sends traffic to it

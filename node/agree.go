@@ -44,7 +44,7 @@ func (c *Config) seedRouting() cluster.Routing {
 // starts, so the advertisement never changes.
 func (n *Node) raftAddrs() (bind, advertise string, err error) {
 	cl := &n.cfg.Cluster
-	host, port, err := splitHostPort(cl.RaftListen)
+	host, port, err := splitHostPort(cl.raftListen())
 	if err != nil {
 		return "", "", fmt.Errorf("raft-listen: %w", err)
 	}
@@ -83,7 +83,7 @@ func (n *Node) startAgreement(raftBind, raftAdvertise string) error {
 	cc := cluster.DefaultConfig()
 	cc.NodeID = cl.NodeName
 	cc.DataDir = cl.DataDir
-	cc.TLS = n.clusterTLS
+	cc.Identity = n.identity
 	cc.Logger = n.log
 	cc.Registry = n.reg
 	var err error
@@ -156,7 +156,12 @@ func (n *Node) validateState(s cluster.State) error {
 }
 
 // applyAgreed installs the agreed state's ring, once the state was seeded.
+// A router whose state machine halted (a damaged or foreign log entry)
+// keeps its last ring but reports not ready.
 func (n *Node) applyAgreed() {
+	if err := n.agree.Halted(); err != nil {
+		n.proxy.SetUnready("this router stopped applying the cluster's Raft log (" + err.Error() + "); see its log")
+	}
 	st, epoch := n.agree.State()
 	if !st.Seeded {
 		return

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warmroute/warmroute/node/cluster"
+	"github.com/warmroute/warmroute/node/identity"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/ring"
 	"go.yaml.in/yaml/v3"
@@ -110,7 +112,10 @@ type Health struct {
 // Cluster configures membership, load sharing and agreement with other
 // router nodes. With GossipListen empty the node runs alone.
 type Cluster struct {
-	// NodeName identifies the node; default the host name.
+	// NodeName identifies the node: letters, digits, '.', '_' and '-'.
+	// Default: the name in the cluster certificate when there is one,
+	// else the host name. With a cluster certificate it must be the name
+	// the certificate proves.
 	NodeName string `yaml:"node_name"`
 	// GossipListen turns cluster mode on: memberlist's TCP and UDP address.
 	GossipListen string `yaml:"gossip_listen"`
@@ -126,12 +131,19 @@ type Cluster struct {
 	// AllowPlaintextGossip permits an unencrypted cluster on non-loopback
 	// addresses.
 	AllowPlaintextGossip bool `yaml:"allow_plaintext_gossip"`
+	// AllowInsecureCluster permits cluster mode on non-loopback addresses
+	// without cluster TLS: Raft, forwarded admin writes and gossiped
+	// figures are then accepted from anyone who reaches the cluster
+	// ports (and knows the gossip key). For networks where every host is
+	// trusted.
+	AllowInsecureCluster bool `yaml:"allow_insecure_cluster"`
 	// PublishInterval is how often this node shares its in-flight counts.
 	PublishInterval time.Duration `yaml:"publish_interval"`
 	// Zone is this router's availability zone.
 	Zone string `yaml:"zone"`
 
-	// RaftListen is the Raft transport address (cluster mode).
+	// RaftListen is the Raft transport address (cluster mode). Default:
+	// the gossip address's host, port gossip port + 1 (7947 next to 7946).
 	RaftListen string `yaml:"raft_listen"`
 	// RaftAdvertise is the Raft address other nodes dial, when it differs.
 	RaftAdvertise string `yaml:"raft_advertise"`
@@ -173,6 +185,10 @@ type Admin struct {
 	// a token (anyone who reaches it may read status and explain routes;
 	// writes are still refused off loopback).
 	Insecure bool `yaml:"insecure"`
+	// PublicMetrics serves /metrics to other hosts without the token, as
+	// reads without a token are (Insecure, or no token set). Off by
+	// default: with a token, every read from another host needs it.
+	PublicMetrics bool `yaml:"public_metrics"`
 }
 
 // token returns the configured admin token ("" when none).
@@ -261,8 +277,8 @@ func DefaultConfig() Config {
 			EjectFor:      pc.EjectFor,
 		},
 		Log: Log{Level: "info", Format: "text"},
-		Cluster: Cluster{NodeName: hostname(), PublishInterval: 50 * time.Millisecond,
-			RaftListen: "0.0.0.0:7947", Voters: 3, DeadNodeTimeout: 2 * time.Minute, RaftTimeout: time.Second,
+		Cluster: Cluster{PublishInterval: 50 * time.Millisecond,
+			Voters: 3, DeadNodeTimeout: 2 * time.Minute, RaftTimeout: time.Second,
 			DiscoveryInterval: 10 * time.Second},
 		Engine:          Engine{MetricsPath: "/metrics", Interval: time.Second, Timeout: 500 * time.Millisecond},
 		ShutdownTimeout: 30 * time.Second,
@@ -506,8 +522,8 @@ func (b BackendSpec) RingBackend() (ring.Backend, error) {
 	if id == "" {
 		id = t.HostPort
 	}
-	if len(id) > 253 || strings.ContainsAny(id, " \t\r\n,") {
-		return ring.Backend{}, fmt.Errorf("backend id %q: at most 253 characters, no spaces or commas", id)
+	if err := cluster.CheckBackendID(id); err != nil {
+		return ring.Backend{}, fmt.Errorf("backend id %q: 1-253 printable ASCII characters, no spaces or commas", id)
 	}
 	if b.Weight < 0 || b.Weight > 1000 {
 		return ring.Backend{}, fmt.Errorf("backend %s: weight %d must be in [1, 1000]", id, b.Weight)
@@ -543,8 +559,13 @@ func (c *Config) validateCluster() []error {
 	if _, err := c.Admin.token(); err != nil {
 		errs = append(errs, err)
 	}
-	if cl.NodeName == "" {
-		errs = append(errs, fmt.Errorf("node-name must not be empty"))
+	id, idErr := c.TLS.clusterIdentity() // reported by TLS.validate
+	name := cl.name(id)
+	if err := identity.CheckName(name); err != nil {
+		errs = append(errs, fmt.Errorf("node-name: %w", err))
+	} else if idErr == nil && id != nil && name != id.Name {
+		errs = append(errs, fmt.Errorf("node-name %q differs from the name its cluster certificate proves (%s%s): set --node-name %s, or issue a certificate for %q ('warmroute tls cert create --name %s')",
+			name, identity.URNPrefix, id.Name, id.Name, name, name))
 	}
 	if err := checkListen(cl.GossipListen); err != nil {
 		errs = append(errs, fmt.Errorf("gossip-listen: %w", err))
@@ -560,7 +581,7 @@ func (c *Config) validateCluster() []error {
 	if _, err := cl.gossipKey(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := checkListen(cl.RaftListen); err != nil {
+	if err := checkListen(cl.raftListen()); err != nil {
 		errs = append(errs, fmt.Errorf("raft-listen: %w", err))
 	}
 	if cl.RaftAdvertise != "" {
@@ -583,7 +604,81 @@ func (c *Config) validateCluster() []error {
 	if cl.DiscoveryDNS != "" && !strings.HasPrefix(cl.DiscoveryDNS, "_") && (cl.DiscoveryPort < 1 || cl.DiscoveryPort > 65535) {
 		errs = append(errs, fmt.Errorf("discovery-dns %q is an A/AAAA name: set discovery-port", cl.DiscoveryDNS))
 	}
+	if !c.TLS.clusterEnabled() && !cl.AllowInsecureCluster {
+		if exposed := cl.exposedAddrs(); len(exposed) > 0 {
+			errs = append(errs, fmt.Errorf("cluster addresses %s are reachable from other hosts but cluster TLS is off: "+
+				"anyone who reaches them could change the routing through Raft. Create certificates with "+
+				"'warmroute tls ca create' and 'warmroute tls cert create --name %s', then set --cluster-tls-cert-file, "+
+				"--cluster-tls-key-file and --cluster-tls-ca-file (or pass --allow-insecure-cluster on a network where every host is trusted)",
+				strings.Join(exposed, ", "), name))
+		}
+	}
 	return errs
+}
+
+// name is the node's effective name: the configured one, else the name
+// its cluster certificate proves (id, nil without one), else the host
+// name.
+func (cl *Cluster) name(id *identity.Bundle) string {
+	switch {
+	case cl.NodeName != "":
+		return cl.NodeName
+	case id != nil:
+		return id.Name
+	}
+	return hostname()
+}
+
+// raftListen is the effective Raft address: RaftListen, else the gossip
+// host with the gossip port + 1 (port 0 stays 0: any free port).
+func (cl *Cluster) raftListen() string {
+	if cl.RaftListen != "" {
+		return cl.RaftListen
+	}
+	host, port, err := splitHostPort(cl.GossipListen)
+	if err != nil {
+		return cl.GossipListen
+	}
+	if port != 0 {
+		port++
+	}
+	return net.JoinHostPort(host, strconv.Itoa(port))
+}
+
+// exposedAddrs lists the cluster addresses that other hosts may reach:
+// listen addresses not bound to loopback, advertised addresses and seeds
+// that are not loopback.
+func (cl *Cluster) exposedAddrs() []string {
+	var out []string
+	for _, a := range []string{cl.GossipListen, cl.GossipAdvertise, cl.raftListen(), cl.RaftAdvertise} {
+		if a == "" {
+			continue
+		}
+		if host, _, err := net.SplitHostPort(a); err != nil || !loopbackHost(host) {
+			out = append(out, a)
+		}
+	}
+	for _, j := range cl.Join {
+		host := j
+		if h, _, err := net.SplitHostPort(j); err == nil {
+			host = h
+		}
+		if !loopbackHost(host) {
+			out = append(out, "join "+j)
+		}
+	}
+	return out
+}
+
+// loopbackHost reports whether host names this machine only: localhost
+// or a loopback IP. An empty host, 0.0.0.0 or :: listen on every
+// interface.
+func loopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // gossipKey reads the gossip key from WARMROUTE_GOSSIP_KEY's value or the

@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/node/cluster"
+	"github.com/warmroute/warmroute/node/identity"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/proxy/engine"
 	"github.com/warmroute/warmroute/ring"
@@ -40,7 +40,9 @@ type Node struct {
 	adminToken  string       // "" when none is configured
 	adminClient *http.Client // forwards admin writes to the leader
 	adminScheme string       // http, or https with cluster TLS
-	clusterTLS  *tls.Config  // mutual TLS between routers, or nil
+	// identity is this router's cluster certificate (mutual TLS for Raft
+	// and admin forwarding, signatures on gossip figures), or nil.
+	identity *identity.Bundle
 
 	trafficLn net.Listener
 	adminLn   net.Listener
@@ -63,12 +65,17 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	id, err := cfg.TLS.clusterIdentity()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Cluster.NodeName = cfg.Cluster.name(id)
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	n := &Node{cfg: cfg, log: log, reg: prometheus.NewRegistry(), version: opts.Version, name: cfg.Cluster.NodeName,
-		adminClient: &http.Client{Timeout: writeRetryFor}, adminScheme: "http"}
+		adminClient: &http.Client{Timeout: writeRetryFor}, adminScheme: "http", identity: id}
 	defer func() {
 		if err != nil {
 			n.closeEarly()
@@ -230,6 +237,9 @@ func (n *Node) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	case runErr = <-errc:
 		pending--
+	case runErr = <-n.agree.Fatal():
+		// This router's data belong to another cluster: stop rather than
+		// route on them.
 	}
 	n.log.Info("shutting down", "drain", n.cfg.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)

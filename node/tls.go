@@ -2,11 +2,13 @@ package node
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
-	"os"
+	"time"
+
+	"github.com/warmroute/warmroute/node/identity"
 )
 
 // TLS configures transport security.
@@ -15,9 +17,12 @@ type TLS struct {
 	CertFile string `yaml:"cert_file"`
 	KeyFile  string `yaml:"key_file"`
 	// ClusterCertFile, ClusterKeyFile and ClusterCAFile turn on mutual TLS
-	// for traffic between routers: Raft, and the admin API (which then
-	// serves HTTPS; writes forwarded to the leader present this router's
-	// certificate). Every router's certificate must be signed by the CA.
+	// between routers: Raft, the admin API (which then serves HTTPS;
+	// writes forwarded to the leader present this router's certificate)
+	// and the signatures on gossiped figures. Every router's certificate
+	// must be signed by the CA and name the router
+	// (urn:warmroute:router:<node-name>; 'warmroute tls cert create'
+	// makes them).
 	ClusterCertFile string `yaml:"cluster_cert_file"`
 	ClusterKeyFile  string `yaml:"cluster_key_file"`
 	ClusterCAFile   string `yaml:"cluster_ca_file"`
@@ -37,7 +42,7 @@ func (t *TLS) validate() []error {
 		}
 	}
 	if t.clusterEnabled() {
-		if _, err := t.clusterConfig(false); err != nil {
+		if _, err := t.clusterIdentity(); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -56,70 +61,27 @@ func (t *TLS) clientConfig() (*tls.Config, error) {
 	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}, nil
 }
 
-// clusterConfig is the mutual TLS between routers. Peers are verified
-// against the cluster CA, not by host name: routers reach each other by
-// addresses that change (pod IPs), and the CA is the cluster's own. With
-// optionalClient a peer may connect without a certificate (the admin API,
-// where operators authenticate with the token instead); a certificate that
-// is presented is always verified.
-func (t *TLS) clusterConfig(optionalClient bool) (*tls.Config, error) {
+// clusterIdentity loads this router's cluster certificate, or returns nil
+// when cluster TLS is off.
+func (t *TLS) clusterIdentity() (*identity.Bundle, error) {
+	if !t.clusterEnabled() {
+		return nil, nil
+	}
 	if t.ClusterCertFile == "" || t.ClusterKeyFile == "" || t.ClusterCAFile == "" {
 		return nil, errors.New("cluster tls: set cluster-tls-cert-file, cluster-tls-key-file and cluster-tls-ca-file together")
 	}
-	cert, err := tls.LoadX509KeyPair(t.ClusterCertFile, t.ClusterKeyFile)
+	b, err := identity.Load(t.ClusterCertFile, t.ClusterKeyFile, t.ClusterCAFile)
 	if err != nil {
 		return nil, fmt.Errorf("cluster tls: %w", err)
 	}
-	pem, err := os.ReadFile(t.ClusterCAFile)
-	if err != nil {
-		return nil, fmt.Errorf("cluster tls: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("cluster tls: no PEM certificate in %s", t.ClusterCAFile)
-	}
-	verify := func(raw [][]byte, _ [][]*x509.Certificate) error {
-		if len(raw) == 0 {
-			if optionalClient {
-				return nil
-			}
-			return errors.New("cluster tls: the peer sent no certificate")
-		}
-		certs := make([]*x509.Certificate, len(raw))
-		for i, r := range raw {
-			c, err := x509.ParseCertificate(r)
-			if err != nil {
-				return fmt.Errorf("cluster tls: peer certificate: %w", err)
-			}
-			certs[i] = c
-		}
-		inter := x509.NewCertPool()
-		for _, c := range certs[1:] {
-			inter.AddCert(c)
-		}
-		_, err := certs[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
-		if err != nil {
-			return fmt.Errorf("cluster tls: peer certificate not signed by the cluster CA: %w", err)
-		}
-		return nil
-	}
-	auth := tls.RequireAnyClientCert
-	if optionalClient {
-		auth = tls.RequestClientCert
-	}
-	return &tls.Config{
-		Certificates: []tls.Certificate{cert},
-		ClientAuth:   auth,
-		// The chain is checked by VerifyPeerCertificate against the
-		// cluster CA, in both directions; host names are not (see above).
-		InsecureSkipVerify:    true,
-		VerifyPeerCertificate: verify,
-		MinVersion:            tls.VersionTLS12,
-	}, nil
+	return b, nil
 }
 
-// setupTLS wraps the listeners and the admin client as configured. The
-// cluster config also goes to Raft (startAgreement reads n.clusterTLS).
+// setupTLS wraps the listeners as configured: TLS for clients, and with a
+// cluster identity HTTPS on the admin listener, where a client may present
+// a router certificate (forwarded writes do) or none (operators, who use
+// the token). Raft and gossip take the identity in startAgreement and
+// startGossip.
 func (n *Node) setupTLS() error {
 	t := &n.cfg.TLS
 	if t.clientEnabled() {
@@ -129,20 +91,53 @@ func (n *Node) setupTLS() error {
 		}
 		n.trafficLn = tls.NewListener(n.trafficLn, c)
 	}
-	if !t.clusterEnabled() {
+	if n.identity == nil {
 		return nil
 	}
-	server, err := t.clusterConfig(true)
-	if err != nil {
-		return err
-	}
-	client, err := t.clusterConfig(false)
-	if err != nil {
-		return err
-	}
-	n.adminLn = tls.NewListener(n.adminLn, server)
-	n.clusterTLS = client
+	n.adminLn = tls.NewListener(n.adminLn, n.identity.ServerConfig(true))
 	n.adminScheme = "https"
-	n.adminClient.Transport = &http.Transport{TLSClientConfig: client, MaxIdleConnsPerHost: 4}
 	return nil
+}
+
+// forwardClient is the HTTP client that forwards an admin write to the
+// leader at addr. With a cluster identity it speaks HTTPS with this
+// router's certificate and accepts only the router named leader: gossip
+// metadata, where the leader's admin address comes from, is not proof of
+// who listens there, and the request carries the operator's token.
+func (n *Node) forwardClient(leader string) *http.Client {
+	if n.identity == nil {
+		return n.adminClient
+	}
+	tr := &http.Transport{
+		TLSClientConfig:     n.identity.ClientConfig(identity.ExpectName(leader)),
+		DialContext:         (&net.Dialer{Timeout: forwardDialTimeout}).DialContext,
+		TLSHandshakeTimeout: forwardDialTimeout,
+		DisableKeepAlives:   true,
+	}
+	return &http.Client{Transport: tr, Timeout: n.adminClient.Timeout}
+}
+
+// forwardDialTimeout bounds connecting to the leader's admin API.
+const forwardDialTimeout = 2 * time.Second
+
+// forwardedBy returns the router that forwarded r, proven by its client
+// certificate, and whether r may be treated as forwarded. Without cluster
+// identities the header is taken at its word (loopback or trusted
+// networks only).
+func (n *Node) forwardedBy(r *http.Request) (string, bool) {
+	claimed := r.Header.Get(headerForwarded)
+	if claimed == "" {
+		return "", true
+	}
+	if n.identity == nil {
+		return claimed, true
+	}
+	if r.TLS == nil {
+		return "", false
+	}
+	name, err := identity.PeerName(*r.TLS)
+	if err != nil || name != claimed {
+		return "", false
+	}
+	return name, true
 }

@@ -8,15 +8,19 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/node/identity"
 )
 
 type testCA struct {
@@ -44,13 +48,15 @@ func newTestCA(t *testing.T, dir, name string) *testCA {
 	return &testCA{cert: cert, key: key, file: file, pool: pool}
 }
 
-// issue writes a certificate for 127.0.0.1 signed by the CA.
+// issue writes a certificate for 127.0.0.1 signed by the CA, naming
+// router name.
 func (ca *testCA) issue(t *testing.T, dir, name string) (certFile, keyFile string) {
 	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		URIs:        []*url.URL{identity.URI(name)},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
@@ -98,7 +104,7 @@ func TestClusterMutualTLS(t *testing.T) {
 	nodes := startCluster(t, 3, func(i int, c *Config) {
 		*c = testConfig([]string{e.srv.URL})
 		c.Admin.Token = "tok"
-		cert, key := ca.issue(t, dir, "router"+string(rune('a'+i)))
+		cert, key := ca.issue(t, dir, fmt.Sprintf("router-%d", i))
 		c.TLS.ClusterCertFile, c.TLS.ClusterKeyFile, c.TLS.ClusterCAFile = cert, key, ca.file
 	})
 	for _, n := range nodes {

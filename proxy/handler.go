@@ -68,7 +68,11 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		if !p.Ready() {
-			writeError(ctx, fasthttp.StatusServiceUnavailable, "no_healthy_backend", "no healthy backend")
+			code := "no_healthy_backend"
+			if p.unready.Load() != nil {
+				code = "not_ready"
+			}
+			writeError(ctx, fasthttp.StatusServiceUnavailable, code, p.unreadyReason())
 			return
 		}
 		ctx.SetStatusCode(fasthttp.StatusOK)
@@ -79,7 +83,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("text/plain; charset=utf-8")
 		if !p.Ready() {
 			ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-			ctx.SetBodyString("no healthy backend\n")
+			ctx.SetBodyString(p.unreadyReason() + "\n")
 			return
 		}
 		ctx.SetBodyString("ready\n")

@@ -55,8 +55,9 @@ type Proxy struct {
 	shutdown      bool             // guarded by mu: Shutdown was called
 	listeners     []clientListener // guarded by mu: what Serve serves on
 
-	open      atomic.Int64 // client connections open
-	lingering atomic.Int64 // refused connections being drained
+	unready   atomic.Pointer[string] // SetUnready's reason, or nil
+	open      atomic.Int64           // client connections open
+	lingering atomic.Int64           // refused connections being drained
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -210,6 +211,9 @@ func (p *Proxy) Status() []BackendStatus {
 
 // Ready reports whether at least one backend can take a request.
 func (p *Proxy) Ready() bool {
+	if p.unready.Load() != nil {
+		return false
+	}
 	t := p.tab.Load()
 	now := time.Now().UnixNano()
 	for i, b := range t.bs {
@@ -218,6 +222,26 @@ func (p *Proxy) Ready() bool {
 		}
 	}
 	return false
+}
+
+// SetUnready marks the router not ready whatever its backends' health,
+// with reason in the /readyz and /ping answers; "" clears it. The node
+// uses it when the router must not take traffic (its agreement halted).
+func (p *Proxy) SetUnready(reason string) {
+	if reason == "" {
+		p.unready.Store(nil)
+		return
+	}
+	p.unready.Store(&reason)
+}
+
+// unreadyReason is why Ready is false: the reason SetUnready gave, or that
+// no backend is healthy.
+func (p *Proxy) unreadyReason() string {
+	if r := p.unready.Load(); r != nil {
+		return *r
+	}
+	return "no healthy backend"
 }
 
 // Explain tells where a request with this body and tenant header would go

@@ -28,10 +28,12 @@ type Cluster struct {
 	members  Membership
 	validate func(State) error
 
-	raft  *raft.Raft
-	trans raft.Transport
-	addr  string
-	fsm   *fsm
+	raft    *raft.Raft
+	raftPtr atomic.Pointer[raft.Raft] // raft, for the transport's goroutines
+	trans   raft.Transport
+	stream  *tcpStream // nil on an in-memory network
+	addr    string
+	fsm     *fsm
 
 	wal  *wal.WAL
 	meta *metadb.BoltMetaDB
@@ -59,6 +61,16 @@ type Cluster struct {
 	ready   chan struct{}
 
 	health *healthTracker
+
+	// trustMu guards the cluster ID and what preambles told of peers.
+	trustMu   sync.Mutex
+	clusterID string
+	peers     map[string]peerRecord
+	fatal     chan error
+	fatalOnce sync.Once
+	verified  verified
+	// verifyWake asks verifyLoop for a round of identity probes.
+	verifyWake chan struct{}
 
 	subMu      sync.Mutex
 	subs       map[uint64]chan struct{}
@@ -97,8 +109,13 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Cluste
 		writeSem:      make(chan struct{}, 1),
 		ready:         make(chan struct{}),
 		subs:          map[uint64]chan struct{}{},
+		peers:         map[string]peerRecord{},
+		fatal:         make(chan error, 1),
+		verified:      verified{at: map[string]time.Time{}},
+		verifyWake:    make(chan struct{}, 1),
 	}
 	c.health = newHealthTracker(cfg.HealthFailThreshold, cfg.HealthRiseThreshold, cfg.HealthReportTTL)
+	c.met = newMetrics(c)
 
 	var cleanup []func()
 	defer func() {
@@ -120,6 +137,9 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Cluste
 		logs, stable, snaps = s, s, raft.NewInmemSnapshotStore()
 	} else {
 		if err := claimDataDir(cfg.DataDir, cfg.NodeID); err != nil {
+			return nil, err
+		}
+		if c.clusterID, err = readClusterID(cfg.DataDir); err != nil {
 			return nil, err
 		}
 		walDir := filepath.Join(cfg.DataDir, "wal")
@@ -145,11 +165,11 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Cluste
 		c.trans, c.addr = t, cfg.NodeID
 		cleanup = append(cleanup, func() { cfg.Network.leave(cfg.NodeID); _ = t.Close() })
 	} else {
-		nt, err := c.tcpTransport(hl)
+		nt, st, err := c.tcpTransport(hl)
 		if err != nil {
 			return nil, err
 		}
-		c.trans, c.addr = nt, string(nt.LocalAddr())
+		c.trans, c.stream, c.addr = nt, st, string(nt.LocalAddr())
 		cleanup = append(cleanup, func() { _ = nt.Close() })
 	}
 	// The view must exist before Raft dials anyone.
@@ -174,9 +194,16 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Cluste
 			if cached, err = sc.load(); err != nil && !errors.Is(err, os.ErrNotExist) {
 				lg.Warn("ignoring the cached state", "err", err)
 			}
+			if cached != nil {
+				if err := c.checkCache(cached, logs, snaps); err != nil {
+					lg.Warn("ignoring the cached state: it is not what this router's Raft log holds", "epoch", cached.epoch, "err", err)
+					cached = nil
+				}
+			}
 		}
 	}
 	c.fsm = newFSM(c.notifySubs, persist, cached)
+	c.fsm.check, c.fsm.onHalt = c.checkState, c.onHalt
 	rc := cfg.raftConfig()
 	rc.Logger = hl
 	rc.NotifyCh = c.notifyCh
@@ -184,13 +211,13 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Cluste
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
 	}
+	c.raftPtr.Store(c.raft)
 	c.observer = raft.NewObserver(c.observerCh, false, func(o *raft.Observation) bool {
 		_, ok := o.Data.(raft.LeaderObservation)
 		return ok
 	})
 	c.raft.RegisterObserver(c.observer)
 
-	c.met = newMetrics(c)
 	if cfg.Registry != nil {
 		if err := c.met.register(cfg.Registry); err != nil {
 			_ = c.raft.Shutdown().Error()
@@ -198,10 +225,11 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Cluste
 		}
 	}
 
-	c.wg.Add(3)
+	c.wg.Add(4)
 	go c.watchMembers()
 	go c.monitorLeadership()
 	go c.observe()
+	go c.verifyLoop()
 	if !hasState && cfg.BootstrapExpect > 0 {
 		c.wg.Add(1)
 		go c.bootstrapLoop()
@@ -210,6 +238,25 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Cluste
 	}
 	c.log.Info("raft started", "addr", c.addr, "bootstrap_expect", cfg.BootstrapExpect, "voters", cfg.Voters)
 	return c, nil
+}
+
+// checkCache reports whether the cached state is what this node's own
+// snapshots and log hold at its epoch.
+func (c *Cluster) checkCache(p *published, logs raft.LogStore, snaps raft.SnapshotStore) error {
+	if err := checkClusterID(p.state.ClusterID); err != nil {
+		return err
+	}
+	if id := c.clusterID; id != "" && p.state.ClusterID != "" && p.state.ClusterID != id {
+		return fmt.Errorf("the cache holds cluster %s, the data directory cluster %s", p.state.ClusterID, id)
+	}
+	st, err := replay(p.epoch, logs, snaps)
+	if err != nil {
+		return err
+	}
+	if !st.equal(&p.state) {
+		return errors.New("the log holds another state at that epoch")
+	}
+	return nil
 }
 
 // libLogger is the logger for Raft's and raft-wal's own output.

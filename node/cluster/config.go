@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -9,6 +8,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/warmroute/warmroute/node/identity"
 )
 
 // Config configures a Cluster. Start from DefaultConfig; a Config must not
@@ -30,10 +30,26 @@ type Config struct {
 	// Empty keeps everything in memory (tests): nothing survives Close.
 	DataDir string
 
-	// TLS, when set, secures Raft traffic with mutual TLS: it must carry
-	// this node's certificate, and verify peers both as a server
-	// (ClientAuth) and as a client.
-	TLS *tls.Config
+	// Identity, when set, secures Raft traffic with mutual TLS: every
+	// connection proves both routers' names with certificates of the
+	// cluster CA, and a router dialled at an address must prove the name
+	// gossip (or the Raft configuration) gives for that address. Its name
+	// must equal NodeID. Without it Raft runs in plaintext: for loopback
+	// and trusted networks only.
+	Identity *identity.Bundle
+
+	// RaftMaxConns bounds the inbound Raft connections held at once,
+	// handshaking or serving; RaftMaxConnsPerIP those from one address.
+	// Connections over either are closed at once.
+	RaftMaxConns      int
+	RaftMaxConnsPerIP int
+	// RaftHandshakeTimeout bounds an inbound connection's TLS handshake
+	// and preamble (before Raft sees it), and a dial.
+	RaftHandshakeTimeout time.Duration
+	// RaftIdleTimeout closes an inbound connection that sends nothing for
+	// this long, and fails a write to it that makes no progress as long.
+	// Outbound connections idle for half of it are replaced before use.
+	RaftIdleTimeout time.Duration
 
 	// Network, when set, replaces the TCP transport with an in-memory one
 	// on that network (tests); RaftBind and RaftAdvertise are then unused
@@ -131,6 +147,11 @@ func DefaultConfig() Config {
 		SnapshotInterval:    rc.SnapshotInterval,
 		TrailingLogs:        1024,
 		SnapshotRetain:      2,
+
+		RaftMaxConns:         256,
+		RaftMaxConnsPerIP:    64,
+		RaftHandshakeTimeout: 5 * time.Second,
+		RaftIdleTimeout:      2 * time.Minute,
 	}
 }
 
@@ -158,6 +179,12 @@ func (c *Config) Validate() error {
 		return bad("Raft timeouts must be positive")
 	case c.SnapshotRetain < 1:
 		return bad("SnapshotRetain must be at least 1")
+	case c.RaftMaxConns < 1 || c.RaftMaxConnsPerIP < 1:
+		return bad("RaftMaxConns and RaftMaxConnsPerIP must be at least 1")
+	case c.RaftHandshakeTimeout <= 0 || c.RaftIdleTimeout <= 0:
+		return bad("RaftHandshakeTimeout and RaftIdleTimeout must be positive")
+	case c.Identity != nil && c.Identity.Name != c.NodeID:
+		return bad("NodeID %q differs from the name %q this router's certificate proves", c.NodeID, c.Identity.Name)
 	}
 	if c.Network == nil {
 		if _, _, err := net.SplitHostPort(c.RaftBind); err != nil {

@@ -25,4 +25,7 @@ var (
 	ErrDataDir = errors.New("cluster: data directory belongs to another node")
 	// ErrClosed: the Cluster was closed.
 	ErrClosed = errors.New("cluster: closed")
+	// ErrHalted: this node stopped applying the Raft log (see
+	// Cluster.Halted).
+	ErrHalted = errors.New("cluster: state machine halted")
 )

@@ -40,6 +40,14 @@ type fsm struct {
 	floor   uint64 // pub is held until cur reaches this epoch
 	notify  func()
 	persist func(*published) // nil: nothing to persist
+	// check vets every new state before it is published (nil: none); an
+	// error halts the state machine.
+	check func(*published) error
+	// halted is set when an entry could not be applied on this node
+	// alone (damaged, foreign, or from a newer version): nothing more is
+	// applied, and the last good state stays published.
+	halted atomic.Pointer[haltInfo]
+	onHalt func(index uint64, err error) // nil: none
 }
 
 var _ raft.FSM = (*fsm)(nil)
@@ -76,19 +84,40 @@ func (f *fsm) set(p *published) {
 	f.notify()
 }
 
+// halt stops applying at entry index.
+func (f *fsm) halt(index uint64, err error) {
+	if f.halted.CompareAndSwap(nil, &haltInfo{index: index, err: err}) && f.onHalt != nil {
+		f.onHalt(index, err)
+	}
+}
+
 // Apply applies one command. A command that is invalid against the current
-// state changes nothing (on every node alike) and reports its error.
+// state changes nothing (on every node alike) and reports its error. An
+// entry that fails its checksum, does not decode, or would publish another
+// cluster's state is this node's problem alone: the state machine halts
+// (see halted) rather than skip it and diverge from the others.
 func (f *fsm) Apply(l *raft.Log) any {
 	cur := f.cur.Load()
+	if h := f.halted.Load(); h != nil {
+		return applyResult{epoch: cur.epoch, err: fmt.Errorf("%w: halted at entry %d", ErrHalted, h.index)}
+	}
 	cmd, err := decodeCommand(l.Data)
 	if err != nil {
+		f.halt(l.Index, err)
 		return applyResult{epoch: cur.epoch, err: err}
 	}
 	next, changed, err := apply(&cur.state, cmd)
 	if err != nil || !changed {
 		return applyResult{epoch: cur.epoch, err: err}
 	}
-	f.set(&published{state: next, epoch: l.Index})
+	p := &published{state: next, epoch: l.Index}
+	if f.check != nil {
+		if err := f.check(p); err != nil {
+			f.halt(l.Index, err)
+			return applyResult{epoch: cur.epoch, err: err}
+		}
+	}
+	f.set(p)
 	return applyResult{epoch: l.Index}
 }
 
@@ -118,7 +147,13 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if err := s.State.validate(); err != nil {
 		return fmt.Errorf("cluster: snapshot: %w", err)
 	}
-	f.set(&published{state: s.State, epoch: s.Epoch})
+	p := &published{state: s.State, epoch: s.Epoch}
+	if f.check != nil {
+		if err := f.check(p); err != nil {
+			return fmt.Errorf("cluster: snapshot: %w", err)
+		}
+	}
+	f.set(p)
 	return nil
 }
 
@@ -161,6 +196,8 @@ type stateCache struct {
 
 const stateCacheFile = "state.json"
 
+// load reads the cache file. The caller checks it against the log
+// (replay) before serving it.
 func (sc stateCache) load() (*published, error) {
 	b, err := os.ReadFile(sc.path)
 	if err != nil {
@@ -191,4 +228,56 @@ func (sc stateCache) store(p *published) {
 	if err != nil {
 		sc.log("cannot cache the applied state", "err", err)
 	}
+}
+
+// replay computes, from this node's own snapshots and log, the state the
+// log holds at epoch: the newest snapshot at or below epoch, then every
+// command entry up to epoch. The state cache is served only when it equals
+// this: a cache file that is damaged, foreign or ahead of the log is
+// never routed on.
+func replay(epoch uint64, logs raft.LogStore, snaps raft.SnapshotStore) (State, error) {
+	st := State{Backends: []Backend{}}
+	from := uint64(0)
+	metas, err := snaps.List()
+	if err != nil {
+		return st, fmt.Errorf("list snapshots: %w", err)
+	}
+	for _, m := range metas { // newest first
+		if m.Index > epoch {
+			continue
+		}
+		_, rc, err := snaps.Open(m.ID)
+		if err != nil {
+			return st, fmt.Errorf("open snapshot %s: %w", m.ID, err)
+		}
+		var sf snapshotFile
+		err = json.NewDecoder(rc).Decode(&sf)
+		rc.Close()
+		if err != nil || sf.Version != snapshotVersion {
+			return st, fmt.Errorf("snapshot %s does not decode", m.ID)
+		}
+		sf.State.normalize()
+		st, from = sf.State, m.Index
+		break
+	}
+	if first, err := logs.FirstIndex(); err != nil || (first > from+1 && epoch > from) {
+		return st, fmt.Errorf("the log starts at %d, after the newest usable snapshot (%d)", first, from)
+	}
+	for i := from + 1; i <= epoch; i++ {
+		var l raft.Log
+		if err := logs.GetLog(i, &l); err != nil {
+			return st, fmt.Errorf("entry %d: %w", i, err)
+		}
+		if l.Type != raft.LogCommand {
+			continue
+		}
+		cmd, err := decodeCommand(l.Data)
+		if err != nil {
+			return st, fmt.Errorf("entry %d: %w", i, err)
+		}
+		if next, changed, err := apply(&st, cmd); err == nil && changed {
+			st = next
+		}
+	}
+	return st, nil
 }

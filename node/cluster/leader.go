@@ -150,11 +150,26 @@ func (c *Cluster) leaderLoop(ctx context.Context) {
 // establish seeds the state when it was never seeded and opens the node
 // for writes.
 func (c *Cluster) establish(ctx context.Context) error {
-	if !c.fsm.load().state.Seeded {
-		if _, err := c.write(ctx, Seed(c.cfg.SeedBackends, c.cfg.SeedRouting)); err != nil {
+	switch st := c.fsm.load().state; {
+	case !st.Seeded:
+		cmd := Seed(c.cfg.SeedBackends, c.cfg.SeedRouting)
+		if cmd.ClusterID = c.ClusterID(); cmd.ClusterID == "" {
+			cmd.ClusterID = newClusterID()
+		}
+		if _, err := c.write(ctx, cmd); err != nil {
 			return err
 		}
-		c.log.Info("state seeded", "backends", len(c.cfg.SeedBackends))
+		c.log.Info("state seeded", "backends", len(c.cfg.SeedBackends), "cluster_id", cmd.ClusterID)
+	case st.ClusterID == "":
+		// Seeded before cluster IDs existed.
+		id := c.ClusterID()
+		if id == "" {
+			id = newClusterID()
+		}
+		if _, err := c.write(ctx, SetClusterID(id)); err != nil {
+			return err
+		}
+		c.log.Info("cluster ID set", "cluster_id", id)
 	}
 	c.readyMu.Lock()
 	select {
@@ -195,7 +210,8 @@ func (c *Cluster) reconcile(ctx context.Context, gone map[string]time.Time) time
 		return min(next, time.Second)
 	}
 	now := time.Now()
-	acts, wait := plan(f.Configuration().Servers, c.view.Load(), gone, now, c.cfg.NodeID, c.cfg.Voters, c.cfg.DeadServerTimeout)
+	servers := f.Configuration().Servers
+	acts, wait := plan(servers, c.trusted(c.view.Load(), servers), gone, now, c.cfg.NodeID, c.cfg.Voters, c.cfg.DeadServerTimeout)
 	if wait > 0 && wait < next {
 		next = wait
 	}

@@ -123,6 +123,7 @@ func (c *Cluster) refreshView() {
 	c.view.Store(v)
 	wake(c.bootstrapWake)
 	wake(c.leaderWake)
+	wake(c.verifyWake)
 }
 
 // wake sends on a one-slot channel without blocking.

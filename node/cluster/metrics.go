@@ -14,6 +14,9 @@ type metrics struct {
 	reconcileActions *prometheus.CounterVec
 	healthCommits    *prometheus.CounterVec
 	discoveryPolls   *prometheus.CounterVec
+	raftRefused      *prometheus.CounterVec
+	raftForeign      prometheus.Counter
+	fsmHalted        prometheus.Gauge
 	all              []prometheus.Collector
 }
 
@@ -31,6 +34,12 @@ func newMetrics(c *Cluster) *metrics {
 		reconcileActions: prometheus.NewCounterVec(prometheus.CounterOpts(opts("reconcile_actions_total", "Raft membership changes made by this node as leader (and its bootstrap), by action.")), []string{"action"}),
 		healthCommits:    prometheus.NewCounterVec(prometheus.CounterOpts(opts("health_commits_total", "Backend state changes committed from health reports, by new state.")), []string{"state"}),
 		discoveryPolls:   prometheus.NewCounterVec(prometheus.CounterOpts(opts("discovery_polls_total", "DNS discovery lookups by this node as leader, by result.")), []string{"result"}),
+		raftRefused: prometheus.NewCounterVec(prometheus.CounterOpts(opts("connections_refused_total",
+			"Inbound Raft connections closed before Raft saw them, by reason (limit, limit_per_ip, tls, identity, preamble, foreign_cluster).")), []string{"reason"}),
+		raftForeign: prometheus.NewCounter(prometheus.CounterOpts(opts("foreign_peers_total",
+			"Raft connections (either way) with a router whose data belong to another cluster."))),
+		fsmHalted: prometheus.NewGauge(prometheus.GaugeOpts(opts("fsm_halted",
+			"1 when this router stopped applying the Raft log: its copy of a committed entry is damaged or foreign (see the log)."))),
 	}
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts(name, help)), f)
@@ -38,6 +47,7 @@ func newMetrics(c *Cluster) *metrics {
 	stateGauge := prometheus.NewGaugeVec(prometheus.GaugeOpts(opts("state", "1 for this node's current Raft state (leader, follower, candidate, shutdown).")), []string{"state"})
 	m.all = []prometheus.Collector{
 		m.commitSeconds, m.leaderChanges, m.reconcileActions, m.healthCommits, m.discoveryPolls,
+		m.raftRefused, m.raftForeign, m.fsmHalted,
 		stateCollector{c: c, g: stateGauge},
 		gauge("epoch", "Index of the Raft entry that produced the applied state (the ring epoch).",
 			func() float64 { return float64(c.fsm.view().epoch) }),

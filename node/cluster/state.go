@@ -1,14 +1,20 @@
 package cluster
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net/url"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -134,6 +140,12 @@ type State struct {
 	// Seeded is false until the first seed command; until then the node
 	// routes on its own config file.
 	Seeded bool `json:"seeded"`
+	// ClusterID names the cluster: random, set by the seed (or, for a
+	// state seeded before IDs existed, by the first leader that finds it
+	// empty) and never changed. Every node keeps it in its data
+	// directory and refuses to exchange Raft messages with a node whose
+	// data belong to another cluster.
+	ClusterID string `json:"cluster_id,omitempty"`
 }
 
 // Backend returns the backend with the given ID.
@@ -191,6 +203,9 @@ const (
 	// OpSyncDiscovered makes the DNS-discovered backends exactly the given
 	// ones, leaving backends from other sources alone.
 	OpSyncDiscovered Op = "sync_discovered"
+	// OpSetClusterID sets the cluster ID of a state seeded without one.
+	// It never changes an ID that is set.
+	OpSetClusterID Op = "set_cluster_id"
 )
 
 // Command is one change to the state: a Raft log entry, JSON encoded. Build
@@ -203,12 +218,19 @@ type Command struct {
 	State    string    `json:"state,omitempty"`
 	By       string    `json:"by,omitempty"`
 	Routing  *Routing  `json:"routing,omitempty"`
+	// ClusterID is the cluster's ID (OpSeed, OpSetClusterID).
+	ClusterID string `json:"cluster_id,omitempty"`
 }
 
-// Seed returns a seed command (see OpSeed).
+// Seed returns a seed command (see OpSeed). The leader that commits it
+// gives it a new cluster ID.
 func Seed(backends []Backend, r Routing) Command {
 	return Command{Op: OpSeed, Backends: backends, Routing: &r}
 }
+
+// SetClusterID returns the command that names a cluster seeded without an
+// ID.
+func SetClusterID(id string) Command { return Command{Op: OpSetClusterID, ClusterID: id} }
 
 // UpsertBackend returns an upsert command (see OpUpsertBackend).
 func UpsertBackend(b Backend) Command { return Command{Op: OpUpsertBackend, Backend: &b} }
@@ -225,14 +247,80 @@ func SetBackendState(id, state string) Command {
 // SetRouting returns a routing config change.
 func SetRouting(r Routing) Command { return Command{Op: OpSetRouting, Routing: &r} }
 
-func encodeCommand(c Command) ([]byte, error) { return json.Marshal(c) }
+// A log entry is a command's JSON with a checksum in front:
+//
+//	{"sum":"<xxhash64 of the rest, 16 hex digits>",<the command's JSON after its '{'>
+//
+// which is still one JSON object. A byte changed inside an entry on one
+// node's disk fails the checksum there, and that node stops applying
+// instead of routing on a state the others do not have. Entries written
+// before checksums existed start with {"op": and are accepted as they are.
+const (
+	sumPrefix = `{"sum":"`
+	sumLen    = 16
+	sumEnd    = len(sumPrefix) + sumLen // index of the '"' closing the sum
+)
 
+// ErrCorrupt: a log entry fails its checksum or does not decode. The
+// entry was committed, so the other nodes applied their own copy of it:
+// this node's copy is damaged.
+var ErrCorrupt = errors.New("cluster: corrupt log entry")
+
+func encodeCommand(c Command) ([]byte, error) {
+	body, err := json.Marshal(c)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, sumEnd+2+len(body))
+	out = append(out, sumPrefix...)
+	out = fmt.Appendf(out, "%016x", xxhash.Sum64(body))
+	out = append(out, '"', ',')
+	return append(out, body[1:]...), nil
+}
+
+// decodeCommand checks an entry's checksum and decodes it. Every failure
+// wraps ErrCorrupt.
 func decodeCommand(b []byte) (Command, error) {
 	var c Command
-	if err := json.Unmarshal(b, &c); err != nil {
-		return c, fmt.Errorf("%w: %v", ErrInvalid, err)
+	var body []byte
+	switch {
+	case bytes.HasPrefix(b, []byte(sumPrefix)):
+		if len(b) < sumEnd+3 || b[sumEnd] != '"' || b[sumEnd+1] != ',' {
+			return c, fmt.Errorf("%w: malformed checksum", ErrCorrupt)
+		}
+		want, err := strconv.ParseUint(string(b[len(sumPrefix):sumEnd]), 16, 64)
+		if err != nil {
+			return c, fmt.Errorf("%w: malformed checksum", ErrCorrupt)
+		}
+		body = append([]byte{'{'}, b[sumEnd+2:]...)
+		if got := xxhash.Sum64(body); got != want {
+			return c, fmt.Errorf("%w: checksum %016x, the entry hashes to %016x", ErrCorrupt, want, got)
+		}
+	case bytes.HasPrefix(b, []byte(`{"op":"`)):
+		body = b // written before checksums
+	default:
+		return c, fmt.Errorf("%w: not a command", ErrCorrupt)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return c, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	if dec.More() {
+		return c, fmt.Errorf("%w: trailing data", ErrCorrupt)
+	}
+	if !knownOp(c.Op) {
+		return c, fmt.Errorf("%w: unknown op %q (a router of a newer version wrote it: upgrade this one)", ErrCorrupt, c.Op)
 	}
 	return c, nil
+}
+
+func knownOp(op Op) bool {
+	switch op {
+	case OpSeed, OpUpsertBackend, OpRemoveBackend, OpSetBackendState, OpSetRouting, OpSyncDiscovered, OpSetClusterID:
+		return true
+	}
+	return false
 }
 
 // apply returns the state after cmd. It is pure and deterministic: every
@@ -253,6 +341,7 @@ func apply(cur *State, cmd Command) (next State, changed bool, err error) {
 			return *cur, false, fmt.Errorf("%w: seed without routing", ErrInvalid)
 		}
 		next.Routing = *cmd.Routing
+		next.ClusterID = cmd.ClusterID
 		next.Backends = next.Backends[:0]
 		for _, b := range cmd.Backends {
 			b, err := normBackend(b, Backend{}, false, SourceConfig)
@@ -312,6 +401,16 @@ func apply(cur *State, cmd Command) (next State, changed bool, err error) {
 			return *cur, false, fmt.Errorf("%w: set_routing without routing", ErrInvalid)
 		}
 		next.Routing = *cmd.Routing
+	case OpSetClusterID:
+		switch {
+		case cur.ClusterID == cmd.ClusterID:
+			return *cur, false, nil
+		case cur.ClusterID != "":
+			return *cur, false, fmt.Errorf("%w: the cluster ID is %s already", ErrInvalid, cur.ClusterID)
+		case cmd.ClusterID == "":
+			return *cur, false, fmt.Errorf("%w: empty cluster ID", ErrInvalid)
+		}
+		next.ClusterID = cmd.ClusterID
 	case OpSyncDiscovered:
 		want := make(map[string]bool, len(cmd.Backends))
 		for _, d := range cmd.Backends {
@@ -411,6 +510,9 @@ func (s *State) validate() error {
 			return err
 		}
 	}
+	if err := checkClusterID(s.ClusterID); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
 	if s.Seeded {
 		if _, err := s.Routing.RingConfig(); err != nil {
 			return fmt.Errorf("%w: routing: %v", ErrInvalid, err)
@@ -419,12 +521,41 @@ func (s *State) validate() error {
 	return nil
 }
 
+// CheckBackendID reports whether id can name a backend: 1-253 printable
+// ASCII characters, no spaces or commas. IDs appear in metric labels,
+// response headers and logs, so control characters are refused.
+func CheckBackendID(id string) error {
+	if id == "" || len(id) > maxIDLen {
+		return fmt.Errorf("%w: backend id %q: 1-%d characters", ErrInvalid, id, maxIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c <= ' ' || c > '~' || c == ',' {
+			return fmt.Errorf("%w: backend id %q: printable ASCII only, no spaces or commas", ErrInvalid, id)
+		}
+	}
+	return nil
+}
+
+// printable reports whether s is valid UTF-8 without control characters.
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}
+
 func (b *Backend) validate() error {
+	if err := CheckBackendID(b.ID); err != nil {
+		return err
+	}
 	switch {
-	case b.ID == "" || len(b.ID) > maxIDLen || strings.ContainsAny(b.ID, " \t\r\n,"):
-		return fmt.Errorf("%w: backend id %q: 1-%d characters, no spaces or commas", ErrInvalid, b.ID, maxIDLen)
-	case len(b.Zone) > maxZoneLen:
-		return fmt.Errorf("%w: backend %s: zone longer than %d", ErrInvalid, b.ID, maxZoneLen)
+	case len(b.Zone) > maxZoneLen || !printable(b.Zone):
+		return fmt.Errorf("%w: backend %s: zone %q: at most %d printable characters", ErrInvalid, b.ID, b.Zone, maxZoneLen)
 	case b.Weight < 0 || b.Weight > maxWeight:
 		return fmt.Errorf("%w: backend %s: weight %d out of range [0, %d]", ErrInvalid, b.ID, b.Weight, maxWeight)
 	case b.State != StateActive && b.State != StateDraining && b.State != StateDown:
@@ -437,8 +568,8 @@ func (b *Backend) validate() error {
 		return fmt.Errorf("%w: backend %s: more than %d labels", ErrInvalid, b.ID, maxLabels)
 	}
 	for k, v := range b.Labels {
-		if k == "" || len(k) > maxLabelSize || len(v) > maxLabelSize {
-			return fmt.Errorf("%w: backend %s: label %q: key 1-%d bytes, value at most %d", ErrInvalid, b.ID, k, maxLabelSize, maxLabelSize)
+		if k == "" || len(k) > maxLabelSize || len(v) > maxLabelSize || !printable(k) || !printable(v) {
+			return fmt.Errorf("%w: backend %s: label %q: key 1-%d printable characters, value at most %d", ErrInvalid, b.ID, k, maxLabelSize, maxLabelSize)
 		}
 	}
 	u, err := url.Parse(b.URL)
