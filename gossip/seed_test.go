@@ -1,12 +1,17 @@
 package gossip
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // FuzzSplitSeed: --join entries never panic the parser; an accepted entry
@@ -70,4 +75,152 @@ func TestSplitSeedRejectsUnresolvableHosts(t *testing.T) {
 			t.Errorf("splitSeed(%q): %v", s, err)
 		}
 	}
+}
+
+func TestSelfMatcher(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	a := netip.MustParseAddr
+	cases := []struct {
+		adv   string
+		bind  string
+		port  uint16
+		local []netip.Addr
+		self  []string
+		other []string
+	}{
+		{ // bound to one loopback address: other loopback addresses are other nodes
+			adv: "127.0.0.2:7946", bind: "127.0.0.2", port: 7946,
+			self:  []string{"127.0.0.2:7946", "[::ffff:127.0.0.2]:7946"},
+			other: []string{"127.0.0.1:7946", "127.0.0.3:7946", "[::1]:7946", "127.0.0.2:7947"},
+		},
+		{ // bound to all addresses: every loopback and interface address with the port
+			adv: "10.0.0.5:7946", bind: "0.0.0.0", port: 7946, local: []netip.Addr{a("10.0.0.5"), a("192.168.1.2")},
+			self:  []string{"127.0.0.1:7946", "127.0.0.3:7946", "[::1]:7946", "10.0.0.5:7946", "192.168.1.2:7946", "0.0.0.0:7946"},
+			other: []string{"10.0.0.6:7946", "127.0.0.1:7947", "192.168.1.2:7000"},
+		},
+		{ // advertised behind NAT on another port
+			adv: "203.0.113.7:8000", bind: "10.0.0.5", port: 7946,
+			self:  []string{"203.0.113.7:8000", "10.0.0.5:7946"},
+			other: []string{"203.0.113.7:7946", "10.0.0.5:8000", "127.0.0.1:7946"},
+		},
+	}
+	for _, tc := range cases {
+		isSelf := selfMatcher(ap(tc.adv), a(tc.bind), tc.port, tc.local)
+		for _, s := range tc.self {
+			if p := ap(s); !isSelf(p.Addr(), p.Port()) {
+				t.Errorf("adv %s bind %s: %s is not self", tc.adv, tc.bind, s)
+			}
+		}
+		for _, s := range tc.other {
+			if p := ap(s); isSelf(p.Addr(), p.Port()) {
+				t.Errorf("adv %s bind %s: %s is self", tc.adv, tc.bind, s)
+			}
+		}
+	}
+}
+
+// TestLoopbackNodesShareAPort: routers on 127.0.0.2, .3 and .4 with one
+// port number, each a seed of all, form one cluster (each used to take
+// the others' loopback addresses for its own and join no one).
+func TestLoopbackNodesShareAPort(t *testing.T) {
+	hosts := []string{"127.0.0.2", "127.0.0.3", "127.0.0.4"}
+	for attempt := 0; ; attempt++ {
+		port := freeLoopbackPort(t, hosts[0])
+		var join []string
+		for _, h := range hosts {
+			join = append(join, net.JoinHostPort(h, strconv.Itoa(port)))
+		}
+		var logs syncBuffer
+		var nodes []*testNode
+		for i, h := range hosts {
+			cfg := testConfig(fmt.Sprintf("node-%d", i+2))
+			cfg.BindAddr, cfg.BindPort, cfg.Join = h, port, join
+			cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			src := newFakeSource()
+			c, err := New(cfg, src)
+			if err != nil {
+				break // the port is taken on one of the addresses
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			nodes = append(nodes, &testNode{c: c, src: src})
+		}
+		if len(nodes) < len(hosts) {
+			for _, nd := range nodes {
+				_ = nd.c.Close()
+			}
+			if attempt == 10 {
+				t.Fatalf("no port free on all of %v", hosts)
+			}
+			continue
+		}
+		waitMembers(t, nodes, len(hosts))
+		nodes[0].src.set("x", 2)
+		waitFor(t, 10*time.Second, func() bool { return nodes[2].c.View().RemoteInFlight("x") == 2 }, "figures flow")
+		if strings.Contains(logs.String(), "every seed is this node's own address") {
+			t.Fatalf("warned about seeds though they are other nodes:\n%s", logs.String())
+		}
+		return
+	}
+}
+
+// TestSeedsAllSelfWarns: a node whose seeds are all its own address says
+// so instead of silently staying alone.
+func TestSeedsAllSelfWarns(t *testing.T) {
+	port := freeLoopbackPort(t, "127.0.0.5")
+	var logs syncBuffer
+	cfg := testConfig("node-a")
+	cfg.BindAddr, cfg.BindPort = "127.0.0.5", port
+	cfg.Join = []string{fmt.Sprintf("127.0.0.5:%d", port), "127.0.0.5"}
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	c, err := New(cfg, nil)
+	if err != nil {
+		t.Skipf("port %d: %v", port, err)
+	}
+	defer c.Close()
+	if !strings.Contains(logs.String(), "every seed is this node's own address") {
+		t.Fatalf("no warning; logs:\n%s", logs.String())
+	}
+	// Once, not on every retry.
+	c.resolveSeeds()
+	if n := strings.Count(logs.String(), "every seed is this node's own address"); n != 1 {
+		t.Fatalf("warned %d times", n)
+	}
+}
+
+// freeLoopbackPort returns a port that was free for TCP and UDP on host.
+func freeLoopbackPort(t *testing.T, host string) int {
+	t.Helper()
+	for range 20 {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", net.JoinHostPort(host, strconv.Itoa(port)))
+		l.Close()
+		if err == nil {
+			u.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port")
+	return 0
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

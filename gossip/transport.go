@@ -42,6 +42,9 @@ type transport struct {
 	// drop, when set (tests only), cuts traffic to and from an address:
 	// a network partition.
 	drop atomic.Pointer[func(netip.AddrPort) bool]
+	// tap, when set (tests only), sees every load packet sent: what an
+	// eavesdropper holding the gossip key captures.
+	tap atomic.Pointer[func(b []byte, to netip.AddrPort)]
 }
 
 func (t *transport) dropped(ap netip.AddrPort) bool {
@@ -193,6 +196,9 @@ func (t *transport) WriteTo(b []byte, addr string) (time.Time, error) {
 
 // send writes one load packet.
 func (t *transport) send(b []byte, to netip.AddrPort) error {
+	if f := t.tap.Load(); f != nil {
+		(*f)(b, to)
+	}
 	if t.dropped(to) {
 		return nil
 	}
