@@ -9,9 +9,13 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/node/identity"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/proxy/engine"
 )
+
+// A router's cluster certificate signs its gossip.
+var _ gossip.Identity = (*identity.Bundle)(nil)
 
 // localLoads adapts the proxy's own in-flight counts to gossip.LocalSource.
 // gossip calls it from one goroutine.
@@ -56,6 +60,12 @@ func (n *Node) startGossip(raftAddr string, voter bool) error {
 		return err
 	}
 	gc.AllowPlaintext = cl.AllowPlaintextGossip
+	if n.identity != nil {
+		// Figures, engine metrics and health verdicts are then signed by
+		// each router's certificate and accepted only from the router
+		// they name.
+		gc.Identity = n.identity
+	}
 	gc.Meta = gossip.Meta{AdminAddr: n.advertisedAdmin(), RaftAddr: raftAddr, Zone: cl.Zone, Voter: voter, Version: n.version}
 	gc.Logger = n.log.With("component", "gossip")
 	gc.Registry = n.reg
