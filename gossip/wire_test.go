@@ -1,9 +1,11 @@
 package gossip
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -179,7 +181,9 @@ func FuzzDecode(f *testing.F) {
 	st.handle(p.next(now)[0], now)
 	f.Add(st.appendRelay(appendHeader(nil, kindState), now))
 	f.Add(append(appendHeader(nil, kindState), p.ownBlock(nil, now, nil)...))
-	f.Add([]byte{wireMagic, wireVersion, kindPublish, 0})
+	f.Add([]byte{wireMagic, wireV1, kindPublish, 0})
+	// Version 2 (signed), which a node without an Identity takes unverified.
+	f.Add(append(appendSignedHead(nil, p.next(now.Add(time.Second))[0], keyID{1}, 5), 0x30, 0x01, 0x02))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s := newState("self", time.Minute, time.Minute)
 		s.join("node-a")
@@ -228,5 +232,76 @@ func checkHealth(t *testing.T, s *state) {
 	}
 	if got != want {
 		t.Fatalf("health lists hold %d entries, nodes hold %d figures", got, want)
+	}
+}
+
+func TestWireSigned(t *testing.T) {
+	ca := newTestCA(t)
+	id := ca.bundle(t, "n")
+	s, err := newSigner(id, "n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.UnixMilli(1_700_000_000_123)
+	v1 := publishMsg("n", 3, 4, map[string]int64{"b": 2})
+	var scratch []byte
+	msg, err := s.sign(nil, v1, at, &scratch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m wireMsg
+	if err := m.decode(msg); err != nil {
+		t.Fatal(err)
+	}
+	if m.version != wireV2 || m.kind != kindPublish || m.key != s.key || m.sentAt != uint64(at.UnixMilli()) ||
+		len(m.blocks) != 1 || string(m.blocks[0].origin) != "n" || m.blocks[0].loads[0].inFlight != 2 {
+		t.Fatalf("decoded %+v", m)
+	}
+	if !bytes.Equal(m.signed, msg[:len(msg)-len(m.sig)]) || len(m.sig) == 0 || len(m.sig) > s.sigMax {
+		t.Fatalf("signed part %d bytes, signature %d", len(m.signed), len(m.sig))
+	}
+	_, verify, _, _ := id.Verifier(id.Chain())
+	if !(&peerKey{verify: verify}).verifySig(m.signed, m.sig, &scratch) {
+		t.Fatal("signature does not verify")
+	}
+
+	sign := func(v1 []byte) []byte {
+		out, err := s.sign(nil, v1, at, &scratch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	relay := appendBlock(appendHeader(nil, kindState),
+		appendSection(appendBlockHead(nil, "n", 1, 1), tagLoadsRelay, appendLoadRelay(nil, "b", 1, 1, 0)))
+	chainIn := func(kind byte) []byte {
+		return appendBlock(appendHeader(nil, kind), appendSection(appendBlockHead(nil, "n", 1, 1), tagChain, appendChain(nil, id.Chain())))
+	}
+	head := appendSignedHead(nil, v1, s.key, 1)
+	cases := map[string][]byte{
+		"relay in a signed state":   sign(relay),
+		"chain in a signed publish": sign(chainIn(kindPublish)),
+		"chain in an unsigned msg":  chainIn(kindState),
+		"no signature":              head,
+		"signature too long":        append(bytes.Clone(head), make([]byte, maxSig+1)...),
+		"short key":                 []byte{wireMagic, wireV2, kindPublish, 1, 2},
+		"chain msg, trailing":       append(appendChainMsg(nil, "n", id.Chain(), false), 0),
+		"chain msg, no certs":       appendChainMsg(nil, "n", nil, false),
+		"chain msg, no origin":      appendChainMsg(nil, "", id.Chain(), false),
+		"chain msg, long origin":    appendChainMsg(nil, strings.Repeat("n", maxNodeName+1), id.Chain(), false),
+		"chain msg, 9 certs":        appendChainMsg(nil, "n", slices.Repeat(id.Chain(), 9), false),
+		"unsigned chain kind":       append([]byte{wireMagic, wireV1, kindChain}, appendChainMsg(nil, "n", id.Chain(), false)[3:]...),
+	}
+	for name, b := range cases {
+		var m wireMsg
+		if err := m.decode(b); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("%s: err = %v", name, err)
+		}
+	}
+	if err := m.decode(sign(chainIn(kindState))); err != nil || len(m.blocks[0].chain) != 1 {
+		t.Fatalf("chain in a signed state: %v", err)
+	}
+	if err := m.decode(appendChainMsg(nil, "n", id.Chain(), true)); err != nil || !m.want || string(m.origin) != "n" || len(m.chain) != 1 {
+		t.Fatalf("chain message: %v", err)
 	}
 }
