@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -261,6 +262,7 @@ func (f *composeFile) validate() []error {
 				bad("%s: %s %q is not under the secrets mount", n, k, env[k])
 			}
 		}
+		errs = append(errs, f.validateClusterTLS(n, s)...)
 		listed := map[string]bool{}
 		for _, spec := range strings.Split(env["WARMROUTE_BACKENDS"], ",") {
 			spec = strings.TrimSpace(spec)
@@ -321,6 +323,51 @@ func (f *composeFile) validate() []error {
 	return errs
 }
 
+// validateClusterTLS checks a router's mutual TLS: on, with its own
+// certificate (the file named after its node name, which init-secrets.sh
+// issues for that name), from a secrets directory of its own, so no router
+// reads another's key, and never the CA's directory.
+func (f *composeFile) validateClusterTLS(n string, s *composeSvc) []error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(n+": "+format, args...)) }
+	env := s.Environment
+	cert, key, ca := env["WARMROUTE_CLUSTER_TLS_CERT_FILE"], env["WARMROUTE_CLUSTER_TLS_KEY_FILE"], env["WARMROUTE_CLUSTER_TLS_CA_FILE"]
+	if cert == "" || key == "" || ca == "" {
+		return append(errs, fmt.Errorf("%s: cluster TLS is off: set WARMROUTE_CLUSTER_TLS_CERT_FILE, _KEY_FILE and _CA_FILE", n))
+	}
+	if v := strings.ToLower(env["WARMROUTE_ALLOW_INSECURE_CLUSTER"]); v != "" && v != "false" {
+		bad("WARMROUTE_ALLOW_INSECURE_CLUSTER=%s: the stack runs secure", v)
+	}
+	name := env["WARMROUTE_NODE_NAME"]
+	if path.Base(cert) != name+".pem" || path.Base(key) != name+"-key.pem" {
+		bad("certificate %s and key %s: want %s.pem and %s-key.pem, the pair issued for its node name", cert, key, name, name)
+	}
+	for _, file := range []string{cert, key, ca} {
+		src, ok := s.mountOf(file)
+		switch {
+		case !ok:
+			bad("%s is on no mounted volume", file)
+		case path.Base(src) != name:
+			bad("%s comes from %s: want the router's own secrets directory (…/%s), so no router reads another's key or the CA key", file, src, name)
+		}
+	}
+	return errs
+}
+
+// mountOf returns the host source of the bind mount that holds file.
+func (s *composeSvc) mountOf(file string) (string, bool) {
+	for _, v := range s.Volumes {
+		parts := strings.Split(v, ":")
+		if len(parts) < 2 || !strings.Contains(parts[0], "/") {
+			continue // a named volume
+		}
+		if strings.HasPrefix(file, strings.TrimSuffix(parts[1], "/")+"/") {
+			return path.Clean(parts[0]), true
+		}
+	}
+	return "", false
+}
+
 func TestComposeFile(t *testing.T) {
 	f := loadCompose(t)
 	for _, err := range f.validate() {
@@ -353,6 +400,21 @@ func TestComposeChecksCatchMistakes(t *testing.T) {
 		},
 		"missing seed": func(f *composeFile) {
 			f.Services["router-a"].Environment["WARMROUTE_JOIN"] = "10.213.46.11:7946"
+		},
+		"cluster TLS off": func(f *composeFile) {
+			delete(f.Services["router-b"].Environment, "WARMROUTE_CLUSTER_TLS_CERT_FILE")
+		},
+		"insecure cluster allowed": func(f *composeFile) {
+			f.Services["router-b"].Environment["WARMROUTE_ALLOW_INSECURE_CLUSTER"] = "true"
+		},
+		"another router's certificate": func(f *composeFile) {
+			e := f.Services["router-a"].Environment
+			e["WARMROUTE_CLUSTER_TLS_CERT_FILE"] = "/run/secrets/router-b.pem"
+			e["WARMROUTE_CLUSTER_TLS_KEY_FILE"] = "/run/secrets/router-b-key.pem"
+		},
+		"every router's secrets mounted": func(f *composeFile) {
+			s := f.Services["router-c"]
+			s.Volumes[0] = "./secrets:/run/secrets:ro"
 		},
 	}
 	for name, brk := range breakers {

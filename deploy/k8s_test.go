@@ -3,6 +3,7 @@ package deploy
 import (
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -234,6 +235,28 @@ func TestManifestChecksCatchMistakes(t *testing.T) {
 		"budget blocks every drain": func(m *manifests) {
 			v := intstr.FromInt32(3)
 			m.pdbs[0].Spec.MinAvailable = &v
+		},
+		"cluster TLS off": func(m *manifests) {
+			c := m.routerContainer()
+			c.Env = slices.DeleteFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "WARMROUTE_CLUSTER_TLS_KEY_FILE" })
+		},
+		"insecure cluster allowed": func(m *manifests) {
+			c := m.routerContainer()
+			c.Env = append(c.Env, corev1.EnvVar{Name: "WARMROUTE_ALLOW_INSECURE_CLUSTER", Value: "true"})
+		},
+		"one certificate for every pod": func(m *manifests) {
+			for i, e := range m.routerContainer().Env {
+				if e.Name == "WARMROUTE_CLUSTER_TLS_CERT_FILE" {
+					m.routerContainer().Env[i].Value = "/run/secrets/warmroute-tls/warmroute-0.pem"
+				}
+			}
+		},
+		"certificates not from a Secret": func(m *manifests) {
+			for i, v := range m.router().Spec.Template.Spec.Volumes {
+				if v.Secret != nil && v.Secret.SecretName == "warmroute-tls" {
+					m.router().Spec.Template.Spec.Volumes[i].VolumeSource = corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}
+				}
+			}
 		},
 		"network policy names a missing port": func(m *manifests) {
 			p := intstr.FromString("metrics")
@@ -706,6 +729,7 @@ func (m *manifests) validateRouter() []error {
 	if env["WARMROUTE_NODE_NAME"] != "$(POD_NAME)" {
 		bad("WARMROUTE_NODE_NAME %q: want the pod name (stable identity)", env["WARMROUTE_NODE_NAME"])
 	}
+	errs = append(errs, m.validateClusterTLS(env)...)
 	hasPDB := false
 	for _, p := range m.pdbs {
 		sel, err := metav1.LabelSelectorAsSelector(p.Spec.Selector)
@@ -722,6 +746,58 @@ func (m *manifests) validateRouter() []error {
 	client := m.service("warmroute")
 	if client == nil || !containerPort(workload{template: &s.Spec.Template}, client.Spec.Ports[0].TargetPort, corev1.ProtocolTCP) {
 		bad("no client-facing Service warmroute on the traffic port")
+	}
+	return errs
+}
+
+// validateClusterTLS checks the routers' mutual TLS: on, each pod with the
+// certificate and key named after itself (so the name in the certificate
+// is its node name), all from a Secret mounted read-only in full.
+func (m *manifests) validateClusterTLS(env map[string]string) []error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("router: cluster TLS: "+format, args...))
+	}
+	cert, key, ca := env["WARMROUTE_CLUSTER_TLS_CERT_FILE"], env["WARMROUTE_CLUSTER_TLS_KEY_FILE"], env["WARMROUTE_CLUSTER_TLS_CA_FILE"]
+	if cert == "" || key == "" || ca == "" {
+		return []error{fmt.Errorf("router: cluster TLS is off: set WARMROUTE_CLUSTER_TLS_CERT_FILE, _KEY_FILE and _CA_FILE")}
+	}
+	if v := strings.ToLower(env["WARMROUTE_ALLOW_INSECURE_CLUSTER"]); v != "" && v != "false" {
+		bad("WARMROUTE_ALLOW_INSECURE_CLUSTER=%s: routers must reach each other over mutual TLS", v)
+	}
+	if path.Base(cert) != "$(POD_NAME).pem" || path.Base(key) != "$(POD_NAME)-key.pem" {
+		bad("certificate %s and key %s: want $(POD_NAME).pem and $(POD_NAME)-key.pem, so each router loads the pair issued for its name", cert, key)
+	}
+	s := m.router()
+	c := m.routerContainer()
+	for _, file := range []string{cert, key, ca} {
+		var mount *corev1.VolumeMount
+		for i, vm := range c.VolumeMounts {
+			if path.Dir(file) == path.Clean(vm.MountPath) {
+				mount = &c.VolumeMounts[i]
+			}
+		}
+		if mount == nil {
+			bad("%s is on no volume mount", file)
+			continue
+		}
+		if !mount.ReadOnly || mount.SubPath != "" {
+			bad("%s: mount %s should be read-only and whole (a subPath mount never sees a renewed Secret)", file, mount.Name)
+		}
+		var vol *corev1.Volume
+		for i, v := range s.Spec.Template.Spec.Volumes {
+			if v.Name == mount.Name {
+				vol = &s.Spec.Template.Spec.Volumes[i]
+			}
+		}
+		switch {
+		case vol == nil || vol.Secret == nil:
+			bad("%s: volume %s is not a Secret", file, mount.Name)
+		case vol.Secret.Optional != nil && *vol.Secret.Optional:
+			bad("%s: Secret %s is optional: a router would start without its certificate", file, vol.Secret.SecretName)
+		case len(vol.Secret.Items) > 0 && file != ca:
+			bad("%s: Secret %s lists items: every pod picks its own pair by name, so every key must be there", file, vol.Secret.SecretName)
+		}
 	}
 	return errs
 }

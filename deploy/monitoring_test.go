@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/node/identity"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -177,9 +179,48 @@ func promtool(t *testing.T, args ...string) {
 	}
 }
 
+// withScrapeSecrets rewrites the directories a Prometheus config reads the
+// routers' CA and admin token from (mounted in production) to a temporary
+// one holding such files, so promtool finds them.
+func withScrapeSecrets(t *testing.T, b []byte, mountDir string) []byte {
+	t.Helper()
+	dir := t.TempDir()
+	ca, err := identity.NewCA("promtool check", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "warmroute-ca.pem"), ca.CertPEM(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "admin.token"), []byte("token"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(b, []byte(mountDir+"/")) {
+		t.Fatalf("the config reads nothing from %s", mountDir)
+	}
+	return bytes.ReplaceAll(b, []byte(mountDir+"/"), []byte(dir+"/"))
+}
+
 func TestPrometheusConfigs(t *testing.T) {
 	t.Run("rules", func(t *testing.T) { promtool(t, "check", "rules", rulesPath) })
-	t.Run("compose", func(t *testing.T) { promtool(t, "check", "config", "prometheus/prometheus-compose.yml") })
+	t.Run("compose", func(t *testing.T) {
+		b, err := os.ReadFile("prometheus/prometheus-compose.yml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), withScrapeSecrets(t, b, composePromSecrets), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		rules, err := os.ReadFile(rulesPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "warmroute-rules.yml"), rules, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		promtool(t, "check", "config", filepath.Join(dir, "prometheus.yml"))
+	})
 	t.Run("kubernetes", func(t *testing.T) {
 		// Debian's promtool is built without Kubernetes service discovery:
 		// check the rest of the file (relabelling) with static targets.
@@ -187,6 +228,7 @@ func TestPrometheusConfigs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		b = withScrapeSecrets(t, b, k8sPromSecrets)
 		sd := regexp.MustCompile(`(?m)^(\s*)kubernetes_sd_configs:\n\s*- role: pod\n`)
 		if len(sd.FindAll(b, -1)) != 2 {
 			t.Fatal("expected two kubernetes_sd_configs blocks")
@@ -220,6 +262,134 @@ func TestPrometheusConfigs(t *testing.T) {
 			t.Fatal(err)
 		}
 		promtool(t, "check", "rules", path)
+	})
+}
+
+// Where the Prometheus configs read the routers' CA and the admin token.
+const (
+	composePromSecrets = "/etc/prometheus/secrets"
+	k8sPromSecrets     = "/etc/prometheus/warmroute"
+)
+
+// scrapeJob is the part of a Prometheus scrape job that says how it
+// reaches its targets.
+type scrapeJob struct {
+	JobName   string `yaml:"job_name"`
+	Scheme    string `yaml:"scheme"`
+	TLSConfig struct {
+		CAFile             string `yaml:"ca_file"`
+		ServerName         string `yaml:"server_name"`
+		InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+	} `yaml:"tls_config"`
+	Authorization struct {
+		CredentialsFile string `yaml:"credentials_file"`
+	} `yaml:"authorization"`
+	StaticConfigs []struct {
+		Targets []string `yaml:"targets"`
+	} `yaml:"static_configs"`
+}
+
+func routerJob(t *testing.T, file string) scrapeJob {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		ScrapeConfigs []scrapeJob `yaml:"scrape_configs"`
+	}
+	if err := yaml.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range cfg.ScrapeConfigs {
+		if j.JobName == "warmroute" {
+			return j
+		}
+	}
+	t.Fatalf("%s: no warmroute job", file)
+	return scrapeJob{}
+}
+
+// checkRouterJob checks that a job scrapes the routers as their admin
+// listener requires with cluster TLS: HTTPS verified against the cluster
+// CA (host names too) and the admin token, both from secretsDir.
+func checkRouterJob(j scrapeJob, secretsDir string) []error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if j.Scheme != "https" {
+		bad("scheme %q: the routers' admin port serves HTTPS", j.Scheme)
+	}
+	if j.TLSConfig.InsecureSkipVerify {
+		bad("insecure_skip_verify: the routers' certificates must be verified")
+	}
+	if j.TLSConfig.CAFile != secretsDir+"/warmroute-ca.pem" {
+		bad("tls_config.ca_file %q: want the cluster CA, %s/warmroute-ca.pem", j.TLSConfig.CAFile, secretsDir)
+	}
+	if j.Authorization.CredentialsFile != secretsDir+"/admin.token" {
+		bad("authorization.credentials_file %q: want the admin token, %s/admin.token", j.Authorization.CredentialsFile, secretsDir)
+	}
+	return errs
+}
+
+// TestPrometheusScrapesRoutersOverTLS: both Prometheus configs scrape the
+// routers over verified HTTPS with the admin token, from files their
+// deployment mounts, under a name the routers' certificates carry.
+func TestPrometheusScrapesRoutersOverTLS(t *testing.T) {
+	t.Run("compose", func(t *testing.T) {
+		j := routerJob(t, "prometheus/prometheus-compose.yml")
+		for _, err := range checkRouterJob(j, composePromSecrets) {
+			t.Error(err)
+		}
+		// Targets are the routers' service names, which init-secrets.sh
+		// puts in each certificate as its DNS name.
+		f := loadCompose(t)
+		routers := f.names("serve")
+		for _, sc := range j.StaticConfigs {
+			for _, tg := range sc.Targets {
+				host, port, _ := strings.Cut(tg, ":")
+				if !slices.Contains(routers, host) || port != "9090" {
+					t.Errorf("target %s is not a router's admin port", tg)
+				}
+			}
+		}
+		if j.TLSConfig.ServerName != "" {
+			t.Errorf("server_name %q: the target names are in the certificates", j.TLSConfig.ServerName)
+		}
+		init, err := os.ReadFile("compose/init-secrets.sh")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(init), "--dns '{name}'") {
+			t.Error("init-secrets.sh does not put the router's name in its certificate as a DNS name")
+		}
+		prom := f.Services["prometheus"]
+		if prom == nil {
+			t.Fatal("no prometheus service")
+		}
+		src, ok := prom.mountOf(composePromSecrets + "/admin.token")
+		if !ok || path.Base(src) != "prometheus" {
+			t.Errorf("the prometheus service mounts %q at %s, want the secrets' prometheus directory", src, composePromSecrets)
+		}
+	})
+	t.Run("kubernetes", func(t *testing.T) {
+		j := routerJob(t, "prometheus/prometheus-k8s.yml")
+		for _, err := range checkRouterJob(j, k8sPromSecrets) {
+			t.Error(err)
+		}
+		// Targets are pod IPs: the name checked is the headless Service's,
+		// which docs/deploy.md puts in every router certificate.
+		m := loadManifests(t)
+		want := m.router().Spec.ServiceName + ".warmroute.svc"
+		if j.TLSConfig.ServerName != want {
+			t.Errorf("server_name %q, want %q", j.TLSConfig.ServerName, want)
+		}
+		doc, err := os.ReadFile(filepath.Join(repoRoot, "docs", "deploy.md"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(doc), "--dns "+want) {
+			t.Errorf("docs/deploy.md does not issue the router certificates with --dns %s", want)
+		}
 	})
 }
 

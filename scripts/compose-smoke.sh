@@ -2,9 +2,14 @@
 # Compose smoke test: builds the FROM-scratch image, starts the three-zone
 # stack of deploy/compose under its own project name, and checks that
 #   - every router is ready (GET /readyz),
+#   - cluster TLS is on: every router's admin API serves HTTPS (plain HTTP
+#     refused) with its own certificate from the stack's CA, which names it
+#     (urn:warmroute:router:<name>, checked with 'warmroute tls show' when
+#     openssl is installed), and answers /metrics with the admin token,
 #   - the three routers form one cluster across the zone networks
-#     (warmroute_gossip_members 3 on each; with Raft: one leader, every
-#     router at the same ring epoch),
+#     (warmroute_gossip_members 3 on each; with Raft, which then runs over
+#     mutual TLS: one leader, every router at the same ring epoch), and
+#     'warmroute status --ca-file' reads it over HTTPS from the backbone,
 #   - a streaming chat request through each router is served as SSE and
 #     every router sends it to the same backend, with the same epoch.
 # Everything it creates (containers, networks, volumes, secrets) is removed
@@ -57,7 +62,7 @@ docker image inspect "$WARMROUTE_IMAGE" >/dev/null 2>&1 || fail "image $WARMROUT
 
 serve_help=$(docker run --rm "$WARMROUTE_IMAGE" serve --help 2>&1 || true)
 missing=""
-for flag in raft-listen raft-advertise data-dir bootstrap-expect admin-token-file; do
+for flag in raft-listen raft-advertise data-dir bootstrap-expect admin-token-file cluster-tls-cert-file; do
 	if ! grep -q -- "^ *-$flag " <<<"$serve_help"; then
 		missing+=" --$flag"
 	fi
@@ -93,6 +98,8 @@ export WR_GPUSIM_TIME_SCALE=${WR_GPUSIM_TIME_SCALE:-0.1}
 tmp=$(mktemp -d)
 export WR_SECRETS_DIR="$tmp/secrets"
 "$root/deploy/compose/init-secrets.sh" "$WR_SECRETS_DIR" >/dev/null
+ca_file="$WR_SECRETS_DIR/ca/warmroute-ca.pem"
+token=$(cat "$WR_SECRETS_DIR/admin.token")
 
 dc() { timeout 120 "${compose_cmd[@]}" -f "$compose_file" "$@"; }
 
@@ -146,8 +153,18 @@ wait_for() {
 	say "ok: $desc ($((SECONDS - start))s)"
 }
 
+# admin_curl ROUTER PATH [curl args]: the router's admin API over HTTPS,
+# verified against the stack's CA under the router's service name (the DNS
+# name in its certificate), with the admin token.
+admin_curl() {
+	local r=$1 p=$2
+	shift 2
+	curl -fsS --max-time 3 --cacert "$ca_file" --resolve "$r:${admin[$r]##*:}:127.0.0.1" \
+		-H "Authorization: Bearer $token" "$@" "https://$r:${admin[$r]##*:}$p"
+}
+
 metric() { # metric ROUTER NAME_WITH_LABELS -> value or empty
-	curl -fsS --max-time 3 "http://${admin[$1]}/metrics" 2>/dev/null | awk -v m="$2" '$1 == m { print $2 }' || true
+	admin_curl "$1" /metrics 2>/dev/null | awk -v m="$2" '$1 == m { print $2 }' || true
 }
 
 all_ready() {
@@ -157,6 +174,34 @@ all_ready() {
 	done
 }
 wait_for "all three routers ready" all_ready
+
+# --- Cluster TLS ------------------------------------------------------------------
+tls_on() {
+	local r
+	for r in router-a router-b router-c; do
+		admin_curl "$r" /metrics -o /dev/null 2>/dev/null || return 1
+	done
+}
+wait_for "cluster TLS: every admin API serves HTTPS with its router's certificate (CA-verified, service name) and the token" tls_on
+for r in router-a router-b router-c; do
+	code=$(curl -sS --max-time 3 -o /dev/null -w '%{http_code}' "http://${admin[$r]}/metrics" 2>/dev/null || true)
+	[ "$code" != 200 ] || fail "$r: the admin API answered plain HTTP"
+	code=$(curl -sS --max-time 3 -o /dev/null -w '%{http_code}' --cacert "$ca_file" \
+		--resolve "$r:${admin[$r]##*:}:127.0.0.1" "https://$r:${admin[$r]##*:}/metrics" 2>/dev/null || true)
+	[ "$code" = 401 ] || [ "$code" = 403 ] || say "NOTE: $r serves /metrics to other hosts without the token (HTTP $code)"
+done
+say "ok: plain HTTP refused on every admin port"
+if command -v openssl >/dev/null 2>&1; then
+	cp "$ca_file" "$tmp/ca.pem"
+	for r in router-a router-b router-c; do
+		openssl s_client -connect "127.0.0.1:${admin[$r]##*:}" -servername "$r" </dev/null 2>/dev/null |
+			openssl x509 >"$tmp/$r.served.pem" 2>/dev/null || fail "$r: could not read the admin API's certificate"
+		docker run --rm --network none --user "$(id -u):$(id -g)" -v "$tmp:/w:ro" "$WARMROUTE_IMAGE" \
+			tls show --ca /w/ca.pem --name "$r" "/w/$r.served.pem" >"$tmp/$r.show" 2>&1 ||
+			fail "$r: its certificate does not prove its name: $(cat "$tmp/$r.show")"
+	done
+	say "ok: each router's certificate names it (warmroute tls show --name --ca)"
+fi
 
 members_three() {
 	local r
@@ -177,8 +222,19 @@ if [ "$raft" = 1 ]; then
 		read -r e1 e2 e3 <<<"$epochs"
 		[ -n "$e1" ] && [ "$e1" != 0 ] && [ "$e1" = "$e2" ] && [ "$e2" = "$e3" ]
 	}
-	wait_for "raft: one leader, every router at the same ring epoch" raft_agreed
+	wait_for "raft (mutual TLS): one leader, every router at the same ring epoch" raft_agreed
 fi
+
+# The CLI from inside the stack: HTTPS with --ca-file, the token, another
+# router's service name (router-b's own secrets directory holds both files).
+status_out=$(docker run --rm --network "${COMPOSE_PROJECT_NAME}_backbone" \
+	-v "$WR_SECRETS_DIR/router-b:/s:ro" "$WARMROUTE_IMAGE" \
+	status --admin https://router-a:9090 --ca-file /s/warmroute-ca.pem --token-file /s/admin.token 2>&1) ||
+	fail "warmroute status over HTTPS failed: $status_out"
+for r in router-a router-b router-c; do
+	grep -q "$r" <<<"$status_out" || fail "warmroute status does not list $r: $status_out"
+done
+say "ok: warmroute status --ca-file over HTTPS lists the three routers"
 
 # --- A streaming request through each router -----------------------------------
 body='{"model":"meta-llama/Llama-3.1-70B-Instruct","stream":true,"max_tokens":8,"messages":[{"role":"system","content":"You are the compose smoke test. Answer briefly."},{"role":"user","content":"Which zone served this?"}]}'
