@@ -23,13 +23,19 @@ import (
 )
 
 // The end-to-end tests run the real binary against stub engines on
-// loopback. Set WARMROUTE_SKIP_E2E=1 to skip them.
+// loopback. Set WARMROUTE_SKIP_E2E=1 to skip them, or WARMROUTE_E2E_BIN to
+// a warmroute binary to run them against that build instead of this tree's
+// (an older release, say, to see which tests it fails).
 
 var binPath string
 
 func TestMain(m *testing.M) {
 	code := func() int {
 		if os.Getenv("WARMROUTE_SKIP_E2E") != "" {
+			return m.Run()
+		}
+		if p := os.Getenv("WARMROUTE_E2E_BIN"); p != "" {
+			binPath = p
 			return m.Run()
 		}
 		dir, err := os.MkdirTemp("", "warmroute-e2e")
