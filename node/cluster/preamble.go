@@ -81,12 +81,20 @@ func checkClusterID(id string) error {
 	if len(id) > maxClusterID {
 		return fmt.Errorf("cluster id of %d characters", len(id))
 	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return fmt.Errorf("cluster id %q: lowercase hex only", id)
-		}
+	if !isLowerHex(id) {
+		return fmt.Errorf("cluster id %q: lowercase hex only", id)
 	}
 	return nil
+}
+
+// isLowerHex reports whether s holds only 0-9 and a-f.
+func isLowerHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // sameCluster reports whether two routers may talk: either has not learnt

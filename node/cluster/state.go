@@ -288,7 +288,11 @@ func decodeCommand(b []byte) (Command, error) {
 		if len(b) < sumEnd+3 || b[sumEnd] != '"' || b[sumEnd+1] != ',' {
 			return c, fmt.Errorf("%w: malformed checksum", ErrCorrupt)
 		}
-		want, err := strconv.ParseUint(string(b[len(sumPrefix):sumEnd]), 16, 64)
+		hexSum := b[len(sumPrefix):sumEnd]
+		if !isLowerHex(string(hexSum)) { // as written
+			return c, fmt.Errorf("%w: malformed checksum", ErrCorrupt)
+		}
+		want, err := strconv.ParseUint(string(hexSum), 16, 64)
 		if err != nil {
 			return c, fmt.Errorf("%w: malformed checksum", ErrCorrupt)
 		}

@@ -3,6 +3,7 @@ package cluster
 import (
 	"encoding/json"
 	"errors"
+	"reflect"
 	"testing"
 )
 
@@ -202,20 +203,32 @@ func FuzzApply(f *testing.F) {
 		{Op: OpSetBackendState, ID: "gpu-a/", State: "down", By: ByHealth},
 		SetRouting(DefaultRouting()),
 		{Op: OpSyncDiscovered, Backends: []Backend{{ID: "d:1", URL: "http://d:1"}}},
+		SetClusterID("0123456789abcdef0123456789abcdef"),
 	} {
-		b, _ := json.Marshal(cmd)
+		b, _ := json.Marshal(cmd) // as written before checksums
+		f.Add(b)
+		b, _ = encodeCommand(cmd)
 		f.Add(b)
 	}
 	f.Add([]byte(`{"op":"seed"}`))
 	f.Add([]byte(`{"op":"upsert_backend","backend":{"id":"\u0000","url":"http://[::1]:0"}}`))
+	f.Add([]byte(`{"sum":"0000000000000000","op":"seed"}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, base := range []State{{Backends: []Backend{}}, seeded(t)} {
 			cmd, err := decodeCommand(data)
 			if err != nil {
-				if !errors.Is(err, ErrInvalid) {
-					t.Fatalf("decode error %v is not ErrInvalid", err)
+				if !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("decode error %v is not ErrCorrupt", err)
 				}
 				continue
+			}
+			// What decodes encodes back to an entry that decodes to it.
+			again, err := encodeCommand(cmd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if back, err := decodeCommand(again); err != nil || !reflect.DeepEqual(back, cmd) {
+				t.Fatalf("re-encoded entry: %v\n%+v\n%+v", err, back, cmd)
 			}
 			next, changed, err := apply(&base, cmd)
 			if err != nil {
@@ -260,5 +273,34 @@ func TestSeedSortsBackends(t *testing.T) {
 	}
 	if _, _, err := apply(&State{}, Seed([]Backend{{ID: "a", URL: "http://a:1"}, {ID: "a", URL: "http://a:2"}}, DefaultRouting())); err == nil {
 		t.Fatal("a seed with a duplicate ID was accepted")
+	}
+}
+
+// TestEntryChecksum: any one byte changed in an entry fails it, and an
+// entry written before checksums decodes as it did.
+func TestEntryChecksum(t *testing.T) {
+	cmd := UpsertBackend(Backend{ID: "gpu-z/", URL: "http://127.0.0.1:9009", Zone: "z1", Labels: map[string]string{"a": "b"}})
+	data, err := encodeCommand(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := decodeCommand(data); err != nil || !reflect.DeepEqual(got, cmd) {
+		t.Fatalf("round trip: %v %+v", err, got)
+	}
+	for i := range data {
+		for _, delta := range []byte{1, 0x20} {
+			bad := append([]byte(nil), data...)
+			bad[i] ^= delta
+			if _, err := decodeCommand(bad); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("byte %d xor %#x (%q): %v, want ErrCorrupt", i, delta, bad, err)
+			}
+		}
+	}
+	legacy, _ := json.Marshal(cmd)
+	if got, err := decodeCommand(legacy); err != nil || !reflect.DeepEqual(got, cmd) {
+		t.Fatalf("an entry written before checksums: %v %+v", err, got)
+	}
+	if _, err := decodeCommand([]byte(`{"op":"reticulate"}`)); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("an unknown op: %v, want ErrCorrupt (a newer version's entry halts this one)", err)
 	}
 }
