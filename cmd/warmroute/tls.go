@@ -43,6 +43,8 @@ const (
 	namePlaceholder = "{name}"
 )
 
+// cmdTLS creates the cluster CA and router certificates, and shows what a
+// certificate proves: 'warmroute tls ca create', 'cert create' and 'show'.
 func cmdTLS(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		tlsUsage(stderr)
