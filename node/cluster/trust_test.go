@@ -1,0 +1,291 @@
+package cluster
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/node/identity"
+)
+
+// testIdentity issues a router certificate for name from ca.
+func testIdentity(t testing.TB, ca *identity.CA, name string) *identity.Bundle {
+	t.Helper()
+	certPEM, keyPEM, err := ca.Issue(identity.Request{Name: name, Validity: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	b, err := identity.NewBundle(cert, roots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func testCA(t testing.TB) *identity.CA {
+	t.Helper()
+	ca, err := identity.NewCA("test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+// TestTCPMutualTLS: routers with certificates of one CA form a cluster
+// over TCP and agree; a router whose certificate comes from another CA is
+// in gossip but never enters the Raft configuration; a router whose
+// certificate names another router than its NodeID does not start.
+func TestTCPMutualTLS(t *testing.T) {
+	ca := testCA(t)
+	tn := newTestNet(t, false)
+	var nodes []*tnode
+	for _, id := range []string{"a", "b", "c"} {
+		nodes = append(nodes, tn.start(id, func(c *Config) {
+			c.BootstrapExpect = 3
+			c.Identity = testIdentity(t, ca, id)
+		}))
+	}
+	l := leader(t, nodes)
+	e := applyAny(t, nodes, UpsertBackend(Backend{ID: "over-tls/", URL: "http://127.0.0.1:9100"}))
+	st := converged(t, nodes, e)
+	if st.ClusterID == "" || len(st.ClusterID) != 32 {
+		t.Fatalf("cluster ID %q", st.ClusterID)
+	}
+	for _, n := range nodes {
+		if got := n.c.ClusterID(); got != st.ClusterID {
+			t.Fatalf("%s: cluster ID %q, state %q", n.id, got, st.ClusterID)
+		}
+	}
+
+	// Another CA's router joins gossip, as a voter-eligible member.
+	intruder := tn.start("d", func(c *Config) { c.Identity = testIdentity(t, testCA(t), "d") })
+	time.Sleep(time.Second) // reconcile runs every 200 ms: give it several rounds
+	if _, in := raftServers(l.c)["d"]; in {
+		t.Fatalf("a router of another CA entered the Raft configuration: %v", raftServers(l.c))
+	}
+	_ = intruder
+
+	// A certificate for another name than NodeID.
+	cfg := fastConfig("e")
+	cfg.Identity = testIdentity(t, ca, "not-e")
+	if _, err := Open(cfg, tn.g.view("e"), nil); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("Open with another router's certificate: %v, want ErrInvalidConfig", err)
+	}
+}
+
+// TestTCPImpostorAddress: gossip, which a holder of the gossip key can
+// write, places router b at router c's Raft address. The leader dialling
+// "b" there meets c's certificate and refuses to talk, instead of taking
+// c for b.
+func TestTCPImpostorAddress(t *testing.T) {
+	ca := testCA(t)
+	tn := newTestNet(t, false)
+	var nodes []*tnode
+	for _, id := range []string{"a", "b", "c"} {
+		nodes = append(nodes, tn.start(id, func(c *Config) {
+			c.BootstrapExpect = 3
+			c.Identity = testIdentity(t, ca, id)
+		}))
+	}
+	leader(t, nodes)
+	st := tn.nodes["a"].c.stream
+	expect := st.expectAt(tn.nodes["c"].c.Addr())
+	if expect == nil {
+		t.Fatal("no name check on dials")
+	}
+	if err := expect("c"); err != nil {
+		t.Fatalf("c at its own address: %v", err)
+	}
+	if err := expect("b"); err == nil {
+		t.Fatal("b accepted at c's address")
+	}
+	// Gossip now says b lives at c's address.
+	tn.g.set(gossip.Member{Name: "b", Addr: "gossip-b", Meta: gossip.Meta{RaftAddr: tn.nodes["c"].c.Addr(), Voter: true, Zone: "b"}})
+	waitFor(t, 5*time.Second, "a's view to follow gossip", func() bool {
+		s, ok := tn.nodes["a"].c.view.Load().get("b")
+		return ok && s.Addr == tn.nodes["c"].c.Addr()
+	})
+	if err := st.probe(tn.nodes["c"].c.Addr(), identity.ExpectName("b")); !errors.Is(err, identity.ErrWrongPeer) {
+		t.Fatalf("probing b at c's address: %v, want ErrWrongPeer", err)
+	}
+}
+
+// TestRaftListenerBounds: connections over the caps are closed at once,
+// a connection that never completes its handshake is closed after the
+// handshake timeout, and an idle Raft connection after the idle timeout.
+func TestRaftListenerBounds(t *testing.T) {
+	ca := testCA(t)
+	tn := newTestNet(t, false)
+	n := tn.start("a", func(c *Config) {
+		c.BootstrapExpect = 1
+		c.Identity = testIdentity(t, ca, "a")
+		c.RaftMaxConns, c.RaftMaxConnsPerIP = 8, 4
+		c.RaftHandshakeTimeout = time.Second
+		c.RaftIdleTimeout = 500 * time.Millisecond
+	})
+	leader(t, []*tnode{n})
+	addr := n.c.Addr()
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range 10 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	closedBy := func(c net.Conn, d time.Duration) bool {
+		c.SetReadDeadline(time.Now().Add(d))
+		_, err := c.Read(make([]byte, 1))
+		var ne net.Error
+		return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+	}
+	// The four held (per-IP cap) end at the handshake timeout; the six
+	// others at once.
+	start := time.Now()
+	ends := make(chan time.Duration, len(conns))
+	for _, c := range conns {
+		go func() {
+			if closedBy(c, 3*time.Second) {
+				ends <- time.Since(start)
+			} else {
+				ends <- -1
+			}
+		}()
+	}
+	refused, held := 0, 0
+	for range conns {
+		switch d := <-ends; {
+		case d < 0:
+		case d < 500*time.Millisecond:
+			refused++
+		default:
+			held++
+		}
+	}
+	if refused != 6 || held != 4 {
+		t.Fatalf("refused %d at once and %d at the handshake timeout, of 10 (cap 4 per address)", refused, held)
+	}
+	if v := counterValue(n.c.met.raftRefused.WithLabelValues("limit_per_ip")); v < 6 {
+		t.Fatalf("refusals counted: %v", v)
+	}
+
+	// A Raft connection that proves itself, then sends nothing, is closed
+	// after the idle timeout.
+	other := testIdentity(t, ca, "b")
+	c, err := tls.Dial("tcp", addr, other.ClientConfig(identity.ExpectName("a")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(appendPreamble(nil, modeRaft, "")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := readPreamble(c); err != nil {
+		t.Fatal(err)
+	}
+	if !closedBy(c, 5*time.Second) {
+		t.Fatal("an idle Raft connection was not closed")
+	}
+}
+
+// TestForeignClusterRefused: two clusters' routers never exchange Raft
+// messages, and a router outnumbered by routers of another cluster stops
+// with an error naming both.
+func TestForeignClusterRefused(t *testing.T) {
+	root := t.TempDir()
+	tn := newTestNet(t, false)
+	var nodes []*tnode
+	for _, id := range []string{"a", "b", "c"} {
+		nodes = append(nodes, tn.start(id, func(c *Config) {
+			c.BootstrapExpect = 3
+			c.DataDir = filepath.Join(root, id)
+		}))
+	}
+	leader(t, nodes)
+	e := applyAny(t, nodes, UpsertBackend(Backend{ID: "in-a/", URL: "http://127.0.0.1:9100"}))
+	st := converged(t, nodes, e)
+
+	// x's data belong to another cluster (written by hand: a cluster ID
+	// and nothing else is enough for the preamble).
+	other := newClusterID()
+	xdir := filepath.Join(root, "x")
+	if err := os.MkdirAll(xdir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(xdir, clusterIDFile), []byte(other+"\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	x := tn.start("x", func(c *Config) { c.DataDir = xdir })
+	select {
+	case err := <-x.c.Fatal():
+		if !errors.Is(err, ErrForeignData) || !strings.Contains(err.Error(), other) || !strings.Contains(err.Error(), st.ClusterID) {
+			t.Fatalf("fatal error %v, want ErrForeignData naming %s and %s", err, other, st.ClusterID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the router with another cluster's data did not stop")
+	}
+	if _, in := raftServers(leader(t, nodes).c)["x"]; in {
+		t.Fatal("the foreign router entered the Raft configuration")
+	}
+	for _, n := range nodes {
+		if v := counterValue(n.c.met.raftForeign); v == 0 {
+			t.Errorf("%s counted no foreign peer", n.id)
+		}
+	}
+}
+
+// TestCorruptEntryHalts: a damaged committed entry halts the state
+// machine, which keeps its last good state and reports it.
+func TestCorruptEntryHalts(t *testing.T) {
+	f := newFSM(func() {}, nil, nil)
+	var halted []uint64
+	f.onHalt = func(i uint64, err error) { halted = append(halted, i) }
+	seed, _ := encodeCommand(Seed(testSeed(), testRouting()))
+	f.Apply(&raft.Log{Index: 1, Type: raft.LogCommand, Data: seed})
+	good := f.view()
+	up, _ := encodeCommand(UpsertBackend(Backend{ID: "gpu-c/", URL: "http://127.0.0.1:9003"}))
+	up[len(up)-10] ^= 1
+	res := f.Apply(&raft.Log{Index: 2, Type: raft.LogCommand, Data: up}).(applyResult)
+	if !errors.Is(res.err, ErrCorrupt) || f.halted.Load() == nil || !slices.Equal(halted, []uint64{2}) {
+		t.Fatalf("damaged entry: result %+v, halted %v", res, halted)
+	}
+	ok, _ := encodeCommand(UpsertBackend(Backend{ID: "gpu-d/", URL: "http://127.0.0.1:9004"}))
+	res = f.Apply(&raft.Log{Index: 3, Type: raft.LogCommand, Data: ok}).(applyResult)
+	if !errors.Is(res.err, ErrHalted) || f.view() != good {
+		t.Fatalf("after the halt: %+v, state moved: %v", res, f.view() != good)
+	}
+	// An entry of a newer version halts too; a command that is invalid
+	// on every node alike does not.
+	f2 := newFSM(func() {}, nil, nil)
+	f2.Apply(&raft.Log{Index: 1, Type: raft.LogCommand, Data: seed})
+	bad, _ := encodeCommand(RemoveBackend("no-such"))
+	if res := f2.Apply(&raft.Log{Index: 2, Type: raft.LogCommand, Data: bad}).(applyResult); !errors.Is(res.err, ErrUnknownBackend) || f2.halted.Load() != nil {
+		t.Fatalf("an invalid command: %+v halted=%v", res, f2.halted.Load() != nil)
+	}
+	newer := []byte(fmt.Sprintf(`{"op":"%s"}`, "reticulate"))
+	f2.Apply(&raft.Log{Index: 3, Type: raft.LogCommand, Data: newer})
+	if f2.halted.Load() == nil {
+		t.Fatal("an unknown op did not halt")
+	}
+}
