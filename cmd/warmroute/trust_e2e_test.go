@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -27,6 +28,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/gossip/gossiptest"
 	"github.com/warmroute/warmroute/node/identity"
 )
 
@@ -742,5 +745,191 @@ func TestE2EAdminInput(t *testing.T) {
 	}
 	if took > 6*time.Second {
 		t.Errorf("the write took %v; a new leader is elected within about a second (raft-timeout 200ms)", took)
+	}
+}
+
+// startTLSProcCluster starts n routers with cluster TLS (and the extra
+// flags) that bootstrap together, and waits until they agree on a leader
+// and an epoch. Their admin URLs are HTTPS; pki.client() reads them.
+func startTLSProcCluster(t *testing.T, pki *clusterPKI, backends []string, n int, extra ...string) []*proc {
+	t.Helper()
+	var ps []*proc
+	for i := range n {
+		name := fmt.Sprintf("r%d", i)
+		args := append([]string{"--bootstrap-expect", strconv.Itoa(n)}, pki.flags(t, name)...)
+		if i > 0 {
+			args = append(args, "--join", ps[0].gossip)
+		}
+		p := spawnRouter(t, name, backends, append(args, extra...)...)
+		ps = append(ps, p)
+	}
+	for _, p := range ps {
+		if err := waitReady(p); err != nil {
+			t.Fatal(err)
+		}
+		p.admin = strings.Replace(p.admin, "http://", "https://", 1)
+	}
+	c := pki.client()
+	if _, err := pollUntil(30*time.Second, func() (bool, error) {
+		leaders, epochs := map[string]bool{}, map[uint64]bool{}
+		for _, p := range ps {
+			var d clusterDoc
+			if err := getJSON(c, p.admin+"/v1/cluster", &d); err != nil || len(d.Members) != n {
+				return false, nil
+			}
+			leaders[d.Raft.LeaderID], epochs[d.Epoch] = true, true
+		}
+		return len(leaders) == 1 && !leaders[""] && len(epochs) == 1 && !epochs[0], nil
+	}); err != nil {
+		t.Fatalf("no agreed leader: %v\n%s", err, ps[0].logs)
+	}
+	return ps
+}
+
+// TestE2EGossipFiguresTiedToSender: a holder of the gossip key could
+// publish load figures and health verdicts in other routers' names (two
+// healthy backends were committed down) and a negative in-flight count
+// was accepted. Now, with cluster TLS, figures count only when signed by
+// the certificate of the router they name: the same forged packets,
+// unsigned or signed with another CA's certificate, change nothing.
+func TestE2EGossipFiguresTiedToSender(t *testing.T) {
+	needCluster(t)
+	e1, e2 := newEngine(t, 0, 0, 1), newEngine(t, 0, 0, 1)
+	key := bytes.Repeat([]byte{9}, 32)
+	keyFile := writeSecret(t, "gossip.key", base64.StdEncoding.EncodeToString(key))
+	pki := newClusterPKI(t)
+	ps := startTLSProcCluster(t, pki, []string{e1.addr(), e2.addr()}, 3, "--gossip-key-file", keyFile)
+	c := pki.client()
+	ids := []string{e1.addr(), e2.addr()}
+
+	otherCA, err := identity.NewCA("another CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, kp, err := otherCA.Issue(identity.Request{Name: "r0", Validity: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherCert, err := tls.X509KeyPair(cp, kp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(otherCA.Cert)
+	impostor, err := identity.NewBundle(otherCert, roots) // "r0", of another CA
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Every router's name, failing verdicts on both backends, a negative
+	// and a huge in-flight count: for 4 s, every 50 ms, to every router.
+	instance := uint64(time.Now().Add(time.Hour).UnixNano())
+	forged := []gossip.BackendLoad{{Backend: ids[0], InFlight: -50, Failing: true}, {Backend: ids[1], InFlight: 1000, Failing: true}}
+	end := time.Now().Add(4 * time.Second)
+	for seq := uint64(1); time.Now().Before(end); seq++ {
+		for _, origin := range []string{"r0", "r1", "r2"} {
+			unsigned, err := gossiptest.ForgePublish(key, origin, instance, seq, forged)
+			if err != nil {
+				t.Fatal(err)
+			}
+			signed, err := gossiptest.ForgeSigned(key, impostor, origin, instance, seq, forged)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range ps {
+				if p.name != origin {
+					if err := gossiptest.Send(p.gossip, unsigned, signed); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		}
+		for _, p := range ps {
+			own, remote, err := liveLoads(c, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for id, v := range remote {
+				if v != 0 {
+					t.Fatalf("%s counts %d remote in flight for %s (own %v): forged figures were taken", p.name, v, id, own)
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, p := range ps {
+		for _, id := range ids {
+			var doc struct {
+				Backend struct {
+					State     string   `json:"state"`
+					FailingOn []string `json:"failing_on"`
+				} `json:"backend"`
+			}
+			if err := getJSON(c, p.admin+"/v1/backends/"+id, &doc); err != nil {
+				t.Fatal(err)
+			}
+			if doc.Backend.State != "active" || len(doc.Backend.FailingOn) > 0 {
+				t.Errorf("%s: backend %s %s, failing on %v: forged verdicts were taken", p.name, id, doc.Backend.State, doc.Backend.FailingOn)
+			}
+		}
+	}
+	rejected := 0.0
+	for _, p := range ps {
+		for _, reason := range []string{"unsigned", "bad_signature", "unknown_key", "bad_chain", "wrong_name"} {
+			v, _ := adminMetric(c, p.admin, fmt.Sprintf(`warmroute_gossip_rejected_total{reason=%q}`, reason))
+			rejected += v
+		}
+	}
+	if rejected == 0 {
+		t.Error("no forged packet counted as rejected")
+	}
+}
+
+// TestE2ESeedsOnSharedPort: three routers on 127.0.0.2, .3 and .4, all on
+// the same gossip port, each given all three as seeds, took each other
+// for themselves and never joined, silently. Now they form one cluster.
+func TestE2ESeedsOnSharedPort(t *testing.T) {
+	needCluster(t)
+	e := newEngine(t, 0, 0, 1)
+	ips := []string{"127.0.0.2", "127.0.0.3", "127.0.0.4"}
+	for attempt := 1; ; attempt++ {
+		port := freePort(t)
+		var seeds []string
+		for _, ip := range ips {
+			seeds = append(seeds, net.JoinHostPort(ip, port))
+		}
+		var ps []*proc
+		for i, ip := range ips {
+			p := spawnRouter(t, fmt.Sprintf("r%d", i), []string{e.addr()},
+				"--gossip-listen", net.JoinHostPort(ip, port), "--raft-listen", net.JoinHostPort(ip, "0"), "--join", strings.Join(seeds, ","),
+				"--bootstrap-expect", "3")
+			p.gossip = net.JoinHostPort(ip, port)
+			ps = append(ps, p)
+		}
+		c := &http.Client{Timeout: 5 * time.Second}
+		_, err := pollUntil(20*time.Second, func() (bool, error) {
+			for _, p := range ps {
+				if err := p.checkAlive(); err != nil {
+					return false, err
+				}
+				var d clusterDoc
+				if err := getJSON(c, p.admin+"/v1/cluster", &d); err != nil || len(d.Members) != 3 || d.Raft.LeaderID == "" {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+		if err == nil {
+			return
+		}
+		if attempt < 3 && slices.ContainsFunc(ps, (*proc).portTaken) {
+			for _, p := range ps {
+				p.kill()
+			}
+			continue
+		}
+		var d clusterDoc
+		_ = getJSON(c, ps[0].admin+"/v1/cluster", &d)
+		t.Fatalf("routers on %v sharing port %s did not form one cluster: %v (r0 sees %v)\n%s", ips, port, err, memberNames(d), ps[0].logs)
 	}
 }
