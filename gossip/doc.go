@@ -22,6 +22,18 @@
 //     declared dead is dropped at once.
 //   - memberlist's TCP push/pull (LocalState/MergeRemoteState) carries a
 //     node's full view, so a late joiner converges in one exchange.
+//   - With an Identity (Config.Identity: a certificate from the cluster CA
+//     naming the router) every load packet, goodbye and push/pull state is
+//     signed, and a figure from node N counts only when signed with a
+//     certificate proving N. Certificate chains travel in their own
+//     messages; replays change nothing (send time within maxClockSkew, seq
+//     strictly growing within a run); push/pull then carries only the
+//     sender's own figures, so a late joiner converges within one
+//     RefreshInterval. Without one, any holder of the gossip key speaks for
+//     every node.
+//   - Everything from another node is bounded: figures out of range are
+//     dropped and counted (rejected_total{reason}), never clamped, and
+//     members must have valid router names.
 //   - Each figure carries the node's own verdict on the backend (failing
 //     after its health checks or passive ejection). View.Health lists who
 //     sees a backend failing; the Raft leader commits it down or up by
@@ -37,6 +49,7 @@
 //
 // The wire format (wire.go) is versioned and made of tagged, length-prefixed
 // sections, so later releases can add per-backend fields that older
-// nodes skip (the health section was added that way).
+// nodes skip (the health section was added that way); signed messages are
+// version 2. Package gossiptest crafts hostile packets for tests.
 // docs/gossip.md describes the protocol and its measured cost.
 package gossip

@@ -14,7 +14,7 @@ import (
 
 // Member is a bare memberlist node that joined a router cluster with the
 // gossip key under a name of its choice. Routers send their load packets
-// to every member, so it records them: Packets returns one's publishes,
+// to every member, so it records them: Packets returns a router's publishes,
 // ready to replay with Send. It sends nothing but memberlist's own
 // traffic.
 type Member struct {
