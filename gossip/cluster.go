@@ -512,9 +512,8 @@ func (c *Cluster) receiveSigned(m *wireMsg, now time.Time, scratch *[]byte) bool
 		c.st.rej.add(rejBadSignature)
 		return false
 	}
-	c.st.prove(key.name, key.notAfter)
-	c.st.apply(m, now)
-	return true
+	proved := c.st.prove(key.name, key.notAfter)
+	return c.st.apply(m, now) || proved
 }
 
 // receiveChain learns a member's certificate chain and, when asked,
@@ -540,8 +539,7 @@ func (c *Cluster) receiveChain(m *wireMsg, now time.Time) bool {
 	if m.want {
 		c.queueChain(origin, false)
 	}
-	c.st.prove(origin, key.notAfter)
-	return true
+	return c.st.prove(origin, key.notAfter)
 }
 
 // clockSkew returns how far sentAt (ms since the epoch) is from now, and

@@ -168,24 +168,27 @@ func (s *state) member(name []byte) bool {
 	return s.nodes[string(name)] != nil
 }
 
-// prove records that name's chain was verified, valid until until.
-func (s *state) prove(name string, until time.Time) {
+// prove records that name's chain was verified, valid until until. It
+// reports whether that changes the members a View lists.
+func (s *state) prove(name string, until time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := s.nodes[name]
 	if n == nil {
-		return
-	}
-	if !n.proven {
-		n.proven = true
-		s.memberDirty = true
+		return false
 	}
 	if until.After(n.provenUntil) {
 		n.provenUntil = until
 	}
+	if n.proven {
+		return false
+	}
+	n.proven = true
+	s.memberDirty = true
+	return true
 }
 
-// proven reports whether name's chain was verified (this node: always).
+// isProven reports whether name's chain was verified (this node: always).
 func (s *state) isProven(name string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
