@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/warmroute/warmroute/node/identity"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -284,21 +285,11 @@ func (k *keyCache) evict(now time.Time) {
 	}
 }
 
-// checkName reports whether name can name a router: 1-128 characters of
-// letters, digits, '.', '_' and '-', starting with a letter or digit
-// (the rule of node/identity.CheckName, which the tests hold it to).
+// checkName reports whether name can name a router (identity.CheckName:
+// the same rule holds for member names and the names certificates prove).
 func checkName(name string) error {
-	if name == "" || len(name) > maxNodeName {
-		return fmt.Errorf("%w: node name %q: 1-%d characters", ErrInvalidConfig, name, maxNodeName)
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case (c == '.' || c == '_' || c == '-') && i > 0:
-		default:
-			return fmt.Errorf("%w: node name %q: letters, digits, '.', '_' and '-' only, starting with a letter or digit", ErrInvalidConfig, name)
-		}
+	if err := identity.CheckName(name); err != nil {
+		return fmt.Errorf("%w: node name: %v", ErrInvalidConfig, err)
 	}
 	return nil
 }

@@ -629,26 +629,6 @@ func TestKeyCache(t *testing.T) {
 	}
 }
 
-func TestCheckNameMatchesIdentity(t *testing.T) {
-	for _, name := range []string{"node-a", "a", "A.b_c-d", "9x", "-a", ".a", "", "a b", "a\x1b[31m", "a/b", "ü", string(make([]byte, 129)), "x" + string(make([]byte, 127))} {
-		if (checkName(name) == nil) != (identity.CheckName(name) == nil) {
-			t.Errorf("checkName(%q) = %v, identity.CheckName = %v", name, checkName(name), identity.CheckName(name))
-		}
-	}
-}
-
-// FuzzCheckName: the member name rule is node/identity's.
-func FuzzCheckName(f *testing.F) {
-	for _, s := range []string{"node-a", "-a", "a b", "a\n", "router-01.eu_1"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, name string) {
-		if (checkName(name) == nil) != (identity.CheckName(name) == nil) {
-			t.Fatalf("checkName(%q) = %v, identity.CheckName = %v", name, checkName(name), identity.CheckName(name))
-		}
-	})
-}
-
 func TestChainMessageFitsOnePacket(t *testing.T) {
 	ca := newTestCA(t)
 	id := ca.bundle(t, "router-with-a-long-name-0123456789.example")

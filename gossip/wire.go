@@ -3,6 +3,7 @@ package gossip
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/warmroute/warmroute/node/identity"
 	"math"
 	"time"
 )
@@ -75,7 +76,7 @@ const (
 	// maxString bounds any string on the wire.
 	maxString = 1024
 	// maxNodeName bounds node names (origins); it is identity.MaxNameLen.
-	maxNodeName = 128
+	maxNodeName = identity.MaxNameLen
 	// maxBackendID bounds backend ids (node configurations allow 253).
 	maxBackendID = 256
 	// MaxBackends bounds the backends one node may report: the entries

@@ -627,10 +627,37 @@ func postChat(t *testing.T, url, body string) (*http.Response, []byte) {
 }
 
 // startRouterNoWait is startRouter for a router that cannot become ready
-// (its backends are unreachable): it waits for /healthz instead.
+// (its backends are unreachable): it waits for /healthz and a ring with
+// the first backend in it instead.
 func startRouterNoWait(t *testing.T, backends []string, extra ...string) *router {
 	t.Helper()
-	listen, admin := freeAddr(t), freeAddr(t)
+	return launchRouter(t, freeAddr(t), backends, func(r *router) bool {
+		resp, err := http.Get(r.url + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return statusContains(r, strings.TrimPrefix(backends[0], "http://"))
+	}, extra...)
+}
+
+// statusContains reports whether the router's /status mentions s.
+func statusContains(r *router, s string) bool {
+	resp, err := http.Get(r.admin + "/status")
+	if err != nil {
+		return false
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return strings.Contains(string(b), s)
+}
+
+// launchRouter runs `warmroute serve` listening on listen and polls up
+// until it holds. The router is stopped with SIGTERM at the end of the
+// test.
+func launchRouter(t *testing.T, listen string, backends []string, up func(*router) bool, extra ...string) *router {
+	t.Helper()
+	admin := freeAddr(t)
 	args := append([]string{"serve", "--listen", listen, "--admin-listen", admin,
 		"--backends", strings.Join(backends, ","), "--shutdown-timeout", "2s"}, extra...)
 	cmd := exec.Command(binPath, args...)
@@ -653,24 +680,14 @@ func startRouterNoWait(t *testing.T, backends []string, extra ...string) *router
 	})
 	r := &router{url: "http://" + listen, admin: "http://" + admin, cmd: cmd, logs: logs}
 	deadline := time.Now().Add(15 * time.Second)
-	for {
-		resp, err := http.Get(r.url + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			// and a ring with the backend in it
-			if resp, err := http.Get(r.admin + "/status"); err == nil {
-				b, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				if strings.Contains(string(b), strings.TrimPrefix(backends[0], "http://")) {
-					return r
-				}
-			}
-		}
+	for !up(r) {
 		if time.Now().After(deadline) {
-			t.Fatalf("router not up: %v\n%s", err, logs.String())
+			mu.Lock()
+			t.Fatalf("router not up\n%s", logs.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	return r
 }
 
 // A client that stops reading a stream is cut at --write-timeout and the

@@ -465,12 +465,7 @@ func TestE2EForeignDataDirRefused(t *testing.T) {
 	if err := waitReady(b); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pollUntil(10*time.Second, func() (bool, error) {
-		code, _ := adminDo(t, c, "POST", b.admin+"/v1/backends", `{"id":"only-in-b","url":"http://127.0.0.1:9"}`)
-		return code == 200, nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	addBackend(t, c, b.admin, `{"id":"only-in-b","url":"http://127.0.0.1:9"}`, 10*time.Second)
 	stopProc(t, b)
 
 	// Cluster A: three routers, a write acknowledged.
@@ -526,6 +521,20 @@ func TestE2EForeignDataDirRefused(t *testing.T) {
 	}
 }
 
+// addBackend posts body to the router's /v1/backends until it is
+// accepted (the first write waits for a leader), or fails the test.
+func addBackend(t *testing.T, c *http.Client, admin, body string, within time.Duration) {
+	t.Helper()
+	var code int
+	var out string
+	if _, err := pollUntil(within, func() (bool, error) {
+		code, out = adminDo(t, c, "POST", admin+"/v1/backends", body)
+		return code == 200, nil
+	}); err != nil {
+		t.Fatalf("POST %s: %v (last answer %d %s)", body, err, code, out)
+	}
+}
+
 // stopProc stops a router with SIGTERM and waits.
 func stopProc(t *testing.T, p *proc) {
 	t.Helper()
@@ -553,12 +562,7 @@ func TestE2EStateCacheNeverAheadOfRaft(t *testing.T) {
 	if err := waitReady(p); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pollUntil(10*time.Second, func() (bool, error) {
-		code, _ := adminDo(t, c, "POST", p.admin+"/v1/backends", `{"id":"real","url":"http://127.0.0.1:9"}`)
-		return code == 200, nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	addBackend(t, c, p.admin, `{"id":"real","url":"http://127.0.0.1:9"}`, 10*time.Second)
 	stopProc(t, p)
 
 	// Forge the cache: far ahead, with a backend of the attacker's (its
@@ -631,12 +635,7 @@ func TestE2ECorruptEntryHalts(t *testing.T) {
 	}
 	// The target entry, then more so that it is not in the last batch.
 	for _, id := range []string{"target-aaaa", "later-1", "later-2", "later-3"} {
-		if _, err := pollUntil(10*time.Second, func() (bool, error) {
-			code, _ := adminDo(t, c, "POST", p.admin+"/v1/backends", fmt.Sprintf(`{"id":%q,"url":"http://127.0.0.1:9"}`, id))
-			return code == 200, nil
-		}); err != nil {
-			t.Fatal(err)
-		}
+		addBackend(t, c, p.admin, fmt.Sprintf(`{"id":%q,"url":"http://127.0.0.1:9"}`, id), 10*time.Second)
 	}
 	stopProc(t, p)
 

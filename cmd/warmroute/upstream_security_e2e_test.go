@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -354,46 +353,11 @@ func TestE2ELoopDetected(t *testing.T) {
 	alive(t, r)
 }
 
-// startRouterAt runs `warmroute serve` listening on listen and waits for
-// /healthz.
+// startRouterAt runs `warmroute serve` listening on listen and waits
+// until its /status names listen (its only backend).
 func startRouterAt(t *testing.T, listen string, backends []string, extra ...string) *router {
 	t.Helper()
-	admin := freeAddr(t)
-	args := append([]string{"serve", "--listen", listen, "--admin-listen", admin,
-		"--backends", strings.Join(backends, ","), "--shutdown-timeout", "2s"}, extra...)
-	cmd := exec.Command(binPath, args...)
-	logs := &strings.Builder{}
-	var mu sync.Mutex
-	cmd.Stderr = writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return logs.Write(p) })
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	r := &router{url: "http://" + listen, admin: "http://" + admin, cmd: cmd, logs: logs}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if resp, err := http.Get(r.admin + "/status"); err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if strings.Contains(string(b), listen) {
-				return r
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("router not up\n%s", logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return launchRouter(t, listen, backends, func(r *router) bool { return statusContains(r, listen) }, extra...)
 }
 
 // Before: a request line in absolute form (POST http://evil.example/...)

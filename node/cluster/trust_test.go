@@ -39,6 +39,20 @@ func testIdentity(t testing.TB, ca *identity.CA, name string) *identity.Bundle {
 	return b
 }
 
+// startTLS starts routers ids that bootstrap together, each with a
+// certificate of ca.
+func startTLS(t *testing.T, tn *testNet, ca *identity.CA, ids ...string) []*tnode {
+	t.Helper()
+	var nodes []*tnode
+	for _, id := range ids {
+		nodes = append(nodes, tn.start(id, func(c *Config) {
+			c.BootstrapExpect = len(ids)
+			c.Identity = testIdentity(t, ca, id)
+		}))
+	}
+	return nodes
+}
+
 func testCA(t testing.TB) *identity.CA {
 	t.Helper()
 	ca, err := identity.NewCA("test", time.Hour)
@@ -55,13 +69,7 @@ func testCA(t testing.TB) *identity.CA {
 func TestTCPMutualTLS(t *testing.T) {
 	ca := testCA(t)
 	tn := newTestNet(t, false)
-	var nodes []*tnode
-	for _, id := range []string{"a", "b", "c"} {
-		nodes = append(nodes, tn.start(id, func(c *Config) {
-			c.BootstrapExpect = 3
-			c.Identity = testIdentity(t, ca, id)
-		}))
-	}
+	nodes := startTLS(t, tn, ca, "a", "b", "c")
 	l := leader(t, nodes)
 	e := applyAny(t, nodes, UpsertBackend(Backend{ID: "over-tls/", URL: "http://127.0.0.1:9100"}))
 	st := converged(t, nodes, e)
@@ -75,12 +83,11 @@ func TestTCPMutualTLS(t *testing.T) {
 	}
 
 	// Another CA's router joins gossip, as a voter-eligible member.
-	intruder := tn.start("d", func(c *Config) { c.Identity = testIdentity(t, testCA(t), "d") })
+	tn.start("d", func(c *Config) { c.Identity = testIdentity(t, testCA(t), "d") })
 	time.Sleep(time.Second) // reconcile runs every 200 ms: give it several rounds
-	if _, in := raftServers(l.c)["d"]; in {
-		t.Fatalf("a router of another CA entered the Raft configuration: %v", raftServers(l.c))
+	if _, in := raftServers(l.c)["d"]; in || l.c.verified.ok("d", time.Now()) {
+		t.Fatalf("a router of another CA passed its probe or entered the Raft configuration: %v", raftServers(l.c))
 	}
-	_ = intruder
 
 	// A certificate for another name than NodeID.
 	cfg := fastConfig("e")
@@ -97,13 +104,7 @@ func TestTCPMutualTLS(t *testing.T) {
 func TestTCPImpostorAddress(t *testing.T) {
 	ca := testCA(t)
 	tn := newTestNet(t, false)
-	var nodes []*tnode
-	for _, id := range []string{"a", "b", "c"} {
-		nodes = append(nodes, tn.start(id, func(c *Config) {
-			c.BootstrapExpect = 3
-			c.Identity = testIdentity(t, ca, id)
-		}))
-	}
+	nodes := startTLS(t, tn, ca, "a", "b", "c")
 	leader(t, nodes)
 	st := tn.nodes["a"].c.stream
 	expect := st.expectAt(tn.nodes["c"].c.Addr())
