@@ -932,3 +932,72 @@ func TestE2ESeedsOnSharedPort(t *testing.T) {
 		t.Fatalf("routers on %v sharing port %s did not form one cluster: %v (r0 sees %v)\n%s", ips, port, err, memberNames(d), ps[0].logs)
 	}
 }
+
+// localNonLoopback returns an IPv4 address of this machine that is not
+// loopback, or "".
+func localNonLoopback() string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return ""
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
+			return n.IP.String()
+		}
+	}
+	return ""
+}
+
+// TestE2EMetricsNeedToken: /metrics on an admin listener other hosts
+// reach needed no token while /status did. Now every read from another
+// host needs the token, /metrics included, unless --admin-public-metrics
+// says otherwise.
+func TestE2EMetricsNeedToken(t *testing.T) {
+	needBinary(t)
+	ip := localNonLoopback()
+	if ip == "" {
+		t.Skip("no non-loopback address to reach the admin listener from")
+	}
+	e := newEngine(t, 0, 0, 1)
+	token := writeSecret(t, "admin.token", "metrics-token")
+	// A client whose requests come from ip, not from loopback.
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}).DialContext}}
+	get := func(url, tok string) int {
+		req, _ := http.NewRequest("GET", url, nil)
+		if tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, public := range []bool{false, true} {
+		port := freePort(t)
+		extra := []string{"--admin-token-file", token, "--admin-listen", "0.0.0.0:" + port}
+		if public {
+			extra = append(extra, "--admin-public-metrics")
+		}
+		startRouter(t, []string{e.addr()}, extra...)
+		base := "http://" + net.JoinHostPort(ip, port)
+		want := map[string][2]int{ // without, with the token
+			"/metrics": {401, 200},
+			"/status":  {401, 200},
+		}
+		if public {
+			want["/metrics"] = [2]int{200, 200}
+		}
+		for path, w := range want {
+			if got := get(base+path, ""); got != w[0] {
+				t.Errorf("public-metrics=%v: GET %s from %s without the token: %d, want %d", public, path, ip, got, w[0])
+			}
+			if got := get(base+path, "metrics-token"); got != w[1] {
+				t.Errorf("public-metrics=%v: GET %s with the token: %d, want %d", public, path, got, w[1])
+			}
+		}
+	}
+}
