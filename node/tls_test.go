@@ -134,6 +134,28 @@ func TestClusterMutualTLS(t *testing.T) {
 		waitFor(t, 5*time.Second, "the new backend everywhere", func() bool { r, _ := n.proxy.Ring(); return r.Len() == 2 })
 	}
 
+	// A write that claims to be forwarded, from a client with no router
+	// certificate, is refused even with the operator's token: only a
+	// router may say it forwarded.
+	var leaderNode *Node
+	for _, n := range nodes {
+		if n.agree.IsLeader() {
+			leaderNode = n
+		}
+	}
+	req, _ = http.NewRequest("POST", "https://"+leaderNode.AdminAddr().String()+"/v1/backends/"+e2.id()+"/drain", nil)
+	req.Header.Set("Authorization", "Bearer tok")
+	req.Header.Set("X-Warmroute-Forwarded", "router-1")
+	resp, err = hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("an unproven forwarded write: %d %s, want 403", resp.StatusCode, body)
+	}
+
 	raftAddr := nodes[0].agree.Addr()
 	// No client certificate: the handshake fails.
 	if c, err := tls.Dial("tcp", raftAddr, &tls.Config{RootCAs: ca.pool}); err == nil {
