@@ -8,6 +8,8 @@
 //	chaos      faults under load against local processes or the compose stack
 //	status, backends, config
 //	           the admin API from the command line
+//	tls        the cluster CA and router certificates (ca create, cert
+//	           create, show)
 //	version    print the version
 //
 // `warmroute help` lists the commands and `warmroute <command> --help` every
