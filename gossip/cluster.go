@@ -228,7 +228,7 @@ func (c *Cluster) memberlistConfig() (*memberlist.Config, error) {
 		mc.Keyring = kr
 	}
 
-	tr, err := newTransport(mc.BindAddr, cfg.BindPort, mc.Logger, c.receivePacket())
+	tr, err := newTransport(mc.BindAddr, cfg.BindPort, mc.Logger, c.receivePacket(), func(string) { c.st.rej.add(rejStreamLimit) })
 	if err != nil {
 		return nil, err
 	}

@@ -64,6 +64,7 @@ const (
 	rejTooMany                    // a node reports more than MaxBackends backends
 	rejMemberName                 // a member whose name is not a valid router name
 	rejStateSize                  // a push/pull state over maxStateBytes
+	rejStreamLimit                // a TCP stream over the listener's caps (node/limit)
 	numRejects
 )
 
@@ -79,6 +80,7 @@ var rejectNames = [numRejects]string{
 	rejTooMany:      "too_many_backends",
 	rejMemberName:   "bad_member_name",
 	rejStateSize:    "state_too_large",
+	rejStreamLimit:  "stream_limit",
 }
 
 func (r reject) String() string { return rejectNames[r] }

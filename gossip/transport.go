@@ -3,6 +3,7 @@ package gossip
 import (
 	"errors"
 	"fmt"
+	"github.com/warmroute/warmroute/node/limit"
 	"log"
 	"net"
 	"net/netip"
@@ -24,6 +25,7 @@ import (
 // spent on gossip at 1000 packets/s). And it counts the bytes it sends.
 type transport struct {
 	tcp      *net.TCPListener
+	streams  *limit.Listener // tcp, with connection caps
 	udp      *net.UDPConn
 	bindAddr netip.Addr
 	port     int
@@ -63,7 +65,15 @@ const (
 
 // newTransport listens on addr:port (TCP and UDP). With port 0 the kernel
 // picks a TCP port, which may be taken for UDP, so it retries.
-func newTransport(addr string, port int, lg *log.Logger, onPacket func([]byte)) (*transport, error) {
+// Caps on memberlist's TCP streams (push/pull, joins): each lives at most
+// memberlist's TCPTimeout, and a cluster of even fifty routers holds a
+// few at once.
+const (
+	maxStreams      = 256
+	maxStreamsPerIP = 64
+)
+
+func newTransport(addr string, port int, lg *log.Logger, onPacket func([]byte), refused func(string)) (*transport, error) {
 	ip, err := netip.ParseAddr(addr)
 	if err != nil {
 		return nil, fmt.Errorf("gossip: bind address %q: %w", addr, err)
@@ -73,7 +83,7 @@ func newTransport(addr string, port int, lg *log.Logger, onPacket func([]byte)) 
 		tries = 10
 	}
 	for range tries {
-		t, err := listen(ip, port, lg, onPacket)
+		t, err := listen(ip, port, lg, onPacket, refused)
 		if err == nil {
 			return t, nil
 		}
@@ -84,7 +94,7 @@ func newTransport(addr string, port int, lg *log.Logger, onPacket func([]byte)) 
 	return nil, fmt.Errorf("gossip: no free port on %s for both TCP and UDP", addr)
 }
 
-func listen(ip netip.Addr, port int, lg *log.Logger, onPacket func([]byte)) (*transport, error) {
+func listen(ip netip.Addr, port int, lg *log.Logger, onPacket func([]byte), refused func(string)) (*transport, error) {
 	tcp, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(netip.AddrPortFrom(ip, uint16(port))))
 	if err != nil {
 		return nil, fmt.Errorf("gossip: listen tcp: %w", err)
@@ -102,7 +112,8 @@ func listen(ip netip.Addr, port int, lg *log.Logger, onPacket func([]byte)) (*tr
 		}
 	}
 	t := &transport{
-		tcp: tcp, udp: udp, bindAddr: ip, port: port, log: lg, onPacket: onPacket,
+		tcp: tcp, streams: limit.NewListener(tcp, maxStreams, maxStreamsPerIP, refused),
+		udp: udp, bindAddr: ip, port: port, log: lg, onPacket: onPacket,
 		packetCh: make(chan *memberlist.Packet),
 		streamCh: make(chan net.Conn),
 		done:     make(chan struct{}),
@@ -249,7 +260,7 @@ func (t *transport) acceptLoop() {
 	const maxDelay = time.Second
 	var delay time.Duration
 	for {
-		conn, err := t.tcp.AcceptTCP()
+		conn, err := t.streams.Accept()
 		if err != nil {
 			if t.shutdown.Load() {
 				return

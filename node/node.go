@@ -17,6 +17,7 @@ import (
 	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/node/cluster"
 	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/node/limit"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/proxy/engine"
 	"github.com/warmroute/warmroute/ring"
@@ -114,6 +115,10 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 	if n.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
 		return nil, fmt.Errorf("admin listen %s: %w", cfg.AdminListen, err)
 	}
+	adminRefused := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "warmroute", Subsystem: "admin",
+		Name: "connections_refused_total", Help: "Admin connections closed at once over the listener's caps, by reason (limit, limit_per_ip)."}, []string{"reason"})
+	n.reg.MustRegister(adminRefused)
+	n.adminLn = limit.NewListener(n.adminLn, maxAdminConns, maxAdminConnsPerIP, func(r string) { adminRefused.WithLabelValues(r).Inc() })
 	if err := n.setupTLS(); err != nil {
 		return nil, err
 	}
@@ -146,6 +151,13 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 	}
 	return n, nil
 }
+
+// Caps on the admin listener's connections (node/limit); its requests are
+// bounded by the http.Server's timeouts.
+const (
+	maxAdminConns      = 256
+	maxAdminConnsPerIP = 64
+)
 
 // installRing builds a ring and hands it to the proxy.
 func (n *Node) installRing(rc ring.Config, backends []ring.Backend, epoch uint64) error {

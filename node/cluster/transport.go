@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/node/limit"
 )
 
 // tcpStream is Raft's stream layer: TCP, mutual TLS when the node has an
@@ -22,7 +22,7 @@ import (
 // raft.TCPStreamLayer it defends its listener:
 //
 //   - at most MaxConns inbound connections at once, MaxConnsPerIP from one
-//     address; more are closed at once;
+//     address (node/limit); more are closed at once;
 //   - the TLS handshake and the preamble run in their own goroutine under
 //     HandshakeTimeout, before Raft sees the connection (and allocates its
 //     buffers for it), so connections that never prove anything cost a
@@ -46,9 +46,7 @@ type tcpStream struct {
 	wg        sync.WaitGroup
 
 	mu     sync.Mutex
-	conns  map[*serverConn]struct{}
-	perIP  map[netip.Addr]int
-	open   int // inbound connections held, handshaking or accepted
+	conns  map[*serverConn]struct{} // inbound, handshaking or accepted
 	closed bool
 }
 
@@ -80,19 +78,18 @@ var _ raft.StreamLayer = (*tcpStream)(nil)
 
 func newStream(ln net.Listener, advertise net.Addr, cfg streamConfig) *tcpStream {
 	s := &tcpStream{
-		ln: ln, advertise: advertise, cfg: cfg,
+		ln: limit.NewListener(ln, cfg.maxConns, cfg.maxPerIP, cfg.refusals), advertise: advertise, cfg: cfg,
 		accepted: make(chan net.Conn),
 		done:     make(chan struct{}),
 		conns:    map[*serverConn]struct{}{},
-		perIP:    map[netip.Addr]int{},
 	}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s
 }
 
-// acceptLoop accepts connections, enforces the connection limits and
-// hands each one to a handshake goroutine.
+// acceptLoop accepts connections (the limit.Listener closes those over
+// the caps) and hands each one to a handshake goroutine.
 func (s *tcpStream) acceptLoop() {
 	defer s.wg.Done()
 	var delay time.Duration
@@ -118,14 +115,13 @@ func (s *tcpStream) acceptLoop() {
 			continue
 		}
 		delay = 0
-		ip := remoteIP(c)
-		if reason := s.admit(ip); reason != "" {
-			s.cfg.refusals(reason)
-			_ = c.Close()
-			continue
-		}
-		sc := &serverConn{Conn: c, c: c, s: s, ip: ip, idle: s.cfg.idleTimeout}
+		sc := &serverConn{Conn: c, c: c, s: s, idle: s.cfg.idleTimeout}
 		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			_ = c.Close()
+			return
+		}
 		s.conns[sc] = struct{}{}
 		s.mu.Unlock()
 		s.wg.Add(1)
@@ -133,44 +129,11 @@ func (s *tcpStream) acceptLoop() {
 	}
 }
 
-// admit reserves a connection slot for ip, or says why not.
-func (s *tcpStream) admit(ip netip.Addr) string {
+// forget drops sc from the connections Close closes.
+func (s *tcpStream) forget(sc *serverConn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch {
-	case s.closed:
-		return "closed"
-	case s.open >= s.cfg.maxConns:
-		return "limit"
-	case s.perIP[ip] >= s.cfg.maxPerIP:
-		return "limit_per_ip"
-	}
-	s.open++
-	s.perIP[ip]++
-	return ""
-}
-
-// release frees sc's slot once.
-func (s *tcpStream) release(sc *serverConn) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.conns[sc]; !ok {
-		return
-	}
 	delete(s.conns, sc)
-	s.open--
-	if s.perIP[sc.ip]--; s.perIP[sc.ip] <= 0 {
-		delete(s.perIP, sc.ip)
-	}
-}
-
-func remoteIP(c net.Conn) netip.Addr {
-	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		if a, ok := netip.AddrFromSlice(ta.IP); ok {
-			return a.Unmap()
-		}
-	}
-	return netip.Addr{}
 }
 
 // handshake runs TLS and the preamble under the handshake deadline, then
@@ -367,7 +330,6 @@ type serverConn struct {
 	net.Conn // raw
 	c        net.Conn
 	s        *tcpStream
-	ip       netip.Addr
 	idle     time.Duration
 	once     sync.Once
 }
@@ -389,7 +351,7 @@ func (c *serverConn) Write(p []byte) (int, error) {
 
 func (c *serverConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() { c.s.release(c) })
+	c.once.Do(func() { c.s.forget(c) })
 	return err
 }
 
