@@ -25,7 +25,8 @@ type Stats struct {
 	// "unknown_key", "bad_chain", "wrong_name", "bad_signature",
 	// "chain_rate_limited", "clock_skew" (messages, with an Identity);
 	// "out_of_range", "too_many_backends" (figures); "bad_member_name"
-	// (members); "state_too_large" (push/pull states).
+	// (members); "state_too_large" (push/pull states); "stream_limit" (TCP
+	// streams over the listener's caps).
 	Rejected map[string]uint64
 }
 
