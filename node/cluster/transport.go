@@ -322,7 +322,8 @@ func (s *tcpStream) probe(addr string, expect func(string) error) error {
 }
 
 // serverConn is an accepted connection: reads time out after the idle
-// timeout (returned as io.EOF, a clean end for Raft), writes after the
+// timeout (returned as io.EOF, a clean end for Raft, as is a read cut by
+// Close), writes after the
 // same time without progress. raw is the TCP connection (Close closes
 // it); c is what Raft reads and writes: raw, or TLS over it once the
 // handshake is done (set before Accept hands the connection out).
@@ -338,7 +339,9 @@ func (c *serverConn) Read(p []byte) (int, error) {
 	_ = c.Conn.SetReadDeadline(time.Now().Add(c.idle))
 	n, err := c.c.Read(p)
 	var ne net.Error
-	if err != nil && errors.As(err, &ne) && ne.Timeout() {
+	if err != nil && (errors.As(err, &ne) && ne.Timeout() || errors.Is(err, net.ErrClosed)) {
+		// The idle timeout, or the stream closing its connections on
+		// shutdown: a clean end, which Raft does not log as an error.
 		err = io.EOF
 	}
 	return n, err
