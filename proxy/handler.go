@@ -145,7 +145,7 @@ func (p *Proxy) routeLLM(ctx *fasthttp.RequestCtx, rt route, api ring.API) {
 	t := p.tab.Load()
 	start := time.Now()
 	st.reset(t, start)
-	kc, body := t.ring.Config().KeyConfig, ctx.PostBody()
+	kc, body := t.ring.Config().Key(), ctx.PostBody()
 	err := ring.Extract(kc, api, body, ctx.Request.Header.Peek(HeaderTenant), &st.info)
 	if err == nil {
 		err = checkUTF8(kc, api, body)

@@ -293,7 +293,7 @@ func BenchmarkRouteDecision(b *testing.B) {
 	for i := range st.t.bs {
 		st.t.bs[i] = &backend{}
 	}
-	kc := r.Config().KeyConfig
+	kc := r.Config().Key()
 	for _, size := range []int{4 << 10, 64 << 10} {
 		prompt := strings.Repeat("Shared system prompt text that many requests repeat. ", size/52+1)[:size]
 		body := []byte(fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":"hi"}]}`, prompt))

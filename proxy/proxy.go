@@ -249,7 +249,7 @@ func (p *Proxy) unreadyReason() string {
 func (p *Proxy) Explain(api ring.API, body, tenant []byte) (ring.KeyInfo, ring.Explanation, error) {
 	t := p.tab.Load()
 	var info ring.KeyInfo
-	kc := t.ring.Config().KeyConfig
+	kc := t.ring.Config().Key()
 	err := ring.Extract(kc, api, body, tenant, &info)
 	if err == nil {
 		err = checkUTF8(kc, api, body)

@@ -33,7 +33,7 @@ func BenchmarkRoute(b *testing.B) {
 	for _, size := range []int{1 << 10, 4 << 10, 16 << 10, 64 << 10} {
 		body := chatBody(size)
 		for _, plen := range []int{4096, 65536} {
-			cfg := r.Config().KeyConfig
+			cfg := r.Config().Key()
 			cfg.PrefixLength = plen
 			b.Run(fmt.Sprintf("prompt=%dKiB/prefix=%d", size>>10, plen), func(b *testing.B) {
 				b.SetBytes(int64(len(body)))

@@ -100,40 +100,73 @@ type KeyConfig struct {
 	InvocationsJSON bool
 }
 
-// Config is everything placement and picking depend on. The zero value is
-// not valid; start from DefaultConfig.
-type Config struct {
-	KeyConfig
+// Settings are the routing settings an operator sets. This one type is
+// what the serve flags, the YAML routing block, the admin API and the
+// agreed (Raft) state carry: a new setting is a field here, with its
+// names in the tags, and its use.
+//
+// The tags: json is the name in the admin API and the Raft log (never
+// change one: routers of different versions must read each other's log),
+// yaml the name in the config file's routing block, flag the serve flag
+// (and WARMROUTE_ variable), sagemaker the SageMaker name accepted as an
+// alias, help the flag's help text. Fields are in the order of the Raft
+// log's JSON.
+type Settings struct {
+	Strategy             Strategy `json:"strategy" yaml:"strategy" flag:"strategy" sagemaker:"RoutingStrategy" help:"routing strategy: PREFIX_AWARE, RANDOM, LEAST_OUTSTANDING_REQUESTS, ROUND_ROBIN, CONSISTENT_HASH"`
+	PrefixLength         int      `json:"prefix_length" yaml:"prefix_length" flag:"prefix-length" sagemaker:"PrefixLength" help:"bytes of prompt text that form the routing key (1024-65536)"`
+	ConcurrencyThreshold int      `json:"concurrency_threshold" yaml:"concurrency_threshold" flag:"concurrency-threshold" sagemaker:"ConcurrencyThreshold" help:"in-flight requests per backend at which PREFIX_AWARE overflows (1-1024)"`
+	LoadFactor           float64  `json:"load_factor,omitempty" yaml:"load_factor" flag:"load-factor" help:"also cap a backend at this multiple of the fleet's average in-flight (bounded loads); 0 = off, else >= 1"`
+	InvocationsJSON      bool     `json:"invocations_json,omitempty" yaml:"invocations_json" flag:"invocations-json" help:"/invocations: key on prompt fields of JSON bodies (messages, prompt, inputs) instead of the raw body"`
+	BusyIsFull           bool     `json:"busy_is_full,omitempty" yaml:"busy_is_full" flag:"busy-is-full" help:"treat a backend whose engine reports queued requests as over its limit"`
+	OverflowDepth        int      `json:"overflow_depth" yaml:"overflow_depth" flag:"overflow-depth" help:"backends in each partition's overflow order before falling back to least-loaded"`
+	PartitionCount       int      `json:"partition_count,omitempty" yaml:"partition_count" flag:"partition-count" help:"ring partitions; 0 = chosen from the backend count"`
+	ZoneAware            bool     `json:"zone_aware,omitempty" yaml:"zone_aware" flag:"zone-aware" help:"overflow to backends in this router's --zone first (the owner is still taken wherever it is)"`
+}
 
-	// Strategy chooses how Pick decides.
-	Strategy Strategy
-	// ConcurrencyThreshold is the in-flight request count per backend (per
-	// unit of weight) at which PREFIX_AWARE stops sending more to it and
-	// overflows. 1-1024.
-	ConcurrencyThreshold int
-	// LoadFactor, when > 0, also bounds a backend's in-flight to
-	// LoadFactor x the fleet's average (consistent hashing with bounded
-	// loads). 0 turns it off; otherwise it must be >= 1.
-	LoadFactor float64
-	// BusyIsFull treats a backend whose engine reports queued requests as
-	// over its limit, so PREFIX_AWARE overflows from it.
-	BusyIsFull bool
-	// ZoneAware makes PREFIX_AWARE overflow to backends in LocalZone before
-	// others (the owner stays first wherever it is). Routers in different
-	// zones then overflow a prefix to different backends: agreement across
-	// routers holds within a zone.
-	ZoneAware bool
+// DefaultSettings returns the defaults: PREFIX_AWARE, PrefixLength 4096,
+// ConcurrencyThreshold 16, no LoadFactor, BusyIsFull on, OverflowDepth 8.
+func DefaultSettings() Settings {
+	return Settings{
+		Strategy:             PrefixAware,
+		PrefixLength:         4096,
+		ConcurrencyThreshold: 16,
+		BusyIsFull:           true,
+		OverflowDepth:        8,
+	}
+}
+
+// Key is the key-reading part of s.
+func (s Settings) Key() KeyConfig {
+	return KeyConfig{PrefixLength: s.PrefixLength, InvocationsJSON: s.InvocationsJSON}
+}
+
+// Validate reports the first setting out of its range, naming it.
+func (s *Settings) Validate() error {
+	switch {
+	case int(s.Strategy) >= len(strategyNames):
+		return fmt.Errorf("%w: unknown strategy %d", ErrConfig, s.Strategy)
+	case s.PrefixLength < MinPrefixLength || s.PrefixLength > MaxPrefixLength:
+		return fmt.Errorf("%w: PrefixLength %d out of range [%d, %d]", ErrConfig, s.PrefixLength, MinPrefixLength, MaxPrefixLength)
+	case s.ConcurrencyThreshold < MinConcurrencyThreshold || s.ConcurrencyThreshold > MaxConcurrencyThreshold:
+		return fmt.Errorf("%w: ConcurrencyThreshold %d out of range [%d, %d]", ErrConfig, s.ConcurrencyThreshold, MinConcurrencyThreshold, MaxConcurrencyThreshold)
+	case s.LoadFactor != 0 && (s.LoadFactor < 1 || s.LoadFactor > 100):
+		return fmt.Errorf("%w: LoadFactor %g must be 0 (off) or between 1 and 100", ErrConfig, s.LoadFactor)
+	case s.OverflowDepth < 1 || s.OverflowDepth > 64:
+		return fmt.Errorf("%w: OverflowDepth %d out of range [1, 64]", ErrConfig, s.OverflowDepth)
+	case s.PartitionCount < 0 || s.PartitionCount > 1<<20:
+		return fmt.Errorf("%w: PartitionCount %d out of range [0, %d]", ErrConfig, s.PartitionCount, 1<<20)
+	}
+	return nil
+}
+
+// Config is everything placement and picking depend on: the operator's
+// Settings and the ring's own knobs. The zero value is not valid; start
+// from DefaultConfig.
+type Config struct {
+	Settings
+
 	// LocalZone is the zone of the router building the ring.
 	LocalZone string
-	// OverflowDepth is how many backends (owner included) each partition's
-	// overflow order holds. Past them, PREFIX_AWARE falls back to the least
-	// loaded backend.
-	OverflowDepth int
-
-	// PartitionCount is the number of partitions keys map onto. 0 picks one
-	// from the backend count (a fixed prime per size tier, so owners stay
-	// put while the fleet grows within a tier).
-	PartitionCount int
 	// ReplicationFactor is the number of virtual nodes per backend.
 	ReplicationFactor int
 	// PartitionLoad bounds partitions per backend to PartitionLoad x the
@@ -144,36 +177,28 @@ type Config struct {
 	Hash func([]byte) uint64
 }
 
-// DefaultConfig returns the defaults: PREFIX_AWARE, PrefixLength 4096,
-// ConcurrencyThreshold 16, no LoadFactor, BusyIsFull on.
+// DefaultConfig returns DefaultSettings and the ring's own defaults.
 func DefaultConfig() Config {
+	return ConfigFor(DefaultSettings())
+}
+
+// ConfigFor returns the ring configuration for s, with the ring's own
+// defaults.
+func ConfigFor(s Settings) Config {
 	return Config{
-		KeyConfig:            KeyConfig{PrefixLength: 4096},
-		Strategy:             PrefixAware,
-		ConcurrencyThreshold: 16,
-		BusyIsFull:           true,
-		OverflowDepth:        8,
-		ReplicationFactor:    200,
-		PartitionLoad:        1.1,
-		Hash:                 xxhash.Sum64,
+		Settings:          s,
+		ReplicationFactor: 200,
+		PartitionLoad:     1.1,
+		Hash:              xxhash.Sum64,
 	}
 }
 
 // Validate reports the first problem with c, naming the knob and its range.
 func (c *Config) Validate() error {
+	if err := c.Settings.Validate(); err != nil {
+		return err
+	}
 	switch {
-	case int(c.Strategy) >= len(strategyNames):
-		return fmt.Errorf("%w: unknown strategy %d", ErrConfig, c.Strategy)
-	case c.PrefixLength < MinPrefixLength || c.PrefixLength > MaxPrefixLength:
-		return fmt.Errorf("%w: PrefixLength %d out of range [%d, %d]", ErrConfig, c.PrefixLength, MinPrefixLength, MaxPrefixLength)
-	case c.ConcurrencyThreshold < MinConcurrencyThreshold || c.ConcurrencyThreshold > MaxConcurrencyThreshold:
-		return fmt.Errorf("%w: ConcurrencyThreshold %d out of range [%d, %d]", ErrConfig, c.ConcurrencyThreshold, MinConcurrencyThreshold, MaxConcurrencyThreshold)
-	case c.LoadFactor != 0 && (c.LoadFactor < 1 || c.LoadFactor > 100):
-		return fmt.Errorf("%w: LoadFactor %g must be 0 (off) or between 1 and 100", ErrConfig, c.LoadFactor)
-	case c.OverflowDepth < 1 || c.OverflowDepth > 64:
-		return fmt.Errorf("%w: OverflowDepth %d out of range [1, 64]", ErrConfig, c.OverflowDepth)
-	case c.PartitionCount < 0 || c.PartitionCount > 1<<20:
-		return fmt.Errorf("%w: PartitionCount %d out of range [0, %d]", ErrConfig, c.PartitionCount, 1<<20)
 	case c.ReplicationFactor < 1 || c.ReplicationFactor > 1000:
 		return fmt.Errorf("%w: ReplicationFactor %d out of range [1, 1000]", ErrConfig, c.ReplicationFactor)
 	case !(c.PartitionLoad > 1) || c.PartitionLoad > 10:
