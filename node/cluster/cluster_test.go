@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/warmroute/warmroute/ring"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -17,7 +18,7 @@ import (
 func changes(tag string) []Command {
 	r := testRouting()
 	r.ConcurrencyThreshold = 32
-	r.Strategy = "LEAST_OUTSTANDING_REQUESTS"
+	r.Strategy = ring.LeastOutstanding
 	return []Command{
 		UpsertBackend(Backend{ID: "gpu-c-" + tag + "/", URL: "http://127.0.0.1:9003", Zone: "z3", Weight: 2, Labels: map[string]string{"tag": tag}}),
 		SetBackendState("gpu-a/", StateDraining),
@@ -63,7 +64,7 @@ func TestThreeNodesAgreeInMemory(t *testing.T) {
 		t.Fatalf("seeded state: %+v", st)
 	}
 	st = applyAll(t, nodes, changes("x"))
-	if len(st.Backends) != 3 || st.Routing.Strategy != "LEAST_OUTSTANDING_REQUESTS" || st.Routing.ConcurrencyThreshold != 32 {
+	if len(st.Backends) != 3 || st.Routing.Strategy != ring.LeastOutstanding || st.Routing.ConcurrencyThreshold != 32 {
 		t.Fatalf("final state: %+v", st)
 	}
 	if b, _ := st.Backend("gpu-a/"); b.State != StateDraining {

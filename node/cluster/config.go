@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/ring"
 )
 
 // Config configures a Cluster. Start from DefaultConfig; a Config must not
@@ -95,7 +96,7 @@ type Config struct {
 	// a cluster whose state was never seeded: usually the config file's
 	// backends and routing block.
 	SeedBackends []Backend
-	SeedRouting  Routing
+	SeedRouting  ring.Settings
 
 	// ApplyTimeout bounds a write when its context has no deadline.
 	ApplyTimeout time.Duration
@@ -137,7 +138,7 @@ func DefaultConfig() Config {
 		HealthRiseThreshold: 2,
 		HealthReportTTL:     30 * time.Second,
 		Discovery:           DefaultDiscoveryConfig(),
-		SeedRouting:         DefaultRouting(),
+		SeedRouting:         ring.DefaultSettings(),
 		ApplyTimeout:        10 * time.Second,
 		HeartbeatTimeout:    rc.HeartbeatTimeout,
 		ElectionTimeout:     rc.ElectionTimeout,

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 
 	"github.com/hashicorp/raft"
-	"github.com/warmroute/warmroute/ring"
 )
 
 // published is an applied state and its epoch: the index of the log entry
@@ -158,8 +157,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 }
 
 // normalize puts a state read from a snapshot or the cache file in the
-// form apply keeps it in: backends never nil, empty labels nil, the
-// strategy under its canonical name.
+// form apply keeps it in: backends never nil, empty labels nil.
 func (s *State) normalize() {
 	if s.Backends == nil {
 		s.Backends = []Backend{}
@@ -168,9 +166,6 @@ func (s *State) normalize() {
 		if len(s.Backends[i].Labels) == 0 {
 			s.Backends[i].Labels = nil
 		}
-	}
-	if st, err := ring.ParseStrategy(s.Routing.Strategy); err == nil {
-		s.Routing.Strategy = st.String()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"github.com/warmroute/warmroute/ring"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -15,10 +16,10 @@ var updateGolden = flag.Bool("update-golden", false, "rewrite testdata/log.golde
 // goldenCommands are one command of every op, with every field set, so
 // every name of the Raft log's JSON appears.
 func goldenCommands() []Command {
-	r := DefaultRouting()
+	r := ring.DefaultSettings()
 	r.PrefixLength, r.ConcurrencyThreshold, r.LoadFactor = 8192, 24, 1.25
 	r.InvocationsJSON, r.BusyIsFull, r.OverflowDepth, r.PartitionCount, r.ZoneAware = true, true, 4, 271, true
-	off := DefaultRouting()
+	off := ring.DefaultSettings()
 	off.BusyIsFull = false
 	b := Backend{ID: "gpu-1/", URL: "http://10.0.0.1:8000", Zone: "z1", Weight: 2, State: StateDraining, StateBy: ByAdmin,
 		Labels: map[string]string{"gpu": "h100", "model": "llama"}, Source: SourceAdmin}

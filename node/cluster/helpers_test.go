@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/warmroute/warmroute/ring"
 	"log/slog"
 	"os"
 	"slices"
@@ -108,8 +109,8 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
-func testRouting() Routing {
-	r := DefaultRouting()
+func testRouting() ring.Settings {
+	r := ring.DefaultSettings()
 	r.PrefixLength = 2048
 	return r
 }

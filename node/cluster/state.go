@@ -78,65 +78,11 @@ func (b Backend) RingBackend() ring.Backend {
 	return ring.Backend{ID: b.ID, Addr: b.URL, Zone: b.Zone, Weight: b.Weight, State: st}
 }
 
-// Routing is the agreed routing config. Field names and JSON keys match
-// the node's YAML routing block.
-type Routing struct {
-	// Strategy is a ring strategy name (PREFIX_AWARE, RANDOM, ...),
-	// stored in canonical form.
-	Strategy             string  `json:"strategy"`
-	PrefixLength         int     `json:"prefix_length"`
-	ConcurrencyThreshold int     `json:"concurrency_threshold"`
-	LoadFactor           float64 `json:"load_factor,omitempty"`
-	InvocationsJSON      bool    `json:"invocations_json,omitempty"`
-	BusyIsFull           bool    `json:"busy_is_full,omitempty"`
-	OverflowDepth        int     `json:"overflow_depth"`
-	PartitionCount       int     `json:"partition_count,omitempty"`
-	ZoneAware            bool    `json:"zone_aware,omitempty"`
-}
-
-// DefaultRouting is the ring's default routing config.
-func DefaultRouting() Routing {
-	rc := ring.DefaultConfig()
-	return Routing{
-		Strategy:             rc.Strategy.String(),
-		PrefixLength:         rc.PrefixLength,
-		ConcurrencyThreshold: rc.ConcurrencyThreshold,
-		LoadFactor:           rc.LoadFactor,
-		InvocationsJSON:      rc.InvocationsJSON,
-		BusyIsFull:           rc.BusyIsFull,
-		OverflowDepth:        rc.OverflowDepth,
-		PartitionCount:       rc.PartitionCount,
-	}
-}
-
-// RingConfig is the ring.Config r describes (ring defaults for the knobs
-// Routing does not carry). LocalZone is each router's own; the node sets it.
-func (r Routing) RingConfig() (ring.Config, error) {
-	rc := ring.DefaultConfig()
-	s, err := ring.ParseStrategy(r.Strategy)
-	if err != nil {
-		return rc, err
-	}
-	rc.Strategy = s
-	rc.PrefixLength = r.PrefixLength
-	rc.ConcurrencyThreshold = r.ConcurrencyThreshold
-	rc.LoadFactor = r.LoadFactor
-	rc.InvocationsJSON = r.InvocationsJSON
-	rc.BusyIsFull = r.BusyIsFull
-	rc.OverflowDepth = r.OverflowDepth
-	rc.PartitionCount = r.PartitionCount
-	rc.ZoneAware = r.ZoneAware
-	if err := rc.Validate(); err != nil {
-		return rc, err
-	}
-	return rc, nil
-}
-
 // State is the replicated state: what every node builds its ring from.
 type State struct {
 	// Backends, sorted by ID.
-	Backends []Backend `json:"backends"`
-	Routing  Routing   `json:"routing"`
+	Backends []Backend     `json:"backends"`
+	Routing  ring.Settings `json:"routing"`
 	// Seeded is false until the first seed command; until then the node
 	// routes on its own config file.
 	Seeded bool `json:"seeded"`
@@ -217,14 +163,14 @@ type Command struct {
 	ID       string    `json:"id,omitempty"`
 	State    string    `json:"state,omitempty"`
 	By       string    `json:"by,omitempty"`
-	Routing  *Routing  `json:"routing,omitempty"`
+	Routing  *ring.Settings `json:"routing,omitempty"`
 	// ClusterID is the cluster's ID (OpSeed, OpSetClusterID).
 	ClusterID string `json:"cluster_id,omitempty"`
 }
 
 // Seed returns a seed command (see OpSeed). The leader that commits it
 // gives it a new cluster ID.
-func Seed(backends []Backend, r Routing) Command {
+func Seed(backends []Backend, r ring.Settings) Command {
 	return Command{Op: OpSeed, Backends: backends, Routing: &r}
 }
 
@@ -245,7 +191,7 @@ func SetBackendState(id, state string) Command {
 }
 
 // SetRouting returns a routing config change.
-func SetRouting(r Routing) Command { return Command{Op: OpSetRouting, Routing: &r} }
+func SetRouting(r ring.Settings) Command { return Command{Op: OpSetRouting, Routing: &r} }
 
 // A log entry is a command's JSON with a checksum in front:
 //
@@ -441,9 +387,6 @@ func apply(cur *State, cmd Command) (next State, changed bool, err error) {
 	if err := next.validate(); err != nil {
 		return *cur, false, err
 	}
-	if s, err := ring.ParseStrategy(next.Routing.Strategy); err == nil {
-		next.Routing.Strategy = s.String()
-	}
 	return next, !next.equal(cur), nil
 }
 
@@ -518,7 +461,7 @@ func (s *State) validate() error {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	if s.Seeded {
-		if _, err := s.Routing.RingConfig(); err != nil {
+		if err := s.Routing.Validate(); err != nil {
 			return fmt.Errorf("%w: routing: %v", ErrInvalid, err)
 		}
 	}

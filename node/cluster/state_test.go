@@ -3,6 +3,7 @@ package cluster
 import (
 	"encoding/json"
 	"errors"
+	"github.com/warmroute/warmroute/ring"
 	"reflect"
 	"testing"
 )
@@ -30,7 +31,7 @@ func TestSeedAppliesOnce(t *testing.T) {
 	if !s.Seeded || len(s.Backends) != 2 || s.Backends[0].Source != SourceConfig || s.Backends[0].State != StateActive {
 		t.Fatalf("seeded state: %+v", s)
 	}
-	again, changed, err := apply(&s, Seed([]Backend{{ID: "x", URL: "http://x:1"}}, DefaultRouting()))
+	again, changed, err := apply(&s, Seed([]Backend{{ID: "x", URL: "http://x:1"}}, ring.DefaultSettings()))
 	if err != nil || changed || len(again.Backends) != 2 {
 		t.Fatalf("second seed changed the state: changed=%v err=%v %+v", changed, err, again)
 	}
@@ -78,11 +79,9 @@ func TestIdenticalCommandDoesNotChange(t *testing.T) {
 	if err != nil || changed {
 		t.Fatalf("re-upserting the same backend: changed=%v err=%v", changed, err)
 	}
-	r := s.Routing
-	r.Strategy = "prefix-aware" // canonicalized
-	_, changed, err = apply(&s, SetRouting(r))
+	_, changed, err = apply(&s, SetRouting(s.Routing))
 	if err != nil || changed {
-		t.Fatalf("same routing in another spelling: changed=%v err=%v", changed, err)
+		t.Fatalf("the same routing again: changed=%v err=%v", changed, err)
 	}
 }
 
@@ -97,8 +96,8 @@ func TestInvalidCommandsLeaveStateAlone(t *testing.T) {
 		UpsertBackend(Backend{ID: "x", URL: "http://x:1", State: "sleeping"}),
 		UpsertBackend(Backend{ID: "x", URL: "http://x:1", Source: "mystery"}),
 		SetBackendState("gpu-a/", "gone"),
-		SetRouting(Routing{Strategy: "PREFIX_AWARE", PrefixLength: 10, ConcurrencyThreshold: 4, OverflowDepth: 4}),
-		SetRouting(Routing{Strategy: "nope", PrefixLength: 4096, ConcurrencyThreshold: 4, OverflowDepth: 4}),
+		SetRouting(ring.Settings{Strategy: ring.PrefixAware, PrefixLength: 10, ConcurrencyThreshold: 4, OverflowDepth: 4}),
+		SetRouting(ring.Settings{Strategy: ring.Strategy(99), PrefixLength: 4096, ConcurrencyThreshold: 4, OverflowDepth: 4}),
 		{Op: "explode"},
 		{Op: OpUpsertBackend},
 		{Op: OpSyncDiscovered, Backends: []Backend{{ID: "d", URL: "http://d:1"}, {ID: "d", URL: "http://d:1"}}},
@@ -185,9 +184,8 @@ func TestRingBackendAndConfig(t *testing.T) {
 	if rb[1].ID != "gpu-b/" || rb[1].State.String() != StateDraining || rb[0].Zone != "z1" {
 		t.Fatalf("ring backends: %+v", rb)
 	}
-	rc, err := s.Routing.RingConfig()
-	if err != nil || rc.PrefixLength != 2048 {
-		t.Fatalf("ring config: %+v %v", rc, err)
+	if err := s.Routing.Validate(); err != nil || s.Routing.PrefixLength != 2048 {
+		t.Fatalf("routing: %+v %v", s.Routing, err)
 	}
 }
 
@@ -201,7 +199,7 @@ func FuzzApply(f *testing.F) {
 		RemoveBackend("gpu-a/"),
 		SetBackendState("gpu-b/", "draining"),
 		{Op: OpSetBackendState, ID: "gpu-a/", State: "down", By: ByHealth},
-		SetRouting(DefaultRouting()),
+		SetRouting(ring.DefaultSettings()),
 		{Op: OpSyncDiscovered, Backends: []Backend{{ID: "d:1", URL: "http://d:1"}}},
 		SetClusterID("0123456789abcdef0123456789abcdef"),
 	} {
@@ -261,7 +259,7 @@ func FuzzApply(f *testing.F) {
 func TestSeedSortsBackends(t *testing.T) {
 	st, changed, err := apply(&State{}, Seed([]Backend{
 		{ID: "c", URL: "http://c:1"}, {ID: "a", URL: "http://a:1"}, {ID: "b", URL: "http://b:1"},
-	}, DefaultRouting()))
+	}, ring.DefaultSettings()))
 	if err != nil || !changed {
 		t.Fatalf("seed in any order: %v", err)
 	}
@@ -271,7 +269,7 @@ func TestSeedSortsBackends(t *testing.T) {
 	if st.Backends[0].ID != "a" || st.Backends[2].ID != "c" {
 		t.Fatalf("backends not sorted: %+v", st.Backends)
 	}
-	if _, _, err := apply(&State{}, Seed([]Backend{{ID: "a", URL: "http://a:1"}, {ID: "a", URL: "http://a:2"}}, DefaultRouting())); err == nil {
+	if _, _, err := apply(&State{}, Seed([]Backend{{ID: "a", URL: "http://a:1"}, {ID: "a", URL: "http://a:2"}}, ring.DefaultSettings())); err == nil {
 		t.Fatal("a seed with a duplicate ID was accepted")
 	}
 }
