@@ -157,12 +157,12 @@ const (
 // Command is one change to the state: a Raft log entry, JSON encoded. Build
 // one with the functions below.
 type Command struct {
-	Op       Op        `json:"op"`
-	Backend  *Backend  `json:"backend,omitempty"`
-	Backends []Backend `json:"backends,omitempty"`
-	ID       string    `json:"id,omitempty"`
-	State    string    `json:"state,omitempty"`
-	By       string    `json:"by,omitempty"`
+	Op       Op             `json:"op"`
+	Backend  *Backend       `json:"backend,omitempty"`
+	Backends []Backend      `json:"backends,omitempty"`
+	ID       string         `json:"id,omitempty"`
+	State    string         `json:"state,omitempty"`
+	By       string         `json:"by,omitempty"`
 	Routing  *ring.Settings `json:"routing,omitempty"`
 	// ClusterID is the cluster's ID (OpSeed, OpSetClusterID).
 	ClusterID string `json:"cluster_id,omitempty"`
