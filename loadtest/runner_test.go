@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -14,74 +13,16 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
-
-	"github.com/warmroute/warmroute/loadtest/gpusim"
-	"github.com/warmroute/warmroute/loadtest/workload"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
-
-// fastSim is a gpusim model that answers in a few milliseconds.
-func fastSim() gpusim.Config {
-	c := gpusim.DefaultConfig()
-	c.Overhead = time.Millisecond
-	c.ITLBase = time.Millisecond
-	c.ITLPerSeq = 0
-	c.PrefillTokensPerSec = 1e6
-	return c
-}
-
-func startSim(t *testing.T, n int, cfg gpusim.Config) *gpusim.Fleet {
-	t.Helper()
-	f, err := gpusim.StartFleet(context.Background(), gpusim.FleetConfig{N: n, Instance: cfg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = f.Close() })
-	return f
-}
-
-func ragWorkload(t *testing.T, model string) (workload.Config, workload.Generator) {
-	t.Helper()
-	w := workload.DefaultConfig()
-	w.Model = model
-	w.MaxTokens = 8
-	w.RAG.Documents = 4
-	w.RAG.DocumentTokens = 400
-	g, err := workload.New(w)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return w, g
-}
-
-func metricsURLs(urls []string) []string {
-	out := make([]string, len(urls))
-	for i, u := range urls {
-		out[i] = u + "/metrics"
-	}
-	return out
-}
-
 func TestOpenLoopAgainstGpusim(t *testing.T) {
-	sim := fastSim()
-	f := startSim(t, 3, sim)
-	_, gen := ragWorkload(t, sim.Model)
-	cfg := DefaultConfig()
-	cfg.Targets = f.URLs() // spread over the three like an L4 balancer
+	f, gen, cfg := simRun(t, 3, fastSim()) // spread over the three like an L4 balancer
 	cfg.Rate = 200
 	cfg.Requests = 60
 	cfg.Duration = 0
 	cfg.MetricsURLs = metricsURLs(f.URLs())
 	cfg.MetricsInterval = 20 * time.Millisecond
-	s, err := Run(context.Background(), cfg, gen)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustRun(t, cfg, gen)
 	if s.Sent != 60 || s.OK != 60 || s.Failed != 0 || s.Partial {
 		t.Fatalf("sent %d ok %d failed %d (%v) partial %v", s.Sent, s.OK, s.Failed, s.Errors, s.Partial)
 	}
@@ -126,19 +67,8 @@ func TestOpenLoopAgainstGpusim(t *testing.T) {
 }
 
 func TestClosedLoop(t *testing.T) {
-	sim := fastSim()
-	f := startSim(t, 1, sim)
-	_, gen := ragWorkload(t, sim.Model)
-	cfg := DefaultConfig()
-	cfg.Targets = f.URLs()
-	cfg.Mode = ClosedLoop
-	cfg.Concurrency = 4
-	cfg.Requests = 25
-	cfg.Duration = 0
-	s, err := Run(context.Background(), cfg, gen)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, gen, _ := simRun(t, 1, fastSim())
+	s := mustRun(t, closedLoop(f.URLs()[0], 4, 25), gen)
 	if s.Sent != 25 || s.OK != 25 {
 		t.Fatalf("sent %d ok %d", s.Sent, s.OK)
 	}
@@ -153,20 +83,13 @@ func TestClosedLoop(t *testing.T) {
 // serialServer answers one request at a time, each after d.
 func serialServer(t *testing.T, d time.Duration) *httptest.Server {
 	var mu sync.Mutex
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/models" {
-			fmt.Fprint(w, `{"data":[{"id":"m"}]}`)
-			return
-		}
-		_, _ = io.Copy(io.Discard, r.Body)
+	return startStub(t, func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		time.Sleep(d)
 		mu.Unlock()
 		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n")
-	}))
-	t.Cleanup(srv.Close)
-	return srv
+		fmt.Fprint(w, chunkA+sseDone)
+	})
 }
 
 func TestOpenLoopMeasuresFromIntendedTime(t *testing.T) {
@@ -175,17 +98,14 @@ func TestOpenLoopMeasuresFromIntendedTime(t *testing.T) {
 	// time, the later ones show the backlog (coordinated omission would
 	// report ~20 ms for every one).
 	srv := serialServer(t, 20*time.Millisecond)
-	_, gen := ragWorkload(t, "m")
+	gen := ragWorkload(t, "m")
 	cfg := DefaultConfig()
 	cfg.Targets = []string{srv.URL}
 	cfg.Rate = 100
 	cfg.MaxInFlight = 1
 	cfg.Requests = 30
 	cfg.Duration = 0
-	s, err := Run(context.Background(), cfg, gen)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustRun(t, cfg, gen)
 	if s.OK != 30 {
 		t.Fatalf("ok %d", s.OK)
 	}
@@ -198,11 +118,7 @@ func TestOpenLoopMeasuresFromIntendedTime(t *testing.T) {
 
 func TestErrorsByKind(t *testing.T) {
 	var n atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/models" {
-			return
-		}
-		_, _ = io.Copy(io.Discard, r.Body)
+	srv := startStub(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set(HeaderBackend, "127.0.0.1:9")
 		w.Header().Set(HeaderDecision, "overflow")
 		switch n.Add(1) % 4 {
@@ -210,26 +126,16 @@ func TestErrorsByKind(t *testing.T) {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		case 1:
 			w.Header().Set("Content-Type", "text/event-stream")
-			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n") // no [DONE]
+			fmt.Fprint(w, chunkA) // no [DONE]
 		case 2:
 			w.Header().Set("Content-Type", "text/event-stream")
 			fmt.Fprint(w, "data: {\"error\":{\"message\":\"engine died\"}}\n\n")
 		case 3:
 			w.Header().Set("Content-Type", "text/event-stream")
-			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n")
+			fmt.Fprint(w, chunkA+sseDone)
 		}
-	}))
-	defer srv.Close()
-	_, gen := ragWorkload(t, "m")
-	cfg := DefaultConfig()
-	cfg.Targets = []string{srv.URL}
-	cfg.Mode = ClosedLoop
-	cfg.Concurrency = 1
-	cfg.Requests = 20
-	s, err := Run(context.Background(), cfg, gen)
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
+	s := mustRun(t, closedLoop(srv.URL, 1, 20), ragWorkload(t, "m"))
 	want := map[string]int64{"http_503": 5, ErrKindStream: 5, ErrKindSSEError: 5}
 	for k, v := range want {
 		if s.Errors[k] != v {
@@ -248,7 +154,7 @@ func TestUnreachableTarget(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there now
-	_, gen := ragWorkload(t, "m")
+	gen := ragWorkload(t, "m")
 	cfg := DefaultConfig()
 	cfg.Targets = []string{"http://" + addr}
 	start := time.Now()
@@ -266,11 +172,7 @@ func TestUnreachableTarget(t *testing.T) {
 }
 
 func TestBadMetricsURL(t *testing.T) {
-	sim := fastSim()
-	f := startSim(t, 1, sim)
-	_, gen := ragWorkload(t, sim.Model)
-	cfg := DefaultConfig()
-	cfg.Targets = f.URLs()
+	f, gen, cfg := simRun(t, 1, fastSim())
 	cfg.MetricsURLs = []string{f.URLs()[0] + "/nope"}
 	if _, err := Run(context.Background(), cfg, gen); !errors.Is(err, ErrMetrics) {
 		t.Fatalf("error %v, want ErrMetrics", err)
@@ -312,25 +214,24 @@ func TestValidate(t *testing.T) {
 func TestInterruptGivesPartialSummary(t *testing.T) {
 	sim := fastSim()
 	sim.ITLBase = 20 * time.Millisecond // requests last ~0.6 s
-	f := startSim(t, 2, sim)
-	_, gen := ragWorkload(t, sim.Model)
-	cfg := DefaultConfig()
-	cfg.Targets = f.URLs()
+	f, gen, cfg := simRun(t, 2, sim)
 	cfg.Rate = 50
 	cfg.Duration = time.Minute
 	cfg.MetricsURLs = metricsURLs(f.URLs())
-	var progress syncBuffer
-	cfg.Progress = &progress
-	cfg.ProgressInterval = 50 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		// interrupt once a few requests have finished
-		deadline := time.Now().Add(30 * time.Second)
-		for time.Now().Before(deadline) && !strings.Contains(progress.String(), "ok 3") {
-			time.Sleep(10 * time.Millisecond)
+	// interrupt once a few requests have finished (at the latest after 30 s)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var progressed atomic.Bool
+	cfg.Progress = writerFunc(func(line []byte) (int, error) {
+		if bytes.Contains(line, []byte("in flight")) {
+			progressed.Store(true)
 		}
-		cancel()
-	}()
+		if bytes.Contains(line, []byte("ok 3")) {
+			cancel()
+		}
+		return len(line), nil
+	})
+	cfg.ProgressInterval = 50 * time.Millisecond
 	start := time.Now()
 	s, err := Run(ctx, cfg, gen)
 	if !errors.Is(err, ErrInterrupted) {
@@ -346,31 +247,14 @@ func TestInterruptGivesPartialSummary(t *testing.T) {
 	if s.Failed != 0 {
 		t.Fatalf("cancelled requests counted as failures: %v", s.Errors)
 	}
-	if !strings.Contains(progress.String(), "in flight") {
-		t.Fatalf("no progress line: %q", progress.String())
+	if !progressed.Load() {
+		t.Fatal("no progress line")
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestModels(t *testing.T) {
 	sim := fastSim()
-	f := startSim(t, 1, sim)
+	f, _, _ := simRun(t, 1, sim)
 	ids, err := Models(context.Background(), f.URLs()[0])
 	if err != nil || len(ids) != 1 || ids[0] != sim.Model {
 		t.Fatalf("models %v, %v", ids, err)
@@ -378,19 +262,12 @@ func TestModels(t *testing.T) {
 }
 
 func TestWarmupIsNotMeasured(t *testing.T) {
-	sim := fastSim()
-	f := startSim(t, 1, sim)
-	_, gen := ragWorkload(t, sim.Model)
-	cfg := DefaultConfig()
-	cfg.Targets = f.URLs()
+	f, gen, cfg := simRun(t, 1, fastSim())
 	cfg.MetricsURLs = metricsURLs(f.URLs())
 	cfg.Rate = 100
 	cfg.Warmup = 500 * time.Millisecond
 	cfg.Duration = 500 * time.Millisecond
-	s, err := Run(context.Background(), cfg, gen)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustRun(t, cfg, gen)
 	if s.WarmupRequests == 0 || s.OK == 0 || s.Sent != s.WarmupRequests+s.OK+s.Failed+s.Canceled {
 		t.Fatalf("sent %d = warm-up %d + ok %d + failed %d + canceled %d?", s.Sent, s.WarmupRequests, s.OK, s.Failed, s.Canceled)
 	}
@@ -406,19 +283,15 @@ func TestWarmupIsNotMeasured(t *testing.T) {
 
 func TestConnectionsAreReused(t *testing.T) {
 	var conns atomic.Int64
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/models" {
-			return
-		}
-		_, _ = io.Copy(io.Discard, r.Body)
+	srv := newStub(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n")
+		fmt.Fprint(w, chunkA)
 		w.(http.Flusher).Flush()
-		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n")
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n"+sseDone)
 		// the end of the chunked body comes a little after [DONE]
 		w.(http.Flusher).Flush()
 		time.Sleep(5 * time.Millisecond)
-	}))
+	})
 	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
 			conns.Add(1)
@@ -426,15 +299,8 @@ func TestConnectionsAreReused(t *testing.T) {
 	}
 	srv.Start()
 	defer srv.Close()
-	_, gen := ragWorkload(t, "m")
-	cfg := DefaultConfig()
-	cfg.Targets = []string{srv.URL}
-	cfg.Mode = ClosedLoop
-	cfg.Concurrency = 2
-	cfg.Requests = 40
-	s, err := Run(context.Background(), cfg, gen)
-	if err != nil || s.OK != 40 {
-		t.Fatalf("ok %d, %v", s.OK, err)
+	if s := mustRun(t, closedLoop(srv.URL, 2, 40), ragWorkload(t, "m")); s.OK != 40 {
+		t.Fatalf("ok %d errors %v", s.OK, s.Errors)
 	}
 	// one connection per worker (plus the /v1/models probe), not one per request
 	if n := conns.Load(); n > 4 {
@@ -443,30 +309,18 @@ func TestConnectionsAreReused(t *testing.T) {
 }
 
 func TestStreamLeftOpenAfterDone(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/models" {
-			return
-		}
-		_, _ = io.Copy(io.Discard, r.Body)
+	srv := startStub(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n")
+		fmt.Fprint(w, chunkA+sseDone)
 		w.(http.Flusher).Flush()
 		select { // never ends the body by itself
 		case <-r.Context().Done():
 		case <-time.After(30 * time.Second):
 		}
-	}))
-	defer srv.Close()
-	_, gen := ragWorkload(t, "m")
-	cfg := DefaultConfig()
-	cfg.Targets = []string{srv.URL}
-	cfg.Mode = ClosedLoop
-	cfg.Concurrency = 1
-	cfg.Requests = 3
+	})
 	start := time.Now()
-	s, err := Run(context.Background(), cfg, gen)
-	if err != nil || s.OK != 3 {
-		t.Fatalf("ok %d errors %v, %v", s.OK, s.Errors, err)
+	if s := mustRun(t, closedLoop(srv.URL, 1, 3), ragWorkload(t, "m")); s.OK != 3 {
+		t.Fatalf("ok %d errors %v", s.OK, s.Errors)
 	}
 	if d := time.Since(start); d > 20*time.Second {
 		t.Fatalf("three requests took %v: the open stream held them", d)
