@@ -1,6 +1,7 @@
 package compare
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -8,8 +9,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 
 	"github.com/warmroute/warmroute/loadtest"
 	"github.com/warmroute/warmroute/loadtest/fleet"
@@ -19,12 +18,7 @@ import (
 )
 
 // The test binary doubles as gpusim and the router (see fakefleet).
-func TestMain(m *testing.M) {
-	if os.Getenv(fakefleet.Env) != "" {
-		os.Exit(fakefleet.Main(os.Args[1:]))
-	}
-	goleak.VerifyTestMain(m)
-}
+func TestMain(m *testing.M) { fakefleet.TestMain(m) }
 
 func testPlan(t *testing.T, requests int) Plan {
 	t.Helper()
@@ -104,20 +98,20 @@ func TestInterruptReturnsPartialRuns(t *testing.T) {
 	for i := range p.Cases {
 		p.Cases[i].Load.Duration = time.Minute
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var progress syncWriter
-	p.Progress = &progress
+	// interrupt at the first progress line of a run (at the latest after 30 s)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	progress := writerFunc(func(line []byte) (int, error) {
+		if bytes.Contains(line, []byte("in flight")) {
+			cancel()
+		}
+		return len(line), nil
+	})
+	p.Progress = progress
 	for i := range p.Cases {
-		p.Cases[i].Load.Progress = &progress
+		p.Cases[i].Load.Progress = progress
 		p.Cases[i].Load.ProgressInterval = 100 * time.Millisecond
 	}
-	go func() {
-		deadline := time.Now().Add(30 * time.Second)
-		for time.Now().Before(deadline) && !strings.Contains(progress.String(), "in flight") {
-			time.Sleep(20 * time.Millisecond)
-		}
-		cancel()
-	}()
 	runs, err := Execute(ctx, p)
 	if !errors.Is(err, loadtest.ErrInterrupted) {
 		t.Fatalf("error %v", err)
@@ -145,19 +139,8 @@ func TestValidatePlan(t *testing.T) {
 	}
 }
 
-type syncWriter struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
+// writerFunc adapts a function to io.Writer (a Progress that watches the
+// lines as they are written).
+type writerFunc func(p []byte) (int, error)
 
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -18,7 +18,10 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 
 	"github.com/warmroute/warmroute/loadtest/gpusim"
 )
@@ -34,6 +37,16 @@ const (
 	// GrandchildPIDFile names the file the grandchild's pid is written to.
 	GrandchildPIDFile = "FAKEFLEET_GRANDCHILD_PID"
 )
+
+// TestMain is the TestMain of a test binary that doubles as the children:
+// it runs Main on the binary's arguments when the Env variable is set, and
+// m's tests, checked for leaked goroutines, when it is not.
+func TestMain(m *testing.M) {
+	if os.Getenv(Env) != "" {
+		os.Exit(Main(os.Args[1:]))
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // Main runs the child named by args[0] ("gpusim" or "serve") and returns
 // its exit code. It prints "pid N" first so tests can check it is gone.
