@@ -21,40 +21,29 @@ vllm:prefix_cache_hits_total{engine="0",model_name="m"} 9000.0
 vllm:prefix_cache_hits_total{engine="1",model_name="m"} 1000.0
 `
 
-func TestParseV1(t *testing.T) {
-	c, err := Parse(strings.NewReader(vllmV1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.Queries != 20000 || c.Hits != 10000 {
-		t.Fatalf("got %+v, want sums 20000/10000", c)
-	}
-}
-
-func TestParseFamilyWithoutTotal(t *testing.T) {
-	// prometheus_client (Python) declares the family without _total and
-	// suffixes the samples; expfmt then files the samples under their own
-	// untyped name.
-	in := `# TYPE vllm:prefix_cache_queries counter
+func TestParse(t *testing.T) {
+	cases := []struct {
+		name          string
+		in            string
+		queries, hits float64
+	}{
+		{"V1", vllmV1, 20000, 10000},
+		// prometheus_client (Python) declares the family without _total
+		// and suffixes the samples; expfmt then files the samples under
+		// their own untyped name.
+		{"family without _total", `# TYPE vllm:prefix_cache_queries counter
 vllm:prefix_cache_queries_total{model_name="m"} 50
 # TYPE vllm:prefix_cache_hits counter
 vllm:prefix_cache_hits_total{model_name="m"} 20
 vllm:prefix_cache_hits_created{model_name="m"} 1.7e9
-`
-	c, err := Parse(strings.NewReader(in))
-	if err != nil {
-		t.Fatal(err)
+`, 50, 20},
+		{"early V1 names", "vllm:gpu_prefix_cache_queries_total 10\nvllm:gpu_prefix_cache_hits_total 4\n", 10, 4},
 	}
-	if c.Queries != 50 || c.Hits != 20 {
-		t.Fatalf("got %+v", c)
-	}
-}
-
-func TestParseEarlyV1Names(t *testing.T) {
-	in := "vllm:gpu_prefix_cache_queries_total 10\nvllm:gpu_prefix_cache_hits_total 4\n"
-	c, err := Parse(strings.NewReader(in))
-	if err != nil || c.Queries != 10 || c.Hits != 4 {
-		t.Fatalf("got %+v, %v", c, err)
+	for _, c := range cases {
+		got, err := Parse(strings.NewReader(c.in))
+		if err != nil || got.Queries != c.queries || got.Hits != c.hits {
+			t.Errorf("%s: got %+v, %v; want queries %g hits %g", c.name, got, err, c.queries, c.hits)
+		}
 	}
 }
 
