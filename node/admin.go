@@ -55,7 +55,7 @@ func writeJSONError(w http.ResponseWriter, status int, code, msg string) {
 type Status struct {
 	Node     string                `json:"node"`
 	Epoch    uint64                `json:"epoch"`
-	Routing  Routing               `json:"routing"`
+	Routing  ring.Settings         `json:"routing"`
 	Ready    bool                  `json:"ready"`
 	Backends []proxy.BackendStatus `json:"backends"`
 	Members  []gossip.Member       `json:"members,omitempty"`
@@ -67,15 +67,12 @@ type Status struct {
 
 func (n *Node) status() Status {
 	r, epoch := n.proxy.Ring()
-	rc := r.Config()
+	routing := r.Config().Settings
+	routing.PartitionCount = r.Partitions() // what 0 (automatic) chose
 	return Status{
-		Node:  n.name,
-		Epoch: epoch,
-		Routing: Routing{
-			Strategy: rc.Strategy, PrefixLength: rc.PrefixLength, ConcurrencyThreshold: rc.ConcurrencyThreshold,
-			LoadFactor: rc.LoadFactor, InvocationsJSON: rc.InvocationsJSON, BusyIsFull: rc.BusyIsFull,
-			OverflowDepth: rc.OverflowDepth, PartitionCount: r.Partitions(), ZoneAware: rc.ZoneAware,
-		},
+		Node:     n.name,
+		Epoch:    epoch,
+		Routing:  routing,
 		Ready:    n.proxy.Ready(),
 		Backends: n.proxy.Status(),
 		Members:  n.members(),

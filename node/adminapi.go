@@ -16,6 +16,7 @@ import (
 
 	"github.com/warmroute/warmroute/node/cluster"
 	"github.com/warmroute/warmroute/proxy"
+	"github.com/warmroute/warmroute/ring"
 )
 
 const (
@@ -235,64 +236,39 @@ func (n *Node) handleGetConfig(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"epoch": epoch, "routing": st.Routing})
 }
 
-// ParseRoutingPatch merges a JSON object of routing fields over cur.
-// SageMaker's names (RoutingStrategy, PrefixLength, ConcurrencyThreshold)
-// are accepted too.
-func ParseRoutingPatch(cur cluster.Routing, body []byte, replace bool) (cluster.Routing, error) {
+// ParseRoutingPatch merges a JSON object of routing fields over cur (over
+// the defaults when replace is set), by their admin API names or
+// SageMaker's (RoutingStrategy, PrefixLength, ConcurrencyThreshold). A
+// field named twice, under either name, is an error.
+func ParseRoutingPatch(cur ring.Settings, body []byte, replace bool) (ring.Settings, error) {
 	raw, err := objectFields(body)
 	if err != nil {
 		return cur, fmt.Errorf("request body: %w", err)
 	}
-	alias := map[string]string{"RoutingStrategy": "strategy", "PrefixLength": "prefix_length", "ConcurrencyThreshold": "concurrency_threshold"}
-	norm := map[string]json.RawMessage{}
-	given := map[string]string{} // field -> the name it was given as
+	out := cur
+	if replace {
+		out = ring.DefaultSettings()
+	}
+	given := map[string]string{} // setting -> the name it was given as
 	for _, f := range raw {
-		k := f.name
-		if a, ok := alias[k]; ok {
-			k = a
+		info, ok := ring.LookupSetting(f.name)
+		if !ok {
+			return cur, fmt.Errorf("unknown routing field %q", f.name)
 		}
-		if prev, dup := given[k]; dup {
+		if prev, dup := given[info.JSON]; dup {
 			if prev == f.name {
 				return cur, fmt.Errorf("routing field %q given twice", f.name)
 			}
-			return cur, fmt.Errorf("routing field %q given twice, as %q and %q: give it once", k, prev, f.name)
+			return cur, fmt.Errorf("routing field %q given twice, as %q and %q: give it once", info.JSON, prev, f.name)
 		}
-		given[k] = f.name
-		norm[k] = f.value
+		given[info.JSON] = f.name
+		if err := json.Unmarshal(f.value, out.Field(info)); err != nil {
+			return cur, fmt.Errorf("routing field %q: %w", f.name, err)
+		}
 	}
-	base := cur
-	if replace {
-		base = cluster.DefaultRouting()
-	}
-	merged, err := json.Marshal(base)
-	if err != nil {
+	if err := out.Validate(); err != nil {
 		return cur, err
 	}
-	var fields map[string]json.RawMessage
-	_ = json.Unmarshal(merged, &fields)
-	known := map[string]bool{}
-	for _, k := range []string{"strategy", "prefix_length", "concurrency_threshold", "load_factor", "invocations_json",
-		"busy_is_full", "overflow_depth", "partition_count", "zone_aware"} {
-		known[k] = true
-	}
-	for k, v := range norm {
-		if !known[k] {
-			return cur, fmt.Errorf("unknown routing field %q", k)
-		}
-		fields[k] = v
-	}
-	b, _ := json.Marshal(fields)
-	var out cluster.Routing
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&out); err != nil {
-		return cur, fmt.Errorf("routing: %w", err)
-	}
-	rc, err := out.RingConfig()
-	if err != nil {
-		return cur, err
-	}
-	out.Strategy = rc.Strategy.String()
 	return out, nil
 }
 

@@ -29,16 +29,6 @@ func (c *Config) seedBackends() ([]cluster.Backend, error) {
 	return out, nil
 }
 
-// seedRouting converts the routing block to the agreed form.
-func (c *Config) seedRouting() cluster.Routing {
-	r := c.Routing
-	return cluster.Routing{
-		Strategy: r.Strategy.String(), PrefixLength: r.PrefixLength, ConcurrencyThreshold: r.ConcurrencyThreshold,
-		LoadFactor: r.LoadFactor, InvocationsJSON: r.InvocationsJSON, BusyIsFull: r.BusyIsFull,
-		OverflowDepth: r.OverflowDepth, PartitionCount: r.PartitionCount, ZoneAware: r.ZoneAware,
-	}
-}
-
 // raftAddrs picks the Raft bind address (a free port when the configured
 // port is 0) and the address to advertise through gossip, before gossip
 // starts, so the advertisement never changes.
@@ -90,7 +80,7 @@ func (n *Node) startAgreement(raftBind, raftAdvertise string) error {
 	if cc.SeedBackends, err = n.cfg.seedBackends(); err != nil {
 		return err
 	}
-	cc.SeedRouting = n.cfg.seedRouting()
+	cc.SeedRouting = n.cfg.Routing
 	t := cl.RaftTimeout
 	var members cluster.Membership
 	if n.gossip != nil {
@@ -140,10 +130,7 @@ func (d departures) Members() []gossip.Member {
 
 // validateState rejects a state this node could not route on.
 func (n *Node) validateState(s cluster.State) error {
-	rc, err := s.Routing.RingConfig()
-	if err != nil {
-		return err
-	}
+	rc := ring.ConfigFor(s.Routing)
 	rc.LocalZone = n.cfg.Cluster.Zone
 	rbs := s.RingBackends()
 	for _, b := range rbs {
@@ -151,7 +138,7 @@ func (n *Node) validateState(s cluster.State) error {
 			return fmt.Errorf("backend %s: %w", b.ID, err)
 		}
 	}
-	_, err = ring.New(rc, rbs)
+	_, err := ring.New(rc, rbs)
 	return err
 }
 
@@ -169,12 +156,9 @@ func (n *Node) applyAgreed() {
 	if _, cur := n.proxy.Ring(); cur == epoch {
 		return
 	}
-	rc, err := st.Routing.RingConfig()
-	if err == nil {
-		rc.LocalZone = n.cfg.Cluster.Zone
-		err = n.installRing(rc, st.RingBackends(), epoch)
-	}
-	if err != nil {
+	rc := ring.ConfigFor(st.Routing)
+	rc.LocalZone = n.cfg.Cluster.Zone
+	if err := n.installRing(rc, st.RingBackends(), epoch); err != nil {
 		// validateState runs on the leader before every write, so this
 		// means a node of another version: keep routing on the last ring.
 		n.log.Error("cannot build the agreed ring; keeping the last one", "epoch", epoch, "err", err)

@@ -29,7 +29,7 @@ type Config struct {
 	AdminListen string `yaml:"admin_listen"`
 	// Backends seeds the backend set.
 	Backends []BackendSpec `yaml:"backends"`
-	Routing  Routing       `yaml:"routing"`
+	Routing  ring.Settings `yaml:"routing"`
 	Limits   Limits        `yaml:"limits"`
 	Upstream Upstream      `yaml:"upstream"`
 	Health   Health        `yaml:"health"`
@@ -43,20 +43,6 @@ type Config struct {
 
 	// SageMaker accepts SageMaker's RoutingConfig block verbatim.
 	SageMaker *SageMakerRouting `yaml:"RoutingConfig,omitempty"`
-}
-
-// Routing is the routing config (ring.Config's user-facing knobs).
-type Routing struct {
-	Strategy             ring.Strategy `yaml:"strategy"`
-	PrefixLength         int           `yaml:"prefix_length"`
-	ConcurrencyThreshold int           `yaml:"concurrency_threshold"`
-	LoadFactor           float64       `yaml:"load_factor"`
-	InvocationsJSON      bool          `yaml:"invocations_json"`
-	BusyIsFull           bool          `yaml:"busy_is_full"`
-	OverflowDepth        int           `yaml:"overflow_depth"`
-	PartitionCount       int           `yaml:"partition_count"`
-	// ZoneAware makes overflow prefer backends in this router's zone.
-	ZoneAware bool `yaml:"zone_aware"`
 }
 
 // SageMakerRouting is SageMaker's RoutingConfig shape.
@@ -233,21 +219,11 @@ type Log struct {
 
 // DefaultConfig returns the defaults every knob documents.
 func DefaultConfig() Config {
-	rc := ring.DefaultConfig()
 	pc := proxy.DefaultConfig()
 	return Config{
 		Listen:      ":8080",
 		AdminListen: "127.0.0.1:9090",
-		Routing: Routing{
-			Strategy:             rc.Strategy,
-			PrefixLength:         rc.PrefixLength,
-			ConcurrencyThreshold: rc.ConcurrencyThreshold,
-			LoadFactor:           rc.LoadFactor,
-			InvocationsJSON:      rc.InvocationsJSON,
-			BusyIsFull:           rc.BusyIsFull,
-			OverflowDepth:        rc.OverflowDepth,
-			PartitionCount:       rc.PartitionCount,
-		},
+		Routing:     ring.DefaultSettings(),
 		Limits: Limits{
 			MaxBodySize:   Size(pc.MaxRequestBodySize),
 			MaxHeaderSize: Size(pc.MaxHeaderBytes),
@@ -322,18 +298,10 @@ func (c *Config) applySageMaker() error {
 	return nil
 }
 
-// RingConfig is the ring.Config the routing settings describe.
+// RingConfig is the ring.Config the routing settings describe, for this
+// router's zone.
 func (c *Config) RingConfig() ring.Config {
-	rc := ring.DefaultConfig()
-	rc.Strategy = c.Routing.Strategy
-	rc.PrefixLength = c.Routing.PrefixLength
-	rc.ConcurrencyThreshold = c.Routing.ConcurrencyThreshold
-	rc.LoadFactor = c.Routing.LoadFactor
-	rc.InvocationsJSON = c.Routing.InvocationsJSON
-	rc.BusyIsFull = c.Routing.BusyIsFull
-	rc.OverflowDepth = c.Routing.OverflowDepth
-	rc.PartitionCount = c.Routing.PartitionCount
-	rc.ZoneAware = c.Routing.ZoneAware
+	rc := ring.ConfigFor(c.Routing)
 	rc.LocalZone = c.Cluster.Zone
 	return rc
 }
@@ -389,9 +357,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	} else if rcErr == nil {
 		// What only the whole backend set shows (partition_count below
-		// the backend count, too many backends): build the ring the node
-		// will start with.
-		if _, err := ring.New(rc, rbs); err != nil {
+		// the backend count, too many backends), without building the
+		// ring: New builds it once.
+		if err := rc.CheckFleet(len(rbs)); err != nil {
 			errs = append(errs, fmt.Errorf("routing: %w", err))
 		}
 	}

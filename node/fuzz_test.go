@@ -55,22 +55,18 @@ func FuzzParseRoutingPatch(f *testing.F) {
 		`{"prefix_length":2048}`, `{"strategy":"round-robin","load_factor":1.5}`,
 		`{"RoutingStrategy":"PREFIX_AWARE","PrefixLength":4096,"ConcurrencyThreshold":10}`,
 		`{"prefix_length":"x"}`, `{"nope":1}`, `null`, `[]`, `{"zone_aware":true,"overflow_depth":3}`,
-		`{"partition_count":-1}`, `{"load_factor":0.5}`,
+		`{"partition_count":-1}`, `{"load_factor":0.5}`, `{"PrefixLength":2048,"prefix_length":4096}`,
 	} {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)
 	}
 	f.Fuzz(func(t *testing.T, body []byte, replace bool) {
-		out, err := ParseRoutingPatch(cluster.DefaultRouting(), body, replace)
+		out, err := ParseRoutingPatch(ring.DefaultSettings(), body, replace)
 		if err != nil {
 			return
 		}
-		rc, err := out.RingConfig()
-		if err != nil {
-			t.Fatalf("accepted %q but the config is invalid: %v", body, err)
-		}
-		if out.Strategy != rc.Strategy.String() {
-			t.Fatalf("strategy not canonical: %q", out.Strategy)
+		if err := out.Validate(); err != nil {
+			t.Fatalf("accepted %q but the settings are invalid: %v", body, err)
 		}
 		if _, err := json.Marshal(out); err != nil {
 			t.Fatal(err)

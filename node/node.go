@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -104,9 +105,9 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 		return nil, err
 	}
 	// Epoch 0: the config file's ring, routed on until the agreed state
-	// arrives.
+	// arrives (and reused then when the agreed state is the same).
 	if err := n.installRing(cfg.RingConfig(), backends, 0); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("routing: %w", err)
 	}
 
 	if n.trafficLn, err = net.Listen("tcp", cfg.Listen); err != nil {
@@ -159,15 +160,31 @@ const (
 	maxAdminConnsPerIP = 64
 )
 
-// installRing builds a ring and hands it to the proxy.
+// installRing builds a ring and hands it to the proxy, or hands it the
+// ring it has when that one was built from the same settings and
+// backends (the agreed state usually repeats the config file's).
 func (n *Node) installRing(rc ring.Config, backends []ring.Backend, epoch uint64) error {
 	n.ringMu.Lock()
 	defer n.ringMu.Unlock()
+	if cur, _ := n.proxy.Ring(); cur != nil && sameRing(cur, rc, backends) {
+		return n.proxy.SetRing(cur, epoch)
+	}
 	r, err := ring.New(rc, backends)
 	if err != nil {
 		return err
 	}
 	return n.proxy.SetRing(r, epoch)
+}
+
+// sameRing reports whether r was built from rc's settings and zone and
+// from backends.
+func sameRing(r *ring.Ring, rc ring.Config, backends []ring.Backend) bool {
+	cur := r.Config()
+	if cur.Settings != rc.Settings || cur.LocalZone != rc.LocalZone || r.Len() != len(backends) {
+		return false
+	}
+	sorted := slices.SortedFunc(slices.Values(backends), func(a, b ring.Backend) int { return strings.Compare(a.ID, b.ID) })
+	return slices.Equal(r.Backends(), sorted)
 }
 
 // TrafficAddr is the bound client-facing address.

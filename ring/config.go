@@ -213,6 +213,19 @@ func (c *Config) Validate() error {
 // the smallest prime tier that keeps at least 20 partitions per backend.
 var partitionTiers = [...]int{7919, 20011, 40009, 81901}
 
+// CheckFleet reports what only the backend count shows: more backends than
+// a ring holds, or fewer partitions than backends. It is the cheap part of
+// what New checks, for validating a configuration without building it.
+func (c *Config) CheckFleet(n int) error {
+	switch {
+	case n > MaxBackends:
+		return fmt.Errorf("%w: %d backends, at most %d", ErrConfig, n, MaxBackends)
+	case n > 0 && c.partitions(n) < n:
+		return fmt.Errorf("%w: PartitionCount %d is below the backend count %d", ErrConfig, c.partitions(n), n)
+	}
+	return nil
+}
+
 func (c *Config) partitions(n int) int {
 	if c.PartitionCount > 0 {
 		return c.PartitionCount

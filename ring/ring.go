@@ -43,8 +43,8 @@ func New(cfg Config, backends []Backend) (*Ring, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if len(backends) > MaxBackends {
-		return nil, fmt.Errorf("%w: %d backends, at most %d", ErrConfig, len(backends), MaxBackends)
+	if err := cfg.CheckFleet(len(backends)); err != nil {
+		return nil, err
 	}
 	bs := slices.Clone(backends)
 	slices.SortFunc(bs, func(a, b Backend) int {
@@ -77,9 +77,6 @@ func New(cfg Config, backends []Backend) (*Ring, error) {
 		return r, nil
 	}
 	parts := cfg.partitions(len(bs))
-	if parts < len(bs) {
-		return nil, fmt.Errorf("%w: PartitionCount %d is below the backend count %d", ErrConfig, parts, len(bs))
-	}
 	r.parts = uint64(parts)
 	r.depth = min(cfg.OverflowDepth, len(bs))
 	vn := virtualNodes(cfg, bs)

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/warmroute/warmroute/node"
+	"github.com/warmroute/warmroute/ring"
 )
 
 // backendsFlag parses --backends: a comma-separated list of
@@ -65,27 +66,16 @@ func (f listFlag) Set(v string) error {
 }
 
 // serveFlags binds every serve flag to cfg. It is the one table flags,
-// environment variables (WARMROUTE_<FLAG>, '-' as '_') and --help come from;
-// YAML keys are listed in docs/configuration.md.
+// environment variables (WARMROUTE_<FLAG>, '-' as '_') and --help come
+// from; the routing settings come from ring.Settings' tags (routingFlags).
+// YAML keys are the yaml tags of node.Config.
 func serveFlags(fs *flag.FlagSet, cfg *node.Config) (configPath *string) {
 	configPath = fs.String("config", "", "YAML config file (flags and WARMROUTE_* variables override it)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing listen address (OpenAI API, /invocations, /ping)")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin listen address: /metrics, /status, /debug/route")
 	fs.Var(backendsFlag{&cfg.Backends}, "backends", "comma-separated backend base URLs, each `[id=]url[;zone=z][;weight=n]` (id defaults to host:port)")
 
-	r := &cfg.Routing
-	fs.TextVar(&r.Strategy, "strategy", r.Strategy, "routing strategy: PREFIX_AWARE, RANDOM, LEAST_OUTSTANDING_REQUESTS, ROUND_ROBIN, CONSISTENT_HASH")
-	fs.TextVar(&r.Strategy, "RoutingStrategy", r.Strategy, "SageMaker name for --strategy")
-	fs.IntVar(&r.PrefixLength, "prefix-length", r.PrefixLength, "bytes of prompt text that form the routing key (1024-65536)")
-	fs.IntVar(&r.PrefixLength, "PrefixLength", r.PrefixLength, "SageMaker name for --prefix-length")
-	fs.IntVar(&r.ConcurrencyThreshold, "concurrency-threshold", r.ConcurrencyThreshold, "in-flight requests per backend at which PREFIX_AWARE overflows (1-1024)")
-	fs.IntVar(&r.ConcurrencyThreshold, "ConcurrencyThreshold", r.ConcurrencyThreshold, "SageMaker name for --concurrency-threshold")
-	fs.Float64Var(&r.LoadFactor, "load-factor", r.LoadFactor, "also cap a backend at this multiple of the fleet's average in-flight (bounded loads); 0 = off, else >= 1")
-	fs.BoolVar(&r.InvocationsJSON, "invocations-json", r.InvocationsJSON, "/invocations: key on prompt fields of JSON bodies (messages, prompt, inputs) instead of the raw body")
-	fs.BoolVar(&r.BusyIsFull, "busy-is-full", r.BusyIsFull, "treat a backend whose engine reports queued requests as over its limit")
-	fs.IntVar(&r.OverflowDepth, "overflow-depth", r.OverflowDepth, "backends in each partition's overflow order before falling back to least-loaded")
-	fs.BoolVar(&r.ZoneAware, "zone-aware", r.ZoneAware, "overflow to backends in this router's --zone first (the owner is still taken wherever it is)")
-	fs.IntVar(&r.PartitionCount, "partition-count", r.PartitionCount, "ring partitions; 0 = chosen from the backend count")
+	routingFlags(fs, &cfg.Routing)
 
 	l := &cfg.Limits
 	fs.TextVar(&l.MaxBodySize, "max-body-size", l.MaxBodySize, "largest request body accepted (413 above)")
@@ -156,8 +146,38 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config) (configPath *string) {
 	return configPath
 }
 
-// sageMakerAliases are flag names that take no environment variable.
-var sageMakerAliases = map[string]bool{"RoutingStrategy": true, "PrefixLength": true, "ConcurrencyThreshold": true}
+// routingFlags binds a flag to every routing setting, named and explained
+// by ring.Settings' tags, and one more under its SageMaker name where it
+// has one.
+func routingFlags(fs *flag.FlagSet, r *ring.Settings) {
+	for _, info := range ring.SettingsInfo() {
+		names := [][2]string{{info.Flag, info.Help}}
+		if info.SageMaker != "" {
+			names = append(names, [2]string{info.SageMaker, "SageMaker name for --" + info.Flag})
+		}
+		for _, n := range names {
+			switch p := r.Field(info).(type) {
+			case *int:
+				fs.IntVar(p, n[0], *p, n[1])
+			case *float64:
+				fs.Float64Var(p, n[0], *p, n[1])
+			case *bool:
+				fs.BoolVar(p, n[0], *p, n[1])
+			case *ring.Strategy:
+				fs.TextVar(p, n[0], *p, n[1])
+			default:
+				panic(fmt.Sprintf("routing setting %s: no flag type for %T", info.Field, p))
+			}
+		}
+	}
+}
+
+// sageMakerAlias reports whether a flag is a SageMaker alias, which takes
+// no environment variable.
+func sageMakerAlias(name string) bool {
+	info, ok := ring.LookupSetting(name)
+	return ok && info.SageMaker == name
+}
 
 func envName(flagName string) string {
 	return "WARMROUTE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
@@ -202,7 +222,7 @@ func loadServeConfig(args []string, stderr io.Writer) (node.Config, error) {
 	serveFlags(fs, &cfg)
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
-		if sageMakerAliases[f.Name] || f.Name == "config" {
+		if sageMakerAlias(f.Name) || f.Name == "config" {
 			return
 		}
 		if v, ok := os.LookupEnv(envName(f.Name)); ok {
