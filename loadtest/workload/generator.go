@@ -121,6 +121,13 @@ type message struct {
 	parts []string
 }
 
+// setChat makes r the chat completion of msgs, in group.
+func (r *Request) setChat(c *Config, group string, msgs []message) {
+	r.Path = PathChat
+	r.Group = group
+	r.Body = appendChatBody(r.Body[:0], c, msgs, r.Tenant)
+}
+
 // appendChatBody renders a /v1/chat/completions body.
 func appendChatBody(b []byte, c *Config, msgs []message, tenant string) []byte {
 	b = appendModel(b, c)

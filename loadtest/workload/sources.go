@@ -60,9 +60,7 @@ func (s *rag) next(r *Request) {
 	s.parts = append(s.parts[:0], s.document(d), "\n\nQuestion: ", s.question(d, q))
 	s.msgs[0] = message{"system", []string{s.system}}
 	s.msgs[1] = message{"user", s.parts}
-	r.Path = PathChat
-	r.Group = s.groups[d]
-	r.Body = appendChatBody(r.Body[:0], s.cfg, s.msgs, r.Tenant)
+	r.setChat(s.cfg, s.groups[d], s.msgs)
 }
 
 // chat: Active open conversations; each request advances one of them,
@@ -150,9 +148,7 @@ func (s *chat) next(r *Request) {
 		s.msgs = append(s.msgs, message{"system", []string{s.system}})
 	}
 	s.msgs = append(s.msgs, c.msgs...)
-	r.Path = PathChat
-	r.Group = c.group
-	r.Body = appendChatBody(r.Body[:0], s.cfg, s.msgs, r.Tenant)
+	r.setChat(s.cfg, c.group, s.msgs)
 }
 
 // bot: the system prompt is one of Templates long policy blocks, drawn by
@@ -187,9 +183,7 @@ func (s *bot) next(r *Request) {
 	s.user = appendWords(s.user[:0], s.rng, s.cfg.Bot.UserTokens)
 	s.msgs[0] = message{"system", []string{s.policy(t)}}
 	s.msgs[1] = message{"user", []string{string(s.user)}}
-	r.Path = PathChat
-	r.Group = s.groups[t]
-	r.Body = appendChatBody(r.Body[:0], s.cfg, s.msgs, r.Tenant)
+	r.setChat(s.cfg, s.groups[t], s.msgs)
 }
 
 // code: the prompt of /v1/completions is a file up to a cursor (a line
@@ -280,7 +274,5 @@ func (s *noReuse) next(r *Request) {
 	s.text = appendWords(s.text, s.rng, s.cfg.NoReuse.PromptTokens)
 	s.parts[0] = string(s.text)
 	s.msgs[0] = message{"user", s.parts}
-	r.Path = PathChat
-	r.Group = ""
-	r.Body = appendChatBody(r.Body[:0], s.cfg, s.msgs, r.Tenant)
+	r.setChat(s.cfg, "", s.msgs)
 }

@@ -82,6 +82,16 @@ func kindConfig(k Kind) Config {
 	return c
 }
 
+// chatConfig is the chat workload of kindConfig with active conversations
+// of turns turns.
+func chatConfig(active, turns int, stagger bool) Config {
+	c := kindConfig(KindChat)
+	c.Chat.Active = active
+	c.Chat.Turns = turns
+	c.Chat.Stagger = stagger
+	return c
+}
+
 func TestSameSeedSameRequests(t *testing.T) {
 	for _, k := range Kinds() {
 		t.Run(string(k), func(t *testing.T) {
@@ -205,10 +215,7 @@ func TestRAGSharing(t *testing.T) {
 }
 
 func TestChatHistoryGrows(t *testing.T) {
-	c := kindConfig(KindChat)
-	c.Chat.Active = 4
-	c.Chat.Turns = 5
-	c.Chat.Stagger = false
+	c := chatConfig(4, 5, false)
 	ss := generate(t, c, 200)
 	last := map[string]chatBody{}
 	turns := map[string]int{}
@@ -531,10 +538,7 @@ func TestBindFlags(t *testing.T) {
 }
 
 func TestChatStagger(t *testing.T) {
-	c := kindConfig(KindChat)
-	c.Chat.Active = 5
-	c.Chat.Turns = 10
-	c.Chat.Stagger = true
+	c := chatConfig(5, 10, true)
 	ss := generate(t, c, 400)
 	// the first request of each of the first conversations carries the
 	// history of the turns it skipped: 2 x (i x 10 / 5) + 2 messages for
