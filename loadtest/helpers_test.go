@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 
@@ -18,16 +17,6 @@ import (
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-// fastSim is a gpusim model that answers in a few milliseconds.
-func fastSim() gpusim.Config {
-	c := gpusim.DefaultConfig()
-	c.Overhead = time.Millisecond
-	c.ITLBase = time.Millisecond
-	c.ITLPerSeq = 0
-	c.PrefillTokensPerSec = 1e6
-	return c
 }
 
 // simRun starts n gpusim instances of model sim and returns them, a RAG

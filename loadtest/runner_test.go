@@ -13,10 +13,12 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/loadtest/gpusim"
 )
 
 func TestOpenLoopAgainstGpusim(t *testing.T) {
-	f, gen, cfg := simRun(t, 3, fastSim()) // spread over the three like an L4 balancer
+	f, gen, cfg := simRun(t, 3, gpusim.FastConfig()) // spread over the three like an L4 balancer
 	cfg.Rate = 200
 	cfg.Requests = 60
 	cfg.Duration = 0
@@ -67,7 +69,7 @@ func TestOpenLoopAgainstGpusim(t *testing.T) {
 }
 
 func TestClosedLoop(t *testing.T) {
-	f, gen, _ := simRun(t, 1, fastSim())
+	f, gen, _ := simRun(t, 1, gpusim.FastConfig())
 	s := mustRun(t, closedLoop(f.URLs()[0], 4, 25), gen)
 	if s.Sent != 25 || s.OK != 25 {
 		t.Fatalf("sent %d ok %d", s.Sent, s.OK)
@@ -172,7 +174,7 @@ func TestUnreachableTarget(t *testing.T) {
 }
 
 func TestBadMetricsURL(t *testing.T) {
-	f, gen, cfg := simRun(t, 1, fastSim())
+	f, gen, cfg := simRun(t, 1, gpusim.FastConfig())
 	cfg.MetricsURLs = []string{f.URLs()[0] + "/nope"}
 	if _, err := Run(context.Background(), cfg, gen); !errors.Is(err, ErrMetrics) {
 		t.Fatalf("error %v, want ErrMetrics", err)
@@ -212,7 +214,7 @@ func TestValidate(t *testing.T) {
 }
 
 func TestInterruptGivesPartialSummary(t *testing.T) {
-	sim := fastSim()
+	sim := gpusim.FastConfig()
 	sim.ITLBase = 20 * time.Millisecond // requests last ~0.6 s
 	f, gen, cfg := simRun(t, 2, sim)
 	cfg.Rate = 50
@@ -253,7 +255,7 @@ func TestInterruptGivesPartialSummary(t *testing.T) {
 }
 
 func TestModels(t *testing.T) {
-	sim := fastSim()
+	sim := gpusim.FastConfig()
 	f, _, _ := simRun(t, 1, sim)
 	ids, err := Models(context.Background(), f.URLs()[0])
 	if err != nil || len(ids) != 1 || ids[0] != sim.Model {
@@ -262,7 +264,7 @@ func TestModels(t *testing.T) {
 }
 
 func TestWarmupIsNotMeasured(t *testing.T) {
-	f, gen, cfg := simRun(t, 1, fastSim())
+	f, gen, cfg := simRun(t, 1, gpusim.FastConfig())
 	cfg.MetricsURLs = metricsURLs(f.URLs())
 	cfg.Rate = 100
 	cfg.Warmup = 500 * time.Millisecond

@@ -53,6 +53,9 @@
 //	defer srv.Close()
 //	defer in.Close() // runs first: aborts in-flight requests, so srv.Close need not wait for them
 //
+// FastConfig is the model with latencies of about a millisecond, for tests
+// that need answers at once rather than the modelled timing.
+//
 // Instance.SetFaults makes a fraction of requests fail (500) or stall;
 // Instance.Stats reports running, waiting, completed, aborted (client went
 // away mid-request) and cached-token totals.

@@ -8,7 +8,7 @@ import (
 )
 
 func TestFleetServesIndependentInstances(t *testing.T) {
-	cfg := fastConfig()
+	cfg := FastConfig()
 	f, err := StartFleet(t.Context(), FleetConfig{N: 3, Instance: cfg})
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +49,7 @@ func TestFleetServesIndependentInstances(t *testing.T) {
 
 func TestFleetClosesWithItsContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
-	f, err := StartFleet(ctx, FleetConfig{N: 1, NamePrefix: "node-", Instance: fastConfig()})
+	f, err := StartFleet(ctx, FleetConfig{N: 1, NamePrefix: "node-", Instance: FastConfig()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,16 +63,16 @@ func TestFleetClosesWithItsContext(t *testing.T) {
 }
 
 func TestFleetConsecutivePortsAndErrors(t *testing.T) {
-	if _, err := StartFleet(t.Context(), FleetConfig{N: 0, Instance: fastConfig()}); err == nil {
+	if _, err := StartFleet(t.Context(), FleetConfig{N: 0, Instance: FastConfig()}); err == nil {
 		t.Fatal("N=0 accepted")
 	}
-	bad := fastConfig()
+	bad := FastConfig()
 	bad.TimeScale = 0
 	if _, err := StartFleet(t.Context(), FleetConfig{N: 2, Instance: bad}); err == nil {
 		t.Fatal("invalid instance config accepted")
 	}
 	// Take a free port, then ask for two fleets on the same ports.
-	f, err := StartFleet(t.Context(), FleetConfig{N: 1, Instance: fastConfig()})
+	f, err := StartFleet(t.Context(), FleetConfig{N: 1, Instance: FastConfig()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestFleetConsecutivePortsAndErrors(t *testing.T) {
 	if _, err := fmt.Sscanf(f.URLs()[0], "http://127.0.0.1:%d", &port); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := StartFleet(t.Context(), FleetConfig{N: 2, FirstPort: port - 1, Instance: fastConfig()}); err == nil {
+	if _, err := StartFleet(t.Context(), FleetConfig{N: 2, FirstPort: port - 1, Instance: FastConfig()}); err == nil {
 		t.Fatal("a fleet started on a port in use")
 	}
 }

@@ -20,16 +20,6 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// fastConfig is a model that runs quickly: tiny overhead and decode steps.
-func fastConfig() Config {
-	c := DefaultConfig()
-	c.Overhead = time.Millisecond
-	c.ITLBase = time.Millisecond
-	c.ITLPerSeq = 0
-	c.PrefillTokensPerSec = 1e6
-	return c
-}
-
 type testServer struct {
 	in  *Instance
 	srv *httptest.Server

@@ -69,7 +69,7 @@ func counterValue(t *testing.T, fams map[string]*dto.MetricFamily, name string, 
 }
 
 func TestMetricsParseWithVLLMNamesAndCountersNeverDecrease(t *testing.T) {
-	ts := startInstance(t, fastConfig())
+	ts := startInstance(t, FastConfig())
 	vllmLabels := map[string]string{"model_name": "meta-llama/Llama-3.1-70B-Instruct", "engine": "0"}
 	want := map[string]dto.MetricType{
 		"vllm:num_requests_running":        dto.MetricType_GAUGE,
@@ -147,7 +147,7 @@ func TestMetricsParseWithVLLMNamesAndCountersNeverDecrease(t *testing.T) {
 }
 
 func TestInstancesHaveSeparateRegistries(t *testing.T) {
-	a, b := startInstance(t, fastConfig()), startInstance(t, fastConfig())
+	a, b := startInstance(t, FastConfig()), startInstance(t, FastConfig())
 	a.postJSON(t, "/v1/completions", `{"prompt":"only on a","max_tokens":2}`)
 	if v := counterValue(t, scrape(t, b), "vllm:generation_tokens_total", nil); v != 0 {
 		t.Fatalf("instance b counted a's tokens: %v", v)

@@ -20,7 +20,7 @@ func openaiClient(ts *testServer) openai.Client {
 }
 
 func TestOfficialOpenAIClient(t *testing.T) {
-	ts := startInstance(t, fastConfig())
+	ts := startInstance(t, FastConfig())
 	client := openaiClient(ts)
 	ctx := t.Context()
 	model := "meta-llama/Llama-3.1-70B-Instruct"

@@ -52,7 +52,7 @@ func TestRepeatedPromptIsCachedAndFaster(t *testing.T) {
 }
 
 func TestSharedPrefixGetsExactlySharedFullBlocks(t *testing.T) {
-	ts := startInstance(t, fastConfig())
+	ts := startInstance(t, FastConfig())
 	const path = "/v1/completions"
 	// Token-id prompts: exact token counts, block size 16.
 	a := seqIDs(0, 100)
@@ -90,7 +90,7 @@ func TestSharedPrefixGetsExactlySharedFullBlocks(t *testing.T) {
 }
 
 func TestChatMessagesShareTheirPrefix(t *testing.T) {
-	ts := startInstance(t, fastConfig())
+	ts := startInstance(t, FastConfig())
 	sys := words("system policy", 2000)
 	turn := func(user string) string {
 		b, _ := json.Marshal([]map[string]string{{"role": "system", "content": sys}, {"role": "user", "content": user}})
@@ -106,7 +106,7 @@ func TestChatMessagesShareTheirPrefix(t *testing.T) {
 }
 
 func TestEvictionUnderSmallCapacity(t *testing.T) {
-	cfg := fastConfig()
+	cfg := FastConfig()
 	cfg.KVCacheBlocks = 20
 	ts := startInstance(t, cfg)
 	const path = "/v1/completions"
@@ -134,7 +134,7 @@ func TestEvictionUnderSmallCapacity(t *testing.T) {
 }
 
 func TestKVAdmissionCheckQueuesAndRejects(t *testing.T) {
-	cfg := fastConfig()
+	cfg := FastConfig()
 	cfg.KVCacheBlocks = 15
 	cfg.ITLBase = 20 * time.Millisecond
 	ts := startInstance(t, cfg)
@@ -171,7 +171,7 @@ func TestKVAdmissionCheckQueuesAndRejects(t *testing.T) {
 }
 
 func TestRequestsBeyondMaxNumSeqsWait(t *testing.T) {
-	cfg := fastConfig()
+	cfg := FastConfig()
 	cfg.MaxNumSeqs = 2
 	cfg.ITLBase = 50 * time.Millisecond
 	ts := startInstance(t, cfg)
@@ -210,7 +210,7 @@ func TestRequestsBeyondMaxNumSeqsWait(t *testing.T) {
 }
 
 func TestConcurrentPrefillsShareThroughput(t *testing.T) {
-	cfg := fastConfig()
+	cfg := FastConfig()
 	cfg.PrefillTokensPerSec = 1000 // one 1,000-token prefill alone: 1 s
 	cfg.KVCacheBlocks = 140
 	ts := startInstance(t, cfg)
@@ -253,7 +253,7 @@ func TestConcurrentPrefillsShareThroughput(t *testing.T) {
 }
 
 func TestClientDisconnectAbortsGeneration(t *testing.T) {
-	cfg := fastConfig()
+	cfg := FastConfig()
 	cfg.ITLBase = 10 * time.Millisecond
 	ts := startInstance(t, cfg)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -297,7 +297,7 @@ func TestClientDisconnectAbortsGeneration(t *testing.T) {
 }
 
 func TestFaults(t *testing.T) {
-	ts := startInstance(t, fastConfig())
+	ts := startInstance(t, FastConfig())
 	body := chatBody("hello", `,"max_tokens":2`)
 	if err := ts.in.SetFaults(Faults{FailFraction: 1}); err != nil {
 		t.Fatal(err)
@@ -352,7 +352,7 @@ func checkErrorBody(t *testing.T, b []byte, code int, typ string) errorBody {
 }
 
 func TestBadInput(t *testing.T) {
-	ts := startInstance(t, fastConfig())
+	ts := startInstance(t, FastConfig())
 	cases := []struct {
 		method, path, body string
 		status             int
@@ -401,7 +401,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestSageMakerAndHealthEndpoints(t *testing.T) {
-	ts := startInstance(t, fastConfig())
+	ts := startInstance(t, FastConfig())
 	for _, p := range []string{"/ping", "/health"} {
 		resp, b := ts.do(t, http.MethodGet, p, "")
 		if resp.StatusCode != http.StatusOK || len(b) != 0 {
@@ -435,7 +435,7 @@ func TestSageMakerAndHealthEndpoints(t *testing.T) {
 }
 
 func TestDefaultAndExplicitOutputLength(t *testing.T) {
-	cfg := fastConfig()
+	cfg := FastConfig()
 	cfg.DefaultMaxTokens = 7
 	ts := startInstance(t, cfg)
 	c := ts.postJSON(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`)
@@ -474,7 +474,7 @@ func TestTimeScaleShortensEveryDuration(t *testing.T) {
 }
 
 func TestCloseAbortsInFlightRequests(t *testing.T) {
-	in, err := New(fastConfig())
+	in, err := New(FastConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -512,7 +512,7 @@ func TestCloseAbortsInFlightRequests(t *testing.T) {
 }
 
 func TestResetPrefixCacheEndpoint(t *testing.T) {
-	ts := startInstance(t, fastConfig())
+	ts := startInstance(t, FastConfig())
 	body := tokenIDsBody(seqIDs(0, 100), `,"max_tokens":1`)
 	ts.postJSON(t, "/v1/completions", body)
 	resp, b := ts.do(t, http.MethodPost, "/reset_prefix_cache", "")
@@ -525,7 +525,7 @@ func TestResetPrefixCacheEndpoint(t *testing.T) {
 }
 
 func TestStreamIntervalBatchesTokens(t *testing.T) {
-	cfg := fastConfig()
+	cfg := FastConfig()
 	cfg.StreamInterval = 4
 	cfg.ITLBase = 5 * time.Millisecond
 	ts := startInstance(t, cfg)
@@ -552,7 +552,7 @@ func TestStreamIntervalBatchesTokens(t *testing.T) {
 }
 
 func TestPrefillTokenBudgetQueuesPrefills(t *testing.T) {
-	cfg := fastConfig()
+	cfg := FastConfig()
 	cfg.PrefillTokensPerSec = 500 // 1,000 tokens: 2 s
 	cfg.MaxNumBatchedTokens = 1500
 	ts := startInstance(t, cfg)
@@ -572,7 +572,7 @@ func TestPrefillTokenBudgetQueuesPrefills(t *testing.T) {
 }
 
 func TestPrefillCachesBlocksAsItGoes(t *testing.T) {
-	cfg := fastConfig()
+	cfg := FastConfig()
 	cfg.PrefillTokensPerSec = 1000 // 2,000 tokens: 2 s
 	ts := startInstance(t, cfg)
 	body := tokenIDsBody(seqIDs(0, 2000), `,"max_tokens":1`)
@@ -615,7 +615,7 @@ func TestInterTokenLatencyGrowsWithRunningRequests(t *testing.T) {
 		return sum / time.Duration(n)
 	}
 	for _, perSeq := range []time.Duration{2 * time.Millisecond, 0} {
-		cfg := fastConfig()
+		cfg := FastConfig()
 		cfg.ITLBase = 2 * time.Millisecond
 		cfg.ITLPerSeq = perSeq
 		ts := startInstance(t, cfg)

@@ -19,7 +19,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 
@@ -75,9 +74,9 @@ func Main(args []string) int {
 }
 
 func gpusimMain(ctx context.Context, mode string, args []string) int {
-	cfg := gpusim.DefaultConfig()
-	if mode != "sim" {
-		cfg.Overhead, cfg.ITLBase, cfg.ITLPerSeq, cfg.PrefillTokensPerSec = time.Millisecond, time.Millisecond, 0, 1e6
+	cfg := gpusim.FastConfig()
+	if mode == "sim" {
+		cfg = gpusim.DefaultConfig()
 	}
 	fs := flag.NewFlagSet("gpusim", flag.ContinueOnError)
 	n := fs.Int("instances", 1, "")
