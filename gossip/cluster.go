@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/warmroute/warmroute/node/notify"
 )
 
 // Cluster is this node's membership in the router cluster and its shared
@@ -35,11 +36,7 @@ type Cluster struct {
 	view atomic.Pointer[View]
 	meta atomic.Pointer[[]byte]
 	kick chan struct{}
-
-	subMu      sync.Mutex
-	subs       map[uint64]chan struct{}
-	nextSub    uint64
-	subsClosed bool
+	subs notify.Hub // View changes
 
 	joined atomic.Bool // some other node has been a member
 	addr   string      // advertised host:port, fixed after New
@@ -116,7 +113,6 @@ func New(cfg Config, local LocalSource) (*Cluster, error) {
 		st:      newState(cfg.NodeName, cfg.ExpireAfter, cfg.EngineExpireAfter),
 		pub:     newPublisher(cfg.NodeName, instance, local, &cfg),
 		kick:    make(chan struct{}, 1),
-		subs:    make(map[uint64]chan struct{}),
 		peers:   make(map[string]peer),
 		failed:  make(map[string]failedNode),
 		left:    make(map[string]leftNode),
@@ -272,13 +268,7 @@ func (c *Cluster) Close() error {
 func (c *Cluster) halt() {
 	close(c.stop)
 	c.wg.Wait()
-	c.subMu.Lock()
-	c.subsClosed = true
-	for id, ch := range c.subs {
-		close(ch)
-		delete(c.subs, id)
-	}
-	c.subMu.Unlock()
+	c.subs.Close()
 	c.unregister()
 }
 
@@ -300,23 +290,7 @@ func (c *Cluster) View() *View { return c.view.Load() }
 // channel has a buffer of one and the Cluster never blocks on it, so a
 // slow reader sees one notification for many changes and should then read
 // View. The channel is closed by Close. cancel unsubscribes.
-func (c *Cluster) Subscribe() (<-chan struct{}, func()) {
-	c.subMu.Lock()
-	defer c.subMu.Unlock()
-	ch := make(chan struct{}, 1)
-	if c.subsClosed {
-		close(ch)
-		return ch, func() {}
-	}
-	id := c.nextSub
-	c.nextSub++
-	c.subs[id] = ch
-	return ch, func() {
-		c.subMu.Lock()
-		defer c.subMu.Unlock()
-		delete(c.subs, id)
-	}
-}
+func (c *Cluster) Subscribe() (<-chan struct{}, func()) { return c.subs.Subscribe() }
 
 // Members returns the live members, this node included, sorted by name.
 // State is "alive" for every member: memberlist does not report its
@@ -588,18 +562,7 @@ func (c *Cluster) viewLoop() {
 		if v := c.st.build(c.view.Load()); v != nil {
 			c.view.Store(v)
 			c.cnt.viewUpdates.Add(1)
-			c.notify()
-		}
-	}
-}
-
-func (c *Cluster) notify() {
-	c.subMu.Lock()
-	defer c.subMu.Unlock()
-	for _, ch := range c.subs {
-		select {
-		case ch <- struct{}{}:
-		default:
+			c.subs.Notify()
 		}
 	}
 }

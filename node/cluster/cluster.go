@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/warmroute/warmroute/node/notify"
 )
 
 // Cluster is one node's membership in the Raft group that agrees on
@@ -72,10 +73,7 @@ type Cluster struct {
 	// verifyWake asks verifyLoop for a round of identity probes.
 	verifyWake chan struct{}
 
-	subMu      sync.Mutex
-	subs       map[uint64]chan struct{}
-	nextSub    uint64
-	subsClosed bool
+	subs notify.Hub // applied state changes
 
 	met *metrics
 }
@@ -108,7 +106,6 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Cluste
 		healthWake:    make(chan struct{}, 1),
 		writeSem:      make(chan struct{}, 1),
 		ready:         make(chan struct{}),
-		subs:          map[uint64]chan struct{}{},
 		peers:         map[string]peerRecord{},
 		fatal:         make(chan error, 1),
 		verified:      verified{at: map[string]time.Time{}},
@@ -202,7 +199,7 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Cluste
 			}
 		}
 	}
-	c.fsm = newFSM(c.notifySubs, persist, cached)
+	c.fsm = newFSM(c.subs.Notify, persist, cached)
 	c.fsm.check, c.fsm.onHalt = c.checkState, c.onHalt
 	rc := cfg.raftConfig()
 	rc.Logger = hl
@@ -333,13 +330,7 @@ func (c *Cluster) Close() error {
 		if c.cfg.Registry != nil {
 			c.met.unregister(c.cfg.Registry)
 		}
-		c.subMu.Lock()
-		c.subsClosed = true
-		for id, ch := range c.subs {
-			close(ch)
-			delete(c.subs, id)
-		}
-		c.subMu.Unlock()
+		c.subs.Close()
 		c.closeErr = errors.Join(errs...)
 		c.log.Info("raft stopped")
 	})
@@ -363,33 +354,7 @@ func (c *Cluster) State() (State, uint64) {
 // changes. Notifications are coalesced (buffer of one; the Cluster never
 // blocks on it): read State after each. The channel is closed by Close;
 // cancel unsubscribes.
-func (c *Cluster) Subscribe() (<-chan struct{}, func()) {
-	c.subMu.Lock()
-	defer c.subMu.Unlock()
-	ch := make(chan struct{}, 1)
-	if c.subsClosed {
-		close(ch)
-		return ch, func() {}
-	}
-	id := c.nextSub
-	c.nextSub++
-	c.subs[id] = ch
-	return ch, func() {
-		c.subMu.Lock()
-		defer c.subMu.Unlock()
-		if _, ok := c.subs[id]; ok {
-			delete(c.subs, id)
-		}
-	}
-}
-
-func (c *Cluster) notifySubs() {
-	c.subMu.Lock()
-	defer c.subMu.Unlock()
-	for _, ch := range c.subs {
-		wake(ch)
-	}
-}
+func (c *Cluster) Subscribe() (<-chan struct{}, func()) { return c.subs.Subscribe() }
 
 // Leader returns the leader's Raft server ID and address, or empty strings
 // when none is known. The node maps the ID to an admin address through

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/node/notify"
 	"go.uber.org/goleak"
 )
 
@@ -27,12 +28,11 @@ func TestMain(m *testing.M) {
 type fakeGossip struct {
 	mu      sync.Mutex
 	members map[string]gossip.Member
-	subs    map[int]chan struct{}
-	next    int
+	subs    notify.Hub
 }
 
 func newFakeGossip() *fakeGossip {
-	return &fakeGossip{members: map[string]gossip.Member{}, subs: map[int]chan struct{}{}}
+	return &fakeGossip{members: map[string]gossip.Member{}}
 }
 
 func (g *fakeGossip) set(m gossip.Member) {
@@ -42,7 +42,7 @@ func (g *fakeGossip) set(m gossip.Member) {
 	}
 	g.members[m.Name] = m
 	g.mu.Unlock()
-	g.notify()
+	g.subs.Notify()
 }
 
 func (g *fakeGossip) setState(name, state string) {
@@ -51,22 +51,14 @@ func (g *fakeGossip) setState(name, state string) {
 	m.State = state
 	g.members[name] = m
 	g.mu.Unlock()
-	g.notify()
+	g.subs.Notify()
 }
 
 func (g *fakeGossip) remove(name string) {
 	g.mu.Lock()
 	delete(g.members, name)
 	g.mu.Unlock()
-	g.notify()
-}
-
-func (g *fakeGossip) notify() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for _, ch := range g.subs {
-		wake(ch)
-	}
+	g.subs.Notify()
 }
 
 func (g *fakeGossip) view(self string) Membership { return gossipView{g, self} }
@@ -87,19 +79,7 @@ func (v gossipView) Members() []gossip.Member {
 	return out
 }
 
-func (v gossipView) Subscribe() (<-chan struct{}, func()) {
-	v.g.mu.Lock()
-	defer v.g.mu.Unlock()
-	ch := make(chan struct{}, 1)
-	id := v.g.next
-	v.g.next++
-	v.g.subs[id] = ch
-	return ch, func() {
-		v.g.mu.Lock()
-		defer v.g.mu.Unlock()
-		delete(v.g.subs, id)
-	}
-}
+func (v gossipView) Subscribe() (<-chan struct{}, func()) { return v.g.subs.Subscribe() }
 
 // testLogger logs to stderr when WARMROUTE_TEST_LOG is set, else nowhere.
 func testLogger() *slog.Logger {

@@ -211,7 +211,7 @@ func (c *Cluster) onHalt(index uint64, err error) {
 	c.log.Error("raft: this router stopped applying the log: its copy of a committed entry is damaged or foreign; "+
 		"it keeps the last good state and reports not ready. Replace its data directory (it then copies the state from the leader)",
 		"index", index, "err", err)
-	c.notifySubs()
+	c.subs.Notify()
 }
 
 // Halted returns why this node stopped applying the Raft log (a damaged
