@@ -100,12 +100,8 @@ func interpolate(b []byte) []byte {
 
 func loadCompose(t *testing.T) *composeFile {
 	t.Helper()
-	b, err := os.ReadFile(composePath)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var f composeFile
-	if err := yaml.Unmarshal(interpolate(b), &f); err != nil {
+	if err := yaml.Unmarshal(interpolate(readFile(t, composePath)), &f); err != nil {
 		t.Fatal(err)
 	}
 	return &f
@@ -417,20 +413,7 @@ func TestComposeChecksCatchMistakes(t *testing.T) {
 			s.Volumes[0] = "./secrets:/run/secrets:ro"
 		},
 	}
-	for name, brk := range breakers {
-		t.Run(name, func(t *testing.T) {
-			f := loadCompose(t)
-			if errs := f.validate(); len(errs) > 0 {
-				t.Fatalf("compose file invalid before breaking it: %v", errs)
-			}
-			brk(f)
-			errs := f.validate()
-			if len(errs) == 0 {
-				t.Fatal("not detected")
-			}
-			t.Logf("detected: %v", errs[0])
-		})
-	}
+	checkBreakers(t, loadCompose, breakers)
 }
 
 // TestComposeConfig asks docker-compose itself to validate the file

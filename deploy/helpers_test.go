@@ -28,11 +28,17 @@ const repoRoot = ".."
 // re-encoded on its own; empty documents are dropped.
 func yamlDocs(t *testing.T, path string) [][]byte {
 	t.Helper()
+	return splitYAML(t, path, readFile(t, path))
+}
+
+// readFile returns the content of the file at path.
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return splitYAML(t, path, b)
+	return b
 }
 
 func splitYAML(t *testing.T, name string, b []byte) [][]byte {
@@ -56,6 +62,26 @@ func splitYAML(t *testing.T, name string, b []byte) [][]byte {
 			t.Fatalf("%s: %v", name, err)
 		}
 		out = append(out, doc)
+	}
+}
+
+// checkBreakers breaks a freshly loaded valid configuration with each
+// breaker and expects its validate method to notice.
+func checkBreakers[T interface{ validate() []error }](t *testing.T, load func(*testing.T) T, breakers map[string]func(T)) {
+	t.Helper()
+	for name, brk := range breakers {
+		t.Run(name, func(t *testing.T) {
+			c := load(t)
+			if errs := c.validate(); len(errs) > 0 {
+				t.Fatalf("invalid before breaking it: %v", errs)
+			}
+			brk(c)
+			errs := c.validate()
+			if len(errs) == 0 {
+				t.Fatal("not detected")
+			}
+			t.Logf("detected: %v", errs[0])
+		})
 	}
 }
 

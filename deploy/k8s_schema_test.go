@@ -78,10 +78,7 @@ func TestKubernetesSchemas(t *testing.T) {
 	total, valid := 0, 0
 	for _, f := range kustomizeFiles(t) {
 		path := filepath.Join(k8sDir, f)
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := readFile(t, path)
 		want := len(yamlDocs(t, path))
 		got := 0
 		for _, r := range validateSchema(v, path, b) {

@@ -2,7 +2,6 @@ package deploy
 
 import (
 	"fmt"
-	"os"
 	"path"
 	"path/filepath"
 	"regexp"
@@ -109,10 +108,6 @@ func (m *manifests) add(obj any) {
 // kustomizeFiles returns the resources kustomization.yaml lists.
 func kustomizeFiles(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(k8sDir, "kustomization.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var k struct {
 		Resources []string `json:"resources"`
 		Images    []struct {
@@ -120,7 +115,7 @@ func kustomizeFiles(t *testing.T) []string {
 			NewTag string `json:"newTag"`
 		} `json:"images"`
 	}
-	if err := sigsyaml.Unmarshal(b, &k); err != nil {
+	if err := sigsyaml.Unmarshal(readFile(t, filepath.Join(k8sDir, "kustomization.yaml")), &k); err != nil {
 		t.Fatal(err)
 	}
 	return k.Resources
@@ -263,20 +258,7 @@ func TestManifestChecksCatchMistakes(t *testing.T) {
 			m.netpols[0].Spec.Ingress[2].Ports[0].Port = &p
 		},
 	}
-	for name, brk := range breakers {
-		t.Run(name, func(t *testing.T) {
-			m := loadManifests(t)
-			if errs := m.validate(); len(errs) > 0 {
-				t.Fatalf("manifests invalid before breaking them: %v", errs)
-			}
-			brk(m)
-			errs := m.validate()
-			if len(errs) == 0 {
-				t.Fatal("not detected")
-			}
-			t.Logf("detected: %v", errs[0])
-		})
-	}
+	checkBreakers(t, loadManifests, breakers)
 }
 
 func (m *manifests) router() *appsv1.StatefulSet {

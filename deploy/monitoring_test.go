@@ -51,12 +51,8 @@ type panel struct {
 
 func loadDashboard(t *testing.T) *dashboard {
 	t.Helper()
-	b, err := os.ReadFile(dashboardPath)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var d dashboard
-	if err := json.Unmarshal(b, &d); err != nil {
+	if err := json.Unmarshal(readFile(t, dashboardPath), &d); err != nil {
 		t.Fatal(err)
 	}
 	return &d
@@ -85,12 +81,8 @@ type ruleFile struct {
 
 func ruleExprs(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile(rulesPath)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var rf ruleFile
-	if err := yaml.Unmarshal(b, &rf); err != nil {
+	if err := yaml.Unmarshal(readFile(t, rulesPath), &rf); err != nil {
 		t.Fatal(err)
 	}
 	var out []string
@@ -201,51 +193,35 @@ func withScrapeSecrets(t *testing.T, b []byte, mountDir string) []byte {
 	return bytes.ReplaceAll(b, []byte(mountDir+"/"), []byte(dir+"/"))
 }
 
+// checkPromConfig runs promtool check config on the Prometheus config
+// promYAML, next to the rules file it loads.
+func checkPromConfig(t *testing.T, promYAML []byte) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), promYAML, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "warmroute-rules.yml"), readFile(t, rulesPath), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	promtool(t, "check", "config", filepath.Join(dir, "prometheus.yml"))
+}
+
 func TestPrometheusConfigs(t *testing.T) {
 	t.Run("rules", func(t *testing.T) { promtool(t, "check", "rules", rulesPath) })
 	t.Run("compose", func(t *testing.T) {
-		b, err := os.ReadFile("prometheus/prometheus-compose.yml")
-		if err != nil {
-			t.Fatal(err)
-		}
-		dir := t.TempDir()
-		if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), withScrapeSecrets(t, b, composePromSecrets), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		rules, err := os.ReadFile(rulesPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "warmroute-rules.yml"), rules, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		promtool(t, "check", "config", filepath.Join(dir, "prometheus.yml"))
+		b := readFile(t, "prometheus/prometheus-compose.yml")
+		checkPromConfig(t, withScrapeSecrets(t, b, composePromSecrets))
 	})
 	t.Run("kubernetes", func(t *testing.T) {
 		// Debian's promtool is built without Kubernetes service discovery:
 		// check the rest of the file (relabelling) with static targets.
-		b, err := os.ReadFile("prometheus/prometheus-k8s.yml")
-		if err != nil {
-			t.Fatal(err)
-		}
-		b = withScrapeSecrets(t, b, k8sPromSecrets)
+		b := withScrapeSecrets(t, readFile(t, "prometheus/prometheus-k8s.yml"), k8sPromSecrets)
 		sd := regexp.MustCompile(`(?m)^(\s*)kubernetes_sd_configs:\n\s*- role: pod\n`)
 		if len(sd.FindAll(b, -1)) != 2 {
 			t.Fatal("expected two kubernetes_sd_configs blocks")
 		}
-		b = sd.ReplaceAll(b, []byte("${1}static_configs:\n${1}  - targets: [\"127.0.0.1:9090\"]\n"))
-		dir := t.TempDir()
-		if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		rules, err := os.ReadFile(rulesPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "warmroute-rules.yml"), rules, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		promtool(t, "check", "config", filepath.Join(dir, "prometheus.yml"))
+		checkPromConfig(t, sd.ReplaceAll(b, []byte("${1}static_configs:\n${1}  - targets: [\"127.0.0.1:9090\"]\n")))
 	})
 	t.Run("dashboard queries", func(t *testing.T) {
 		// Every panel query must parse as PromQL once Grafana's variables
@@ -291,14 +267,10 @@ type scrapeJob struct {
 
 func routerJob(t *testing.T, file string) scrapeJob {
 	t.Helper()
-	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var cfg struct {
 		ScrapeConfigs []scrapeJob `yaml:"scrape_configs"`
 	}
-	if err := yaml.Unmarshal(b, &cfg); err != nil {
+	if err := yaml.Unmarshal(readFile(t, file), &cfg); err != nil {
 		t.Fatal(err)
 	}
 	for _, j := range cfg.ScrapeConfigs {
@@ -355,11 +327,7 @@ func TestPrometheusScrapesRoutersOverTLS(t *testing.T) {
 		if j.TLSConfig.ServerName != "" {
 			t.Errorf("server_name %q: the target names are in the certificates", j.TLSConfig.ServerName)
 		}
-		init, err := os.ReadFile("compose/init-secrets.sh")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.Contains(string(init), "--dns '{name}'") {
+		if init := readFile(t, "compose/init-secrets.sh"); !strings.Contains(string(init), "--dns '{name}'") {
 			t.Error("init-secrets.sh does not put the router's name in its certificate as a DNS name")
 		}
 		prom := f.Services["prometheus"]
@@ -383,11 +351,7 @@ func TestPrometheusScrapesRoutersOverTLS(t *testing.T) {
 		if j.TLSConfig.ServerName != want {
 			t.Errorf("server_name %q, want %q", j.TLSConfig.ServerName, want)
 		}
-		doc, err := os.ReadFile(filepath.Join(repoRoot, "docs", "deploy.md"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.Contains(string(doc), "--dns "+want) {
+		if doc := readFile(t, filepath.Join(repoRoot, "docs", "deploy.md")); !strings.Contains(string(doc), "--dns "+want) {
 			t.Errorf("docs/deploy.md does not issue the router certificates with --dns %s", want)
 		}
 	})
