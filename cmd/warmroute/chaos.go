@@ -47,8 +47,8 @@ func cmdChaos(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&lc.Routers, "routers", lc.Routers, "local: router processes")
 	fs.IntVar(&lc.Backends, "backends", lc.Backends, "local: gpusim processes (one instance each)")
 	fs.StringVar(&lc.Exe, "exe", "", "local: warmroute executable for the children (default: this one)")
-	gpusimArgs := fs.String("gpusim-args", "", "local: extra gpusim flags, space-separated (e.g. \"--time-scale 0.5\")")
-	routerArgs := fs.String("router-args", "", "local: extra serve flags, space-separated")
+	fs.Var(argsFlag{&lc.GpusimArgs}, "gpusim-args", "local: extra gpusim flags, "+argsSyntax+" (e.g. \"--time-scale 0.5\")")
+	fs.Var(argsFlag{&lc.RouterArgs}, "router-args", "local: extra serve flags, "+argsSyntax)
 	fs.DurationVar(&lc.RaftTimeout, "raft-timeout", lc.RaftTimeout, "local: the routers' --raft-timeout")
 	noPartition := fs.Bool("no-partition", !lc.Partition, "local: run the routers as this user and skip router-partition (partitions need root and iptables)")
 	fs.StringVar(&lc.WorkDir, "work-dir", "", "local: directory for logs and Raft data (default: a temporary one, removed at the end)")
@@ -108,8 +108,6 @@ func cmdChaos(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if !*quiet {
 		cc.Log = stderr
 	}
-	lc.GpusimArgs = strings.Fields(*gpusimArgs)
-	lc.RouterArgs = strings.Fields(*routerArgs)
 	lc.Partition = !*noPartition
 	lc.KeepWorkDir = *keep
 	pc.Keep = *keep

@@ -48,7 +48,7 @@ func (l *lockedBuf) String() string {
 }
 
 // proc is a clustered router process the test may SIGKILL.
-type proc struct {
+type rproc struct {
 	name, url, admin, gossip string
 	cmd                      *exec.Cmd
 	logs                     *lockedBuf
@@ -60,10 +60,10 @@ type proc struct {
 
 // spawnRouter starts `warmroute serve` in cluster mode without waiting for
 // it. It is stopped with SIGTERM at the end of the test unless killed.
-func spawnRouter(t *testing.T, name string, backends []string, extra ...string) *proc {
+func spawnRouter(t *testing.T, name string, backends []string, extra ...string) *rproc {
 	t.Helper()
 	listen, admin := freeAddr(t), freeAddr(t)
-	p := &proc{name: name, url: "http://" + listen, admin: "http://" + admin, gossip: freeAddr(t),
+	p := &rproc{name: name, url: "http://" + listen, admin: "http://" + admin, gossip: freeAddr(t),
 		logs: &lockedBuf{}, exited: make(chan struct{})}
 	args := append([]string{"serve", "--listen", listen, "--admin-listen", admin,
 		"--backends", strings.Join(backends, ","), "--probe-interval", "100ms", "--shutdown-timeout", "2s",
@@ -108,7 +108,7 @@ func spawnRouter(t *testing.T, name string, backends []string, extra ...string) 
 }
 
 // kill SIGKILLs the router: no goodbye, no graceful leave.
-func (p *proc) kill() {
+func (p *rproc) kill() {
 	p.stopped = true
 	p.cmd.Process.Kill()
 	<-p.exited
@@ -117,7 +117,7 @@ func (p *proc) kill() {
 // portTaken reports whether the router exited because a port freeAddr
 // chose was taken meanwhile (other tests on the machine bind ports too;
 // gossip also needs the UDP port that freeAddr did not check).
-func (p *proc) portTaken() bool {
+func (p *rproc) portTaken() bool {
 	select {
 	case <-p.exited:
 		return strings.Contains(p.logs.String(), "address already in use")
@@ -129,7 +129,7 @@ func (p *proc) portTaken() bool {
 // errExited stops pollUntil: the router polled is gone.
 var errExited = errors.New("router exited")
 
-func (p *proc) checkAlive() error {
+func (p *rproc) checkAlive() error {
 	select {
 	case <-p.exited:
 		return fmt.Errorf("%w: %s: %v\n%s", errExited, p.name, p.exitErr, p.logs)
@@ -138,7 +138,7 @@ func (p *proc) checkAlive() error {
 	}
 }
 
-func waitReady(p *proc) error {
+func waitReady(p *rproc) error {
 	_, err := pollUntil(15*time.Second, func() (bool, error) {
 		if err := p.checkAlive(); err != nil {
 			return false, err
@@ -202,9 +202,9 @@ func memberNames(d clusterDoc) []string {
 // startProcCluster starts n routers that bootstrap Raft together
 // (--bootstrap-expect n) and waits until every one is ready, sees all n
 // members and routes on the same agreed epoch under one leader.
-func startProcCluster(t *testing.T, backends []string, n int) []*proc {
+func startProcCluster(t *testing.T, backends []string, n int) []*rproc {
 	t.Helper()
-	var ps []*proc
+	var ps []*rproc
 	for attempt := 1; ; attempt++ {
 		ps = nil
 		for i := 0; i < n; i++ {
@@ -222,7 +222,7 @@ func startProcCluster(t *testing.T, backends []string, n int) []*proc {
 		if err == nil {
 			break
 		}
-		if attempt == 3 || !slices.ContainsFunc(ps, (*proc).portTaken) {
+		if attempt == 3 || !slices.ContainsFunc(ps, (*rproc).portTaken) {
 			t.Fatal(err)
 		}
 		t.Logf("a port was taken meanwhile; starting the cluster again: %v", err)
@@ -358,7 +358,7 @@ func addLoads(ls ...loads) loads {
 // GET /status: the counts its proxy routes on. (GET /v1/backends lists the
 // agreed backends, which a router that just joined does not have until
 // Raft has replicated them to it, although it routes and counts already.)
-func liveLoads(c *http.Client, p *proc) (own, remote loads, err error) {
+func liveLoads(c *http.Client, p *rproc) (own, remote loads, err error) {
 	var doc struct {
 		Backends []struct {
 			ID             string `json:"id"`
@@ -378,7 +378,7 @@ func liveLoads(c *http.Client, p *proc) (own, remote loads, err error) {
 
 // remoteOf reads one backend's remote in-flight on a router from
 // GET /v1/backends/{id} ("live.remote_in_flight").
-func remoteOf(c *http.Client, p *proc, id string) (int64, error) {
+func remoteOf(c *http.Client, p *rproc, id string) (int64, error) {
 	var doc struct {
 		Backend struct {
 			Live *struct {
@@ -428,7 +428,7 @@ type explained struct {
 	Reason  string `json:"reason"`
 }
 
-func explain(c *http.Client, p *proc, body []byte) (explained, error) {
+func explain(c *http.Client, p *rproc, body []byte) (explained, error) {
 	resp, err := c.Post(p.admin+"/debug/route/v1/chat/completions", "application/json", bytes.NewReader(body))
 	if err != nil {
 		return explained{}, err
@@ -640,7 +640,7 @@ func TestClusterProcessesLateJoiner(t *testing.T) {
 	// next periodic refresh (every 500 ms) can bring them to D.
 	time.Sleep(300 * time.Millisecond)
 
-	var d *proc
+	var d *rproc
 	var firstAnswer time.Duration
 	var answers int
 	var remoteD loads

@@ -9,13 +9,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/warmroute/warmroute/loadtest"
 	"github.com/warmroute/warmroute/loadtest/compare"
 	"github.com/warmroute/warmroute/loadtest/fleet"
+	"github.com/warmroute/warmroute/loadtest/proc"
 	"github.com/warmroute/warmroute/loadtest/report"
 	"github.com/warmroute/warmroute/loadtest/workload"
 )
@@ -93,21 +93,21 @@ func demoCase(name string, seed uint64, warmup, duration time.Duration, rateScal
 	return compare.Case{Name: name, Workload: w, Load: l}, nil
 }
 
-// demoClusterArgs returns the flags that make a demo fleet's routers one
-// cluster: gossip and Raft on free loopback ports, every router a seed of
-// the others, the first three bootstrapping Raft together. The fleet calls
-// it for routers 0..k-1 in turn each time it starts, so ports are chosen
+// demoClusterArgs returns what makes a demo fleet's routers one cluster:
+// gossip and Raft on free loopback ports, every router a seed of the
+// others, the first three bootstrapping Raft together. The fleet calls it
+// for routers 0..k-1 in turn each time it starts, so ports are chosen
 // afresh when router 0 asks.
-func demoClusterArgs() func(i int, rs []fleet.Router) ([]string, error) {
+func demoClusterArgs() func(i int, rs []fleet.Router, a *proc.ServeArgs) error {
 	var gossip, raft []string
-	return func(i int, rs []fleet.Router) ([]string, error) {
+	return func(i int, rs []fleet.Router, a *proc.ServeArgs) error {
 		if len(rs) < 2 {
-			return nil, nil
+			return nil
 		}
 		if i == 0 {
 			addrs, err := freeLoopbackAddrs(2 * len(rs))
 			if err != nil {
-				return nil, err
+				return err
 			}
 			gossip, raft = addrs[:len(rs)], addrs[len(rs):]
 		}
@@ -117,13 +117,13 @@ func demoClusterArgs() func(i int, rs []fleet.Router) ([]string, error) {
 				join = append(join, g)
 			}
 		}
-		args := []string{"--node-name", fmt.Sprintf("router-%d", i),
-			"--gossip-listen", gossip[i], "--raft-listen", raft[i], "--join", strings.Join(join, ","),
-			"--raft-timeout", "300ms", "--voters", "3"}
+		a.NodeName = fmt.Sprintf("router-%d", i)
+		a.GossipListen, a.RaftListen, a.Join = gossip[i], raft[i], join
+		a.RaftTimeout, a.Voters = 300*time.Millisecond, 3
 		if i < 3 {
-			args = append(args, "--bootstrap-expect", strconv.Itoa(min(3, len(rs))))
+			a.BootstrapExpect = min(3, len(rs))
 		}
-		return args, nil
+		return nil
 	}
 }
 
@@ -152,10 +152,10 @@ func freeLoopbackAddrs(n int) ([]string, error) {
 func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	strategies := csvFlag{"RANDOM", "PREFIX_AWARE"}
-	workloads := csvFlag{"rag", "chat", "noreuse"}
-	fs.Var(&strategies, "strategies", "routing strategies to compare, comma-separated, or 'all' ("+strings.Join(fleet.Strategies(), ", ")+")")
-	fs.Var(&workloads, "workloads", "workloads, comma-separated: rag, chat, noreuse, bot, code, mix")
+	strategies := []string{"RANDOM", "PREFIX_AWARE"}
+	workloads := []string{"rag", "chat", "noreuse"}
+	fs.Var(listFlag{&strategies}, "strategies", "routing strategies to compare, comma-separated, or 'all' ("+strings.Join(fleet.Strategies(), ", ")+")")
+	fs.Var(listFlag{&workloads}, "workloads", "workloads, comma-separated: rag, chat, noreuse, bot, code, mix")
 	warmup := fs.Duration("warmup", demoWarmup, "load before the measured part of each run (noreuse has none)")
 	duration := fs.Duration("duration", demoDuration, "measured load per run (noreuse runs half as long by default)")
 	rateScale := fs.Float64("rate-scale", 1, "multiply every workload's calibrated arrival rate")
@@ -167,9 +167,9 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	loadFactor := fs.Float64("load-factor", demoLoadFactor, "router --load-factor")
 	kvBlocks := fs.Int("kv-blocks", demoKVBlocks, "gpusim --kv-blocks: KV-cache blocks of 16 tokens per instance")
 	timeScale := fs.Float64("time-scale", 1, "gpusim --time-scale")
-	var gpusimArgs, routerArgs csvFlag
-	fs.Var(&gpusimArgs, "gpusim-args", "extra gpusim flags, comma-separated (e.g. --itl-base=20ms)")
-	fs.Var(&routerArgs, "router-args", "extra router flags, comma-separated")
+	var gpusimArgs, routerArgs []string
+	fs.Var(argsFlag{&gpusimArgs}, "gpusim-args", "extra gpusim flags, "+argsSyntax+" (e.g. \"--itl-base 20ms --max-num-seqs 64\")")
+	fs.Var(argsFlag{&routerArgs}, "router-args", "extra serve flags for every router, "+argsSyntax)
 	out := fs.String("out", "", "directory for report.html, report.json and the fleet's logs (default out/demo-TIMESTAMP)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	fs.Usage = func() {
@@ -189,7 +189,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	if len(strategies) == 1 && strings.EqualFold(strategies[0], "all") {
-		strategies = csvFlag(fleet.Strategies())
+		strategies = fleet.Strategies()
 	}
 	for i, s := range strategies {
 		strategies[i] = strings.ToUpper(s)
@@ -204,15 +204,11 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fc.PrefixLength = *prefixLen
 	fc.ConcurrencyThreshold = *threshold
 	fc.LoadFactor = *loadFactor
-	fc.GpusimArgs = append([]string{
-		"--kv-blocks", strconv.Itoa(*kvBlocks),
-		"--time-scale", strconv.FormatFloat(*timeScale, 'g', -1, 64),
-	}, gpusimArgs...)
-	extra := append([]string(nil), routerArgs...)
+	fc.GpusimArgs = proc.GpusimArgs{KVBlocks: *kvBlocks, TimeScale: *timeScale, Extra: gpusimArgs}.Flags()
 	clusterArgs := demoClusterArgs()
-	fc.RouterArgs = func(i int, rs []fleet.Router) ([]string, error) {
-		ca, err := clusterArgs(i, rs)
-		return append(ca, extra...), err
+	fc.RouterArgs = func(i int, rs []fleet.Router, a *proc.ServeArgs) error {
+		a.Extra = routerArgs
+		return clusterArgs(i, rs, a)
 	}
 	dir := *out
 	if dir == "" {

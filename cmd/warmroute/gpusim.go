@@ -12,15 +12,29 @@ import (
 	"github.com/warmroute/warmroute/loadtest/gpusim"
 )
 
+// gpusimSettings are the settings of `warmroute gpusim`.
+type gpusimSettings struct {
+	instances          int
+	listen, namePrefix string
+	model              gpusim.Config
+}
+
+// gpusimFlags binds every gpusim flag to the settings it returns, which
+// start from the defaults.
+func gpusimFlags(fs *flag.FlagSet) *gpusimSettings {
+	s := &gpusimSettings{model: gpusim.DefaultConfig()}
+	fs.IntVar(&s.instances, "instances", 1, "number of instances, served on consecutive ports")
+	fs.StringVar(&s.listen, "listen", "127.0.0.1:8000", "HOST:FIRSTPORT; instance i listens on FIRSTPORT+i (port 0: any free ports)")
+	fs.StringVar(&s.namePrefix, "name-prefix", "gpu-", "instance i is named PREFIX+i (X-Gpusim-Instance header)")
+	s.model.BindFlags(fs)
+	return s
+}
+
 // cmdGpusim serves simulated vLLM GPU instances until ctx is cancelled.
 func cmdGpusim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("gpusim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	n := fs.Int("instances", 1, "number of instances, served on consecutive ports")
-	listen := fs.String("listen", "127.0.0.1:8000", "HOST:FIRSTPORT; instance i listens on FIRSTPORT+i (port 0: any free ports)")
-	prefix := fs.String("name-prefix", "gpu-", "instance i is named PREFIX+i (X-Gpusim-Instance header)")
-	cfg := gpusim.DefaultConfig()
-	cfg.BindFlags(fs)
+	set := gpusimFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: warmroute gpusim [flags]\n\n"+
 			"Serves N simulated vLLM instances (OpenAI API, SageMaker /invocations and /ping,\n"+
@@ -35,22 +49,22 @@ func cmdGpusim(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fs.Usage()
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	host, portStr, err := net.SplitHostPort(*listen)
+	host, portStr, err := net.SplitHostPort(set.listen)
 	if err != nil {
-		return fmt.Errorf("--listen %q: %w", *listen, err)
+		return fmt.Errorf("--listen %q: %w", set.listen, err)
 	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil {
-		return fmt.Errorf("--listen %q: bad port: %w", *listen, err)
+		return fmt.Errorf("--listen %q: bad port: %w", set.listen, err)
 	}
 	fleet, err := gpusim.StartFleet(ctx, gpusim.FleetConfig{
-		N: *n, ListenHost: host, FirstPort: port, NamePrefix: *prefix, Instance: cfg,
+		N: set.instances, ListenHost: host, FirstPort: port, NamePrefix: set.namePrefix, Instance: set.model,
 	})
 	if err != nil {
 		return err
 	}
 	for i, u := range fleet.URLs() {
-		fmt.Fprintf(stdout, "gpusim: %s serving %s at %s\n", fleet.Instances()[i].Name(), cfg.Model, u)
+		fmt.Fprintf(stdout, "gpusim: %s serving %s at %s\n", fleet.Instances()[i].Name(), set.model.Model, u)
 	}
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "gpusim: shutting down")

@@ -12,23 +12,61 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/loadtest"
+	"github.com/warmroute/warmroute/loadtest/proc"
 	"github.com/warmroute/warmroute/loadtest/report"
 	"github.com/warmroute/warmroute/loadtest/stats"
 	"github.com/warmroute/warmroute/loadtest/workload"
 )
 
-// csvFlag is a comma-separated list of strings.
-type csvFlag []string
+// listFlag parses a comma-separated list into *dst; blanks around items and
+// empty items are dropped, and each use replaces the list.
+type listFlag struct{ dst *[]string }
 
-func (l *csvFlag) String() string { return strings.Join(*l, ",") }
+func (f listFlag) String() string {
+	if f.dst == nil {
+		return ""
+	}
+	return strings.Join(*f.dst, ",")
+}
 
-func (l *csvFlag) Set(s string) error {
-	*l = (*l)[:0]
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			*l = append(*l, p)
+func (f listFlag) Set(v string) error {
+	*f.dst = splitList(v)
+	return nil
+}
+
+// splitList splits v at commas, dropping blanks around items and empty
+// items.
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
 		}
 	}
+	return out
+}
+
+// argsFlag collects extra flags for child processes (--gpusim-args,
+// --router-args): words separated by blanks, with shell quoting
+// (proc.SplitArgs); each use adds to them.
+type argsFlag struct{ dst *[]string }
+
+// argsSyntax describes argsFlag's values in --help.
+const argsSyntax = "separated by blanks, quoted as in a shell; repeatable"
+
+func (f argsFlag) String() string {
+	if f.dst == nil {
+		return ""
+	}
+	return strings.Join(*f.dst, " ")
+}
+
+func (f argsFlag) Set(v string) error {
+	words, err := proc.SplitArgs(v)
+	if err != nil {
+		return err
+	}
+	*f.dst = append(*f.dst, words...)
 	return nil
 }
 
@@ -39,10 +77,8 @@ func cmdLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.SetOutput(stderr)
 	lc := loadtest.DefaultConfig()
 	wc := workload.DefaultConfig()
-	targets := csvFlag(lc.Targets)
-	var metrics, backends csvFlag
 	mode := string(lc.Mode)
-	fs.Var(&targets, "target", "base URL(s) of the endpoint, comma-separated; requests go to them in turn")
+	fs.Var(listFlag{&lc.Targets}, "target", "base URL(s) of the endpoint, comma-separated; requests go to them in turn")
 	fs.StringVar(&mode, "mode", mode, "open (Poisson arrivals at --rate) or closed (--concurrency workers)")
 	fs.Float64Var(&lc.Rate, "rate", lc.Rate, "open loop: arrivals per second")
 	fs.IntVar(&lc.Concurrency, "concurrency", lc.Concurrency, "closed loop: concurrent requests")
@@ -53,9 +89,9 @@ func cmdLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.DurationVar(&lc.Timeout, "timeout", lc.Timeout, "per-request timeout")
 	fs.DurationVar(&lc.Drain, "drain", lc.Drain, "wait this long for requests in flight at the end")
 	seed := fs.Uint64("seed", 1, "seed of the workload and the arrival times (same seed, same requests)")
-	fs.Var(&metrics, "metrics", "backends' Prometheus /metrics URLs, comma-separated, for the KV-cache hit rate")
+	fs.Var(listFlag{&lc.MetricsURLs}, "metrics", "backends' Prometheus /metrics URLs, comma-separated, for the KV-cache hit rate")
 	fs.DurationVar(&lc.MetricsInterval, "metrics-interval", lc.MetricsInterval, "period of the hit-rate-over-time samples")
-	fs.Var(&backends, "backends", "backend ids expected to get traffic, for max/min share (default: host:port of each --metrics URL)")
+	fs.Var(listFlag{&lc.Backends}, "backends", "backend ids expected to get traffic, for max/min share (default: host:port of each --metrics URL)")
 	fs.StringVar(&lc.BackendHeader, "backend-header", lc.BackendHeader, "response header naming the backend (X-Gpusim-Instance is the fallback)")
 	fs.StringVar(&lc.DecisionHeader, "decision-header", lc.DecisionHeader, "response header naming the router's decision")
 	fs.BoolVar(&lc.AllowRemote, "allow-remote", false, "allow targets outside 127.0.0.0/8")
@@ -82,7 +118,6 @@ func cmdLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		fs.Usage()
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	lc.Targets, lc.MetricsURLs, lc.Backends = targets, metrics, backends
 	lc.Mode = loadtest.Mode(mode)
 	lc.Seed, wc.Seed = *seed, *seed
 	lc.Workload = string(wc.Kind)

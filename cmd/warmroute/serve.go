@@ -44,27 +44,6 @@ func (f backendsFlag) Set(v string) error {
 	return nil
 }
 
-// listFlag parses a comma-separated list.
-type listFlag struct{ dst *[]string }
-
-func (f listFlag) String() string {
-	if f.dst == nil {
-		return ""
-	}
-	return strings.Join(*f.dst, ",")
-}
-
-func (f listFlag) Set(v string) error {
-	var out []string
-	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			out = append(out, s)
-		}
-	}
-	*f.dst = out
-	return nil
-}
-
 // serveFlags binds every serve flag to cfg. It is the one table flags,
 // environment variables (WARMROUTE_<FLAG>, '-' as '_') and --help come
 // from; the routing settings come from ring.Settings' tags (routingFlags).

@@ -108,23 +108,14 @@ Run 'warmroute tls ca create --help' (or 'cert create', 'show') for the flags.
 `, identity.URNPrefix, caFileName, caKeyFileName)
 }
 
-// multiFlag collects a repeatable flag; each value may also be a
-// comma-separated list.
-type multiFlag struct{ dst *[]string }
+// multiFlag is a listFlag whose uses add up: a repeatable flag, each
+// value of which may also be a comma-separated list.
+type multiFlag listFlag
 
-func (f multiFlag) String() string {
-	if f.dst == nil {
-		return ""
-	}
-	return strings.Join(*f.dst, ",")
-}
+func (f multiFlag) String() string { return listFlag(f).String() }
 
 func (f multiFlag) Set(v string) error {
-	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			*f.dst = append(*f.dst, s)
-		}
-	}
+	*f.dst = append(*f.dst, splitList(v)...)
 	return nil
 }
 

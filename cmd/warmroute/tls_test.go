@@ -601,7 +601,7 @@ func TestE2ETLSCluster(t *testing.T) {
 	}
 	caFile := filepath.Join(dir, "warmroute-ca.pem")
 	e := newEngine(t, 0, 0, 1)
-	var ps []*proc
+	var ps []*rproc
 	for i := 0; i < 3; i++ {
 		name := fmt.Sprintf("r%d", i)
 		extra := []string{"--bootstrap-expect", "3",
@@ -624,7 +624,7 @@ func TestE2ETLSCluster(t *testing.T) {
 	}
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
 	defer hc.CloseIdleConnections()
-	https := func(p *proc) string { return "https://" + strings.TrimPrefix(p.admin, "http://") }
+	https := func(p *rproc) string { return "https://" + strings.TrimPrefix(p.admin, "http://") }
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		leaders, epochs := map[string]bool{}, map[uint64]bool{}

@@ -470,7 +470,7 @@ func TestE2EForeignDataDirRefused(t *testing.T) {
 
 	// Cluster A: three routers, a write acknowledged.
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
-	var ps []*proc
+	var ps []*rproc
 	for i := range 3 {
 		extra := []string{"--bootstrap-expect", "3", "--data-dir", dirs[i]}
 		if i > 0 {
@@ -536,7 +536,7 @@ func addBackend(t *testing.T, c *http.Client, admin, body string, within time.Du
 }
 
 // stopProc stops a router with SIGTERM and waits.
-func stopProc(t *testing.T, p *proc) {
+func stopProc(t *testing.T, p *rproc) {
 	t.Helper()
 	p.stopped = true
 	p.cmd.Process.Signal(syscall.SIGTERM)
@@ -725,7 +725,7 @@ func TestE2EAdminInput(t *testing.T) {
 	if err := getJSON(c, ps[0].admin+"/v1/cluster", &d); err != nil {
 		t.Fatal(err)
 	}
-	var leader, follower *proc
+	var leader, follower *rproc
 	for _, p := range ps {
 		if p.name == d.Raft.LeaderID {
 			leader = p
@@ -750,9 +750,9 @@ func TestE2EAdminInput(t *testing.T) {
 // startTLSProcCluster starts n routers with cluster TLS (and the extra
 // flags) that bootstrap together, and waits until they agree on a leader
 // and an epoch. Their admin URLs are HTTPS; pki.client() reads them.
-func startTLSProcCluster(t *testing.T, pki *clusterPKI, backends []string, n int, extra ...string) []*proc {
+func startTLSProcCluster(t *testing.T, pki *clusterPKI, backends []string, n int, extra ...string) []*rproc {
 	t.Helper()
-	var ps []*proc
+	var ps []*rproc
 	for i := range n {
 		name := fmt.Sprintf("r%d", i)
 		args := append([]string{"--bootstrap-expect", strconv.Itoa(n)}, pki.flags(t, name)...)
@@ -897,7 +897,7 @@ func TestE2ESeedsOnSharedPort(t *testing.T) {
 		for _, ip := range ips {
 			seeds = append(seeds, net.JoinHostPort(ip, port))
 		}
-		var ps []*proc
+		var ps []*rproc
 		for i, ip := range ips {
 			p := spawnRouter(t, fmt.Sprintf("r%d", i), []string{e.addr()},
 				"--gossip-listen", net.JoinHostPort(ip, port), "--raft-listen", net.JoinHostPort(ip, "0"), "--join", strings.Join(seeds, ","),
@@ -921,7 +921,7 @@ func TestE2ESeedsOnSharedPort(t *testing.T) {
 		if err == nil {
 			return
 		}
-		if attempt < 3 && slices.ContainsFunc(ps, (*proc).portTaken) {
+		if attempt < 3 && slices.ContainsFunc(ps, (*rproc).portTaken) {
 			for _, p := range ps {
 				p.kill()
 			}

@@ -4,8 +4,10 @@
 // comparison gets a cold fleet for every run, and how `warmroute demo`
 // runs without any set-up.
 //
-// Children run in their own process groups (so a Ctrl-C in the terminal
-// reaches only the parent, which then stops them in order) and, on Linux,
-// die with the parent if it is killed. Close sends SIGTERM to each group,
-// then SIGKILL after a grace period, and waits: no child outlives a Fleet.
+// Children run under loadtest/proc: in their own process groups (so a
+// Ctrl-C in the terminal reaches only the parent, which then stops them in
+// order) and, on Linux, die with the parent if it is killed. Close sends
+// SIGTERM to each group, then SIGKILL after a grace period, and waits: no
+// child outlives a Fleet. Their command lines come from proc.GpusimArgs
+// and proc.ServeArgs.
 package fleet

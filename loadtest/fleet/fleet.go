@@ -4,17 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/warmroute/warmroute/loadtest/proc"
 )
 
 // Errors returned by Start.
@@ -22,9 +21,9 @@ var (
 	ErrBadConfig = errors.New("fleet: invalid config")
 	// ErrExited means a child process exited during start-up; the error
 	// carries the end of its log.
-	ErrExited = errors.New("fleet: process exited")
+	ErrExited = proc.ErrExited
 	// ErrNotReady means a child did not become ready in time.
-	ErrNotReady = errors.New("fleet: not ready")
+	ErrNotReady = proc.ErrNotReady
 )
 
 // Strategies returns the routing strategies a router accepts.
@@ -56,9 +55,10 @@ type Config struct {
 	PrefixLength         int
 	ConcurrencyThreshold int
 	LoadFactor           float64
-	// RouterArgs, when set, returns extra flags for router i, knowing the
-	// addresses of all routers (e.g. to join them in a cluster).
-	RouterArgs func(i int, routers []Router) ([]string, error)
+	// RouterArgs, when set, completes the serve arguments of router i,
+	// knowing the addresses of all routers (e.g. to join them in a
+	// cluster); args holds the addresses, backends and routing settings.
+	RouterArgs func(i int, routers []Router, args *proc.ServeArgs) error
 	// Env is added to the children's environment.
 	Env []string
 	// LogDir receives one log file per child; "" uses a temporary
@@ -117,7 +117,7 @@ type Fleet struct {
 	cfg      Config
 	backends []string
 	routers  []Router
-	procs    []*proc
+	procs    []*proc.Process
 	tmpDir   string
 
 	closeOnce sync.Once
@@ -186,8 +186,8 @@ func (f *Fleet) startGpusim(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	args := append([]string{"gpusim", "--instances", strconv.Itoa(n), "--listen", "127.0.0.1:" + strconv.Itoa(base)}, f.cfg.GpusimArgs...)
-	p, err := startProc(f.cfg.Exe, "gpusim", args, f.cfg.Env, f.cfg.LogDir)
+	args := proc.GpusimArgs{Instances: n, Listen: "127.0.0.1:" + strconv.Itoa(base), Extra: f.cfg.GpusimArgs}
+	p, err := f.startProc("gpusim", args.Args())
 	if err != nil {
 		return err
 	}
@@ -196,9 +196,9 @@ func (f *Fleet) startGpusim(ctx context.Context) error {
 		urls[i] = "http://127.0.0.1:" + strconv.Itoa(base+i)
 	}
 	for _, u := range urls {
-		if err := waitReady(ctx, p, u+"/health"); err != nil {
-			p.stop(f.cfg.StopTimeout)
-			return err
+		if err := p.WaitReady(ctx, 0, proc.HTTPCheck(u+"/health")); err != nil {
+			p.Stop(f.cfg.StopTimeout)
+			return fmt.Errorf("fleet: %w", err)
 		}
 	}
 	f.procs = append(f.procs, p)
@@ -219,31 +219,29 @@ func (f *Fleet) startRouters(ctx context.Context) error {
 			AdminURL: "http://127.0.0.1:" + strconv.Itoa(ports[2*i+1]),
 		}
 	}
-	var started []*proc
+	var started []*proc.Process
 	stopAll := func() {
 		for _, p := range started {
-			p.stop(f.cfg.StopTimeout)
+			p.Stop(f.cfg.StopTimeout)
 		}
 	}
 	for i, r := range routers {
-		args := []string{"serve",
-			"--listen", strings.TrimPrefix(r.URL, "http://"),
-			"--admin-listen", strings.TrimPrefix(r.AdminURL, "http://"),
-			"--backends", strings.Join(f.backends, ","),
-			"--strategy", f.cfg.Strategy,
-			"--prefix-length", strconv.Itoa(f.cfg.PrefixLength),
-			"--concurrency-threshold", strconv.Itoa(f.cfg.ConcurrencyThreshold),
-			"--load-factor", strconv.FormatFloat(f.cfg.LoadFactor, 'g', -1, 64),
+		args := proc.ServeArgs{
+			Listen:               strings.TrimPrefix(r.URL, "http://"),
+			AdminListen:          strings.TrimPrefix(r.AdminURL, "http://"),
+			Backends:             f.backends,
+			Strategy:             f.cfg.Strategy,
+			PrefixLength:         f.cfg.PrefixLength,
+			ConcurrencyThreshold: f.cfg.ConcurrencyThreshold,
+			LoadFactor:           f.cfg.LoadFactor,
 		}
 		if f.cfg.RouterArgs != nil {
-			extra, err := f.cfg.RouterArgs(i, routers)
-			if err != nil {
+			if err := f.cfg.RouterArgs(i, routers, &args); err != nil {
 				stopAll()
 				return fmt.Errorf("fleet: router %d flags: %w", i, err)
 			}
-			args = append(args, extra...)
 		}
-		p, err := startProc(f.cfg.Exe, "router-"+strconv.Itoa(i), args, f.cfg.Env, f.cfg.LogDir)
+		p, err := f.startProc("router-"+strconv.Itoa(i), args.Args())
 		if err != nil {
 			stopAll()
 			return err
@@ -251,14 +249,24 @@ func (f *Fleet) startRouters(ctx context.Context) error {
 		started = append(started, p)
 	}
 	for i, r := range routers {
-		if err := waitReady(ctx, started[i], r.URL+"/readyz"); err != nil {
+		if err := started[i].WaitReady(ctx, 0, proc.HTTPCheck(r.URL+"/readyz")); err != nil {
 			stopAll()
-			return err
+			return fmt.Errorf("fleet: %w", err)
 		}
 	}
 	f.procs = append(f.procs, started...)
 	f.routers = routers
 	return nil
+}
+
+// startProc starts one child, its output in LogDir/name.log.
+func (f *Fleet) startProc(name string, args []string) (*proc.Process, error) {
+	p, err := proc.Start(proc.Spec{Name: name, Path: f.cfg.Exe, Args: args, Env: f.cfg.Env,
+		LogFile: filepath.Join(f.cfg.LogDir, name+".log")})
+	if err != nil {
+		return nil, fmt.Errorf("fleet: %w", err)
+	}
+	return p, nil
 }
 
 // BackendURLs returns the instances' base URLs.
@@ -307,117 +315,18 @@ func (f *Fleet) Close() error {
 	f.closeOnce.Do(func() {
 		var wg sync.WaitGroup
 		// routers first so they do not see their backends vanish
-		for i := len(f.procs) - 1; i >= 1; i-- {
-			wg.Add(1)
-			go func(p *proc) { defer wg.Done(); p.stop(f.cfg.StopTimeout) }(f.procs[i])
+		for _, p := range f.procs[min(1, len(f.procs)):] {
+			wg.Go(func() { p.Stop(f.cfg.StopTimeout) })
 		}
 		wg.Wait()
 		if len(f.procs) > 0 {
-			f.procs[0].stop(f.cfg.StopTimeout)
+			f.procs[0].Stop(f.cfg.StopTimeout)
 		}
 		if f.tmpDir != "" {
 			f.closeErr = os.RemoveAll(f.tmpDir)
 		}
 	})
 	return f.closeErr
-}
-
-// proc is one child process.
-type proc struct {
-	name    string
-	cmd     *exec.Cmd
-	logPath string
-	log     *os.File
-	exited  chan struct{}
-	waitErr error
-	stopped sync.Once
-}
-
-func startProc(exe, name string, args, env []string, logDir string) (*proc, error) {
-	logPath := filepath.Join(logDir, name+".log")
-	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(exe, args...)
-	cmd.Stdout, cmd.Stderr = lf, lf
-	if len(env) > 0 {
-		cmd.Env = append(os.Environ(), env...)
-	}
-	prepare(cmd)
-	if err := cmd.Start(); err != nil {
-		lf.Close()
-		return nil, fmt.Errorf("fleet: starting %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, logPath: logPath, log: lf, exited: make(chan struct{})}
-	go func() {
-		p.waitErr = cmd.Wait()
-		close(p.exited)
-	}()
-	return p, nil
-}
-
-// stop sends SIGTERM to the process group, SIGKILL after grace, and waits.
-func (p *proc) stop(grace time.Duration) {
-	p.stopped.Do(func() {
-		select {
-		case <-p.exited:
-		default:
-			terminate(p.cmd)
-			t := time.NewTimer(grace)
-			select {
-			case <-p.exited:
-			case <-t.C:
-			}
-			t.Stop()
-		}
-		// whatever is left of the group (a grandchild, or a child that
-		// ignored SIGTERM) goes now
-		kill(p.cmd)
-		<-p.exited
-		p.log.Close()
-	})
-}
-
-// tail returns the last n bytes of the process's log.
-func (p *proc) tail(n int64) string {
-	f, err := os.Open(p.logPath)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if st, err := f.Stat(); err == nil && st.Size() > n {
-		_, _ = f.Seek(st.Size()-n, io.SeekStart)
-	}
-	b, _ := io.ReadAll(f)
-	return strings.TrimSpace(string(b))
-}
-
-// waitReady polls url until it answers 200, the process exits, or ctx ends.
-func waitReady(ctx context.Context, p *proc, url string) error {
-	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return err
-		}
-		if resp, err := hc.Do(req); err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-p.exited:
-			return fmt.Errorf("%w: %s (%v); its log ends:\n%s", ErrExited, p.name, p.waitErr, p.tail(2048))
-		case <-ctx.Done():
-			return fmt.Errorf("%w: %s did not answer %s: %v; its log ends:\n%s", ErrNotReady, p.name, url, ctx.Err(), p.tail(2048))
-		case <-tick.C:
-		}
-	}
 }
 
 // freePorts returns n distinct ports free on 127.0.0.1 right now.

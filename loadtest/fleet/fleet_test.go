@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,21 +14,15 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/warmroute/warmroute/loadtest"
 	"github.com/warmroute/warmroute/loadtest/gpusim"
 	"github.com/warmroute/warmroute/loadtest/internal/fakefleet"
+	"github.com/warmroute/warmroute/loadtest/proc"
 	"github.com/warmroute/warmroute/loadtest/workload"
 )
 
 // The test binary doubles as the children (see fakefleet).
-func TestMain(m *testing.M) {
-	if os.Getenv(fakefleet.Env) != "" {
-		os.Exit(fakefleet.Main(os.Args[1:]))
-	}
-	goleak.VerifyTestMain(m)
-}
+func TestMain(m *testing.M) { fakefleet.TestMain(m) }
 
 func testConfig(t *testing.T, mode string) Config {
 	t.Helper()
@@ -70,19 +65,21 @@ func pidsInLogs(t *testing.T, dir string) []int {
 	return pids
 }
 
+// waitFor polls cond every 20 ms and fails the test after 20 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	if _, err := proc.Poll(context.Background(), 20*time.Second, 20*time.Millisecond, func() (bool, error) { return cond(), nil }); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
 func requireGone(t *testing.T, pids ...int) {
 	t.Helper()
 	if len(pids) == 0 {
 		t.Fatal("no pids to check")
 	}
 	for _, p := range pids {
-		deadline := time.Now().Add(10 * time.Second)
-		for alive(p) && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		if alive(p) {
-			t.Fatalf("process %d outlived the fleet", p)
-		}
+		waitFor(t, fmt.Sprintf("process %d outlived the fleet", p), func() bool { return !alive(p) })
 	}
 }
 
@@ -137,15 +134,19 @@ func TestRoutersAndLoad(t *testing.T) {
 	cfg.Strategy = "ROUND_ROBIN"
 	var mu sync.Mutex
 	hooked := map[int]int{}
-	cfg.RouterArgs = func(i int, rs []Router) ([]string, error) {
+	cfg.RouterArgs = func(i int, rs []Router, a *proc.ServeArgs) error {
 		mu.Lock()
 		hooked[i] = len(rs)
 		mu.Unlock()
+		if a.Listen != strings.TrimPrefix(rs[i].URL, "http://") || a.Strategy != "ROUND_ROBIN" || len(a.Backends) != 3 {
+			return fmt.Errorf("router %d starts from %+v", i, a)
+		}
 		urls := make([]string, len(rs))
 		for j, r := range rs {
 			urls[j] = r.URL
 		}
-		return []string{"--peers", strings.Join(urls, ",")}, nil
+		a.Extra = []string{"--peers", strings.Join(urls, ",")}
+		return nil
 	}
 	f, err := Start(context.Background(), cfg)
 	if err != nil {
@@ -204,14 +205,11 @@ func TestCloseStopsStubbornChildrenAndGrandchildren(t *testing.T) {
 			}
 			pids := pidsInLogs(t, cfg.LogDir)
 			if mode == "grandchild" {
-				deadline := time.Now().Add(10 * time.Second)
 				var b []byte
-				for time.Now().Before(deadline) {
-					if b, err = os.ReadFile(pidFile); err == nil && len(b) > 0 {
-						break
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
+				waitFor(t, "the grandchild's pid file", func() bool {
+					b, err = os.ReadFile(pidFile)
+					return err == nil && len(b) > 0
+				})
 				n, err := strconv.Atoi(string(b))
 				if err != nil {
 					t.Fatalf("grandchild pid %q: %v", b, err)
@@ -260,15 +258,12 @@ func TestCancelledStart(t *testing.T) {
 	cfg := testConfig(t, "never-ready")
 	cfg.Routers = 1
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	go func() {
 		// cancel once the router has started
-		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) {
-			if len(pidsInLogs(t, cfg.LogDir)) == 2 {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		_, _ = proc.Poll(ctx, 20*time.Second, 20*time.Millisecond, func() (bool, error) {
+			return len(pidsInLogs(t, cfg.LogDir)) == 2, nil
+		})
 		cancel()
 	}()
 	start := time.Now()
