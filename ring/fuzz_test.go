@@ -216,6 +216,16 @@ func FuzzCheckTenant(f *testing.F) {
 	})
 }
 
+// rejected reports whether parse refused s, failing t unless the error
+// wraps ErrConfig.
+func rejected(t *testing.T, parse, s string, err error) bool {
+	t.Helper()
+	if err != nil && !errors.Is(err, ErrConfig) {
+		t.Fatalf("%s(%q): %v does not wrap ErrConfig", parse, s, err)
+	}
+	return err != nil
+}
+
 // FuzzParseStrategy: strategy names from flags, YAML, the admin API and
 // SageMaker's RoutingConfig never panic the parser; an accepted name is a
 // known strategy whose canonical name (and its text form) parses back to
@@ -227,10 +237,7 @@ func FuzzParseStrategy(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		st, err := ParseStrategy(s)
-		if err != nil {
-			if !errors.Is(err, ErrConfig) {
-				t.Fatalf("ParseStrategy(%q): %v does not wrap ErrConfig", s, err)
-			}
+		if rejected(t, "ParseStrategy", s, err) {
 			return
 		}
 		if int(st) >= len(strategyNames) {
@@ -261,10 +268,7 @@ func FuzzParseState(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		st, err := ParseState(s)
-		if err != nil {
-			if !errors.Is(err, ErrConfig) {
-				t.Fatalf("ParseState(%q): %v does not wrap ErrConfig", s, err)
-			}
+		if rejected(t, "ParseState", s, err) {
 			return
 		}
 		if st != Active && st != Draining && st != Down {
