@@ -93,3 +93,20 @@ func FuzzSplitArgs(f *testing.F) {
 		}
 	})
 }
+
+func TestFreeAddrs(t *testing.T) {
+	addrs, err := FreeAddrs("127.0.0.1", 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, a := range addrs {
+		if !strings.HasPrefix(a, "127.0.0.1:") || seen[a] {
+			t.Fatalf("addresses %v", addrs)
+		}
+		seen[a] = true
+	}
+	if _, err := FreeAddrs("192.0.2.1", 1); err == nil {
+		t.Fatal("an address not on this machine was found free")
+	}
+}

@@ -13,16 +13,15 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
+	"github.com/warmroute/warmroute/loadtest/proc"
 	"github.com/warmroute/warmroute/node/identity"
 )
 
@@ -162,6 +161,9 @@ func (r *Report) Failed() bool {
 	return false
 }
 
+// startTimeout bounds the wait for a process to answer.
+const startTimeout = 20 * time.Second
+
 // window is a span in which errors are put down to a backend restart.
 type window struct{ from, to time.Time }
 
@@ -188,36 +190,34 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Log != nil {
 		r.log = &lockedWriter{w: cfg.Log} // the restarter and the sampler both write
 	}
-	ports, err := freePorts(cfg.Backends + 2)
+	addrs, err := proc.FreeAddrs("127.0.0.1", cfg.Backends+2)
 	if err != nil {
 		return nil, err
 	}
-	backends := make([]*proc, cfg.Backends)
+	backends := make([]*proc.Process, cfg.Backends)
 	urls := make([]string, cfg.Backends)
-	startBackend := func(i int) (*proc, error) {
-		addr := fmt.Sprintf("127.0.0.1:%d", ports[i])
-		p, err := startProc(cfg.Binary, "gpusim", "--listen", addr, "--time-scale", strconv.FormatFloat(cfg.TimeScale, 'g', -1, 64),
-			"--name-prefix", fmt.Sprintf("soak-%d-", i))
+	startBackend := func(i int) (*proc.Process, error) {
+		args := proc.GpusimArgs{Listen: addrs[i], TimeScale: cfg.TimeScale, NamePrefix: fmt.Sprintf("soak-%d-", i)}
+		p, err := proc.Start(proc.Spec{Name: fmt.Sprintf("gpusim-%d", i), Path: cfg.Binary, Args: args.Args()})
 		if err != nil {
 			return nil, err
 		}
-		return p, waitHTTP(ctx, p, "http://"+addr+"/health")
+		return p, p.WaitReady(ctx, startTimeout, proc.HTTPCheck(urls[i]+"/health"))
 	}
 	defer func() {
 		for _, b := range backends {
 			if b != nil {
-				b.stop(5 * time.Second)
+				b.Stop(5 * time.Second)
 			}
 		}
 	}()
 	for i := range backends {
-		urls[i] = fmt.Sprintf("http://127.0.0.1:%d", ports[i])
+		urls[i] = "http://" + addrs[i]
 		if backends[i], err = startBackend(i); err != nil {
 			return nil, fmt.Errorf("soak: gpusim %d: %w", i, err)
 		}
 	}
-	listen := fmt.Sprintf("127.0.0.1:%d", ports[cfg.Backends])
-	admin := fmt.Sprintf("127.0.0.1:%d", ports[cfg.Backends+1])
+	listen, admin := addrs[cfg.Backends], addrs[cfg.Backends+1]
 	// The router runs with cluster TLS, as deployed: its admin API serves
 	// HTTPS with a certificate from a CA made for the run.
 	tlsDir, err := os.MkdirTemp("", "warmroute-soak-tls-")
@@ -225,28 +225,24 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(tlsDir)
-	tlsArgs, adminTLS, err := clusterTLS(tlsDir, routerName, cfg.Duration+time.Hour)
+	tlsFiles, adminTLS, err := clusterTLS(tlsDir, routerName, cfg.Duration+time.Hour)
 	if err != nil {
 		return nil, fmt.Errorf("soak: cluster certificate: %w", err)
 	}
-	args := append([]string{"serve", "--listen", listen, "--admin-listen", admin, "--node-name", routerName,
-		"--backends", strings.Join(urls, ","), "--probe-interval", "200ms", "--shutdown-timeout", "5s"}, tlsArgs...)
-	router, err := startProc(cfg.Binary, args...)
+	args := proc.ServeArgs{Listen: listen, AdminListen: admin, NodeName: routerName, Backends: urls,
+		ProbeInterval: 200 * time.Millisecond, ShutdownTimeout: 5 * time.Second, ClusterTLS: tlsFiles}
+	router, err := proc.Start(proc.Spec{Name: "router", Path: cfg.Binary, Args: args.Args()})
 	if err != nil {
 		return nil, fmt.Errorf("soak: router: %w", err)
 	}
+	defer router.Stop(10 * time.Second)
 	r.url, r.admin = "http://"+listen, "https://"+admin
 	adminTr := &http.Transport{TLSClientConfig: adminTLS}
 	defer adminTr.CloseIdleConnections()
 	r.adminHC = &http.Client{Transport: adminTr}
 	rep := &Report{Config: cfg}
-	defer func() {
-		if rep.RouterExit == "" {
-			router.stop(10 * time.Second)
-		}
-	}()
-	if err := waitHTTP(ctx, router, r.url+"/readyz"); err != nil {
-		return nil, fmt.Errorf("soak: router: %w\n%s", err, router.output())
+	if err := router.WaitReady(ctx, startTimeout, proc.HTTPCheck(r.url+"/readyz")); err != nil {
+		return nil, fmt.Errorf("soak: router: %w", err)
 	}
 	tr := &http.Transport{MaxIdleConnsPerHost: cfg.Workers, IdleConnTimeout: 30 * time.Second}
 	r.client = &http.Client{Transport: tr, Timeout: 60 * time.Second}
@@ -296,7 +292,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				r.mu.Lock()
 				r.windows = append(r.windows, w)
 				r.mu.Unlock()
-				backends[k].kill()
+				backends[k].Kill()
 				select {
 				case <-loadCtx.Done():
 				case <-time.After(cfg.DownFor):
@@ -364,13 +360,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		case <-time.After(time.Second):
 		}
 	}
-	if router.exited() {
-		rep.RouterExit = "exited during the soak: " + router.result()
-	} else if err := router.stop(10 * time.Second); err != nil {
+	if router.Exited() {
+		rep.RouterExit = "exited during the soak: " + router.Status()
+	} else if err := router.Stop(10 * time.Second); err != nil {
 		rep.RouterExit = "stopped with " + err.Error()
 	}
 	if rep.RouterExit != "" {
-		rep.RouterExit += "\n" + router.output()
+		rep.RouterExit += "\n" + router.Logs()
 	}
 	rep.Counts = r.counts
 	rep.check()
@@ -678,67 +674,6 @@ func (r *runner) unexpectedNote(what string) {
 	}
 }
 
-// proc is a child process.
-type proc struct {
-	cmd  *exec.Cmd
-	out  *tail
-	done chan struct{}
-	err  error
-}
-
-func startProc(bin string, args ...string) (*proc, error) {
-	cmd := exec.Command(bin, args...)
-	t := &tail{}
-	cmd.Stdout, cmd.Stderr = t, t
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &proc{cmd: cmd, out: t, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *proc) result() string {
-	<-p.done
-	if p.err == nil {
-		return "exit 0"
-	}
-	return p.err.Error()
-}
-
-// kill ends the process at once (a crash) and waits for it.
-func (p *proc) kill() {
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
-
-// stop asks the process to end (SIGTERM), kills it after grace, and
-// returns its exit error.
-func (p *proc) stop(grace time.Duration) error {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(grace):
-		p.kill()
-		return errors.New("did not stop within " + grace.String())
-	}
-	return p.err
-}
-
-func (p *proc) output() string { return p.out.String() }
-
 // lockedWriter serialises writes to w.
 type lockedWriter struct {
 	mu sync.Mutex
@@ -751,68 +686,22 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-// tail keeps the last 16 KiB a process wrote.
-type tail struct {
-	mu sync.Mutex
-	b  []byte
-}
-
-func (t *tail) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > 16<<10 {
-		t.b = append(t.b[:0], t.b[len(t.b)-16<<10:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tail) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.b)
-}
-
-// waitHTTP polls url until it answers 200, the process exits or 20 s pass.
-func waitHTTP(ctx context.Context, p *proc, url string) error {
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return nil
-			}
-		}
-		if p.exited() {
-			return fmt.Errorf("exited: %s\n%s", p.result(), p.output())
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready after 20s: %v", url, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
 // routerName is the soak router's node name, and the name in its
 // certificate.
 const routerName = "soak"
 
 // clusterTLS makes a CA and a certificate for router name (with the SAN
-// 127.0.0.1, where its admin API is reached) in dir, and returns the serve
-// flags that use them and the client configuration that trusts the CA.
-func clusterTLS(dir, name string, validity time.Duration) ([]string, *tls.Config, error) {
+// 127.0.0.1, where its admin API is reached) in dir, and returns the files
+// and the client configuration that trusts the CA.
+func clusterTLS(dir, name string, validity time.Duration) (proc.ClusterTLS, *tls.Config, error) {
+	var files proc.ClusterTLS
 	ca, err := identity.NewCA("warmroute soak CA", validity)
 	if err != nil {
-		return nil, nil, err
+		return files, nil, err
 	}
 	certPEM, keyPEM, err := ca.Issue(identity.Request{Name: name, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Validity: validity})
 	if err != nil {
-		return nil, nil, err
+		return files, nil, err
 	}
 	caFile, certFile, keyFile := filepath.Join(dir, "warmroute-ca.pem"), filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
 	for _, f := range []struct {
@@ -820,31 +709,11 @@ func clusterTLS(dir, name string, validity time.Duration) ([]string, *tls.Config
 		data []byte
 	}{{caFile, ca.CertPEM()}, {certFile, certPEM}, {keyFile, keyPEM}} {
 		if err := os.WriteFile(f.path, f.data, 0o600); err != nil {
-			return nil, nil, err
+			return files, nil, err
 		}
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(ca.Cert)
-	args := []string{"--cluster-tls-cert-file", certFile, "--cluster-tls-key-file", keyFile, "--cluster-tls-ca-file", caFile}
-	return args, &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
-}
-
-// freePorts reserves n loopback ports and releases them for the processes.
-func freePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	var ports []int
-	for i := 0; i < n; i++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
+	files = proc.ClusterTLS{CertFile: certFile, KeyFile: keyFile, CAFile: caFile}
+	return files, &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }

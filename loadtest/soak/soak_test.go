@@ -4,11 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/loadtest/proc"
 )
 
 // binary is the warmroute executable built for the package's tests.
@@ -26,10 +27,8 @@ func TestMain(m *testing.M) {
 		}
 		defer os.RemoveAll(dir)
 		binary = filepath.Join(dir, "warmroute")
-		cmd := exec.Command("go", "build", "-o", binary, "github.com/warmroute/warmroute/cmd/warmroute")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "building warmroute: %v\n%s", err, out)
+		if err := proc.Build("github.com/warmroute/warmroute/cmd/warmroute", binary); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
 		return m.Run()
