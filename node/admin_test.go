@@ -141,36 +141,6 @@ func TestAdminAPIStandalone(t *testing.T) {
 	waitFor(t, 5*time.Second, "b removed", func() bool { rr, _ := n.proxy.Ring(); _, ok := rr.Index(b.id()); return !ok })
 }
 
-func TestAdminWritesWithoutTokenOnlyFromLoopback(t *testing.T) {
-	n := runNode(t, testConfig(nil))
-	waitAgreed(t, n)
-	req, _ := http.NewRequest("POST", "/v1/backends", strings.NewReader(`{"url":"http://h:1"}`))
-	req.RemoteAddr = "10.1.2.3:5555"
-	w := &recorder{header: http.Header{}}
-	if n.authorize(w, req, true) || w.status != http.StatusForbidden {
-		t.Fatalf("a remote write without a configured token was allowed (%d)", w.status)
-	}
-	req.RemoteAddr = "127.0.0.1:5555"
-	if !n.authorize(&recorder{header: http.Header{}}, req, true) {
-		t.Fatal("a loopback write without a configured token was refused")
-	}
-	n.adminToken = "t"
-	req.RemoteAddr = "10.1.2.3:5555"
-	w = &recorder{header: http.Header{}}
-	if n.authorize(w, req, false) || w.status != http.StatusUnauthorized {
-		t.Fatal("a remote read without the token was allowed while a token is configured")
-	}
-}
-
-type recorder struct {
-	header http.Header
-	status int
-}
-
-func (r *recorder) Header() http.Header         { return r.header }
-func (r *recorder) Write(b []byte) (int, error) { return len(b), nil }
-func (r *recorder) WriteHeader(s int)           { r.status = s }
-
 // TestClusterAgreementAndForwarding: three routers agree on every change;
 // a write sent to a follower is forwarded to the leader; all nodes route
 // 10,000 random prompts identically.

@@ -3,6 +3,7 @@ package node
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/warmroute/warmroute/node/admin"
 	"io"
 	"net"
 	"net/http"
@@ -135,7 +136,7 @@ func TestPassiveReportsThroughGossip(t *testing.T) {
 	// The admin API names the nodes that see it failing.
 	r := adminDo(t, "GET", "http://"+leader.AdminAddr().String()+"/v1/backends/"+deadAddr, "", "")
 	var got struct {
-		Backend BackendView `json:"backend"`
+		Backend admin.BackendView `json:"backend"`
 	}
 	if err := json.Unmarshal([]byte(r.raw), &got); r.status != 200 || err != nil || len(got.Backend.FailingOn) == 0 {
 		t.Errorf("backend view (%v): %d %s", err, r.status, r.raw)

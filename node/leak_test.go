@@ -71,3 +71,35 @@ func TestRunStoppedAtOnceReleasesServers(t *testing.T) {
 		}
 	}
 }
+
+// TestCloseWithoutRun: a node built and never run releases Raft, gossip
+// and both listeners on Close (TestMain checks that no goroutine of them
+// is left); Close is idempotent, and Run after Close fails instead of
+// serving on closed listeners.
+func TestCloseWithoutRun(t *testing.T) {
+	cfg := testConfig(nil)
+	cfg.Cluster.NodeName = "closer"
+	cfg.Cluster.GossipListen = "127.0.0.1:0"
+	cfg.Cluster.RaftListen = "127.0.0.1:0"
+	cfg.Cluster.BootstrapExpect = 1
+	n, err := New(cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := []string{n.TrafficAddr().String(), n.AdminAddr().String(), n.agree.Addr()}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	for _, a := range addrs {
+		if c, err := net.DialTimeout("tcp", a, time.Second); err == nil {
+			c.Close()
+			t.Errorf("%s still accepts connections after Close", a)
+		}
+	}
+	if err := n.Run(context.Background()); err == nil {
+		t.Fatal("Run after Close served")
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,9 +40,7 @@ type Node struct {
 	scraper *engine.Scraper  // nil when engine scraping is off
 	engines *engineState     // engine figures scraped alone (no gossip)
 
-	adminToken  string       // "" when none is configured
-	adminClient *http.Client // forwards admin writes to the leader
-	adminScheme string       // http, or https with cluster TLS
+	adminToken string // "" when none is configured
 	// identity is this router's cluster certificate (mutual TLS for Raft
 	// and admin forwarding, signatures on gossip figures), or nil.
 	identity *identity.Bundle
@@ -52,6 +51,9 @@ type Node struct {
 
 	// ringMu serialises ring rebuilds.
 	ringMu sync.Mutex
+	// started is set by the first Run or Close: each releases what New
+	// took, once.
+	started atomic.Bool
 }
 
 // Options are what the binary passes besides the config.
@@ -77,7 +79,7 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	n := &Node{cfg: cfg, log: log, reg: prometheus.NewRegistry(), version: opts.Version, name: cfg.Cluster.NodeName,
-		adminClient: &http.Client{Timeout: writeRetryFor}, adminScheme: "http", identity: id}
+		identity: id}
 	defer func() {
 		if err != nil {
 			n.closeEarly()
@@ -144,7 +146,7 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 		}
 	}
 	n.admin = &http.Server{
-		Handler:           n.adminHandler(),
+		Handler:           n.newAdmin().Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
@@ -211,11 +213,25 @@ func (n *Node) closeEarly() {
 	}
 }
 
+// Close releases everything New took (Raft, gossip, both listeners) when
+// Run was never called; after Run, which releases them itself when it
+// returns, it does nothing. It is safe to call more than once.
+func (n *Node) Close() error {
+	if n.started.Swap(true) {
+		return nil
+	}
+	n.closeEarly()
+	return nil
+}
+
 // Run serves until ctx is cancelled, then stops accepting, lets open streams
 // finish for up to ShutdownTimeout and returns. Components stop in the
 // reverse of the order they started: the proxy drains while this node still
 // publishes its (falling) load, then it leaves the cluster.
 func (n *Node) Run(ctx context.Context) error {
+	if n.started.Swap(true) {
+		return errors.New("node: Run after Run or Close")
+	}
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	if n.scraper != nil {

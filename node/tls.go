@@ -4,9 +4,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
-	"time"
 
 	"github.com/warmroute/warmroute/node/identity"
 )
@@ -95,49 +92,5 @@ func (n *Node) setupTLS() error {
 		return nil
 	}
 	n.adminLn = tls.NewListener(n.adminLn, n.identity.ServerConfig(true))
-	n.adminScheme = "https"
 	return nil
-}
-
-// forwardClient is the HTTP client that forwards an admin write to the
-// leader at addr. With a cluster identity it speaks HTTPS with this
-// router's certificate and accepts only the router named leader: gossip
-// metadata, where the leader's admin address comes from, is not proof of
-// who listens there, and the request carries the operator's token.
-func (n *Node) forwardClient(leader string) *http.Client {
-	if n.identity == nil {
-		return n.adminClient
-	}
-	tr := &http.Transport{
-		TLSClientConfig:     n.identity.ClientConfig(identity.ExpectName(leader)),
-		DialContext:         (&net.Dialer{Timeout: forwardDialTimeout}).DialContext,
-		TLSHandshakeTimeout: forwardDialTimeout,
-		DisableKeepAlives:   true,
-	}
-	return &http.Client{Transport: tr, Timeout: n.adminClient.Timeout}
-}
-
-// forwardDialTimeout bounds connecting to the leader's admin API.
-const forwardDialTimeout = 2 * time.Second
-
-// forwardedBy returns the router that forwarded r, proven by its client
-// certificate, and whether r may be treated as forwarded. Without cluster
-// identities the header is taken at its word (loopback or trusted
-// networks only).
-func (n *Node) forwardedBy(r *http.Request) (string, bool) {
-	claimed := r.Header.Get(headerForwarded)
-	if claimed == "" {
-		return "", true
-	}
-	if n.identity == nil {
-		return claimed, true
-	}
-	if r.TLS == nil {
-		return "", false
-	}
-	name, err := identity.PeerName(*r.TLS)
-	if err != nil || name != claimed {
-		return "", false
-	}
-	return name, true
 }

@@ -10,20 +10,14 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/http"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
 	"time"
-)
 
-// adminClient talks to a router's admin API.
-type adminClient struct {
-	base  string
-	token string
-	http  *http.Client
-}
+	"github.com/warmroute/warmroute/node/admin"
+	"github.com/warmroute/warmroute/ring"
+)
 
 // adminOpts are the flags every admin command shares.
 type adminOpts struct {
@@ -43,32 +37,24 @@ func adminFlags(fs *flag.FlagSet) adminOpts {
 	return o
 }
 
-func newAdminClient(o adminOpts) (*adminClient, error) {
-	addr, tokenFile := *o.addr, *o.tokenFile
-	if !strings.Contains(addr, "://") {
-		addr = "http://" + addr
-	}
-	u, err := url.Parse(addr)
-	if err != nil || u.Host == "" {
-		return nil, fmt.Errorf("admin URL %q: want http://host:port", addr)
-	}
+// newAdminClient builds the admin API client the flags describe.
+func newAdminClient(o adminOpts) (*admin.Client, error) {
 	tok := os.Getenv("WARMROUTE_ADMIN_TOKEN")
-	if tokenFile != "" {
-		b, err := os.ReadFile(tokenFile)
+	if *o.tokenFile != "" {
+		b, err := os.ReadFile(*o.tokenFile)
 		if err != nil {
 			return nil, fmt.Errorf("token file: %w", err)
 		}
 		tok = strings.TrimSpace(string(b))
 	}
-	hc := &http.Client{Timeout: 30 * time.Second}
+	var tc *tls.Config
 	if *o.caFile != "" {
-		tc, err := caOnlyTLS(*o.caFile)
-		if err != nil {
+		var err error
+		if tc, err = caOnlyTLS(*o.caFile); err != nil {
 			return nil, err
 		}
-		hc.Transport = &http.Transport{TLSClientConfig: tc}
 	}
-	return &adminClient{base: strings.TrimRight(addr, "/"), token: strings.TrimSpace(tok), http: hc}, nil
+	return admin.NewClient(*o.addr, tok, tc, 30*time.Second)
 }
 
 // caOnlyTLS trusts certificates signed by the CA in file, whatever host
@@ -105,47 +91,6 @@ func caOnlyTLS(file string) (*tls.Config, error) {
 	}, nil
 }
 
-// do sends a request and returns the decoded JSON answer, or the API's
-// error message.
-func (c *adminClient) do(ctx context.Context, method, path string, body any) (map[string]any, error) {
-	var r io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return nil, err
-		}
-		r = strings.NewReader(string(b))
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, r)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach the admin API at %s: %w", c.base, err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return nil, err
-	}
-	var out map[string]any
-	if err := json.Unmarshal(raw, &out); err != nil {
-		return nil, fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, strings.TrimSpace(string(raw)))
-	}
-	if resp.StatusCode >= 300 {
-		if e, ok := out["error"].(map[string]any); ok {
-			return nil, fmt.Errorf("%s (HTTP %d, %v)", e["message"], resp.StatusCode, e["code"])
-		}
-		return nil, fmt.Errorf("HTTP %d", resp.StatusCode)
-	}
-	return out, nil
-}
-
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -168,52 +113,46 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	cl, err := c.do(ctx, "GET", "/v1/cluster", nil)
+	cl, err := c.Cluster(ctx)
 	if err != nil {
 		return err
 	}
-	bs, err := c.do(ctx, "GET", "/v1/backends", nil)
+	bs, err := c.Backends(ctx)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
-		return printJSON(stdout, map[string]any{"cluster": cl, "backends": bs["backends"]})
+		return printJSON(stdout, map[string]any{"cluster": cl, "backends": bs.Backends})
 	}
-	raft, _ := cl["raft"].(map[string]any)
-	fmt.Fprintf(stdout, "node %v  epoch %v  raft %v  leader %v  term %v\n", cl["node"], cl["epoch"], raft["raft_state"], raft["leader_id"], raft["term"])
-	if servers, ok := raft["servers"].([]any); ok {
+	raft := cl.Raft
+	fmt.Fprintf(stdout, "node %v  epoch %v  raft %v  leader %v  term %v\n", cl.Node, cl.Epoch, raft.RaftState, raft.LeaderID, raft.Term)
+	if len(raft.Servers) > 0 {
 		fmt.Fprintf(stdout, "\nRAFT SERVER           ADDRESS               VOTER\n")
-		for _, s := range servers {
-			m := s.(map[string]any)
-			fmt.Fprintf(stdout, "%-21v %-21v %v\n", m["id"], m["addr"], m["voter"])
+		for _, s := range raft.Servers {
+			fmt.Fprintf(stdout, "%-21v %-21v %v\n", s.ID, s.Addr, s.Voter)
 		}
 	}
-	if members, ok := cl["members"].([]any); ok && len(members) > 0 {
+	if len(cl.Members) > 0 {
 		fmt.Fprintf(stdout, "\nMEMBER                STATE    ZONE       ADMIN\n")
-		for _, s := range members {
-			m := s.(map[string]any)
-			fmt.Fprintf(stdout, "%-21v %-8v %-10v %v\n", m["name"], m["state"], orDash(m["zone"]), m["admin_addr"])
+		for _, m := range cl.Members {
+			fmt.Fprintf(stdout, "%-21v %-8v %-10v %v\n", m.Name, m.State, orDash(m.Zone), m.AdminAddr)
 		}
 	}
 	fmt.Fprintf(stdout, "\nBACKEND                    STATE     HEALTHY  IN-FLIGHT  LIMIT  ZONE\n")
-	list, _ := bs["backends"].([]any)
-	for _, x := range list {
-		b := x.(map[string]any)
-		live, _ := b["live"].(map[string]any)
-		inflight := "-"
-		healthy, limit := "-", "-"
-		if live != nil {
-			inflight = fmt.Sprintf("%v+%v", live["in_flight"], live["remote_in_flight"])
-			healthy = fmt.Sprint(live["healthy"])
-			limit = fmt.Sprint(live["limit"])
+	for _, b := range bs.Backends {
+		inflight, healthy, limit := "-", "-", "-"
+		if l := b.Live; l != nil {
+			inflight = fmt.Sprintf("%v+%v", l.InFlight, l.RemoteInFlight)
+			healthy = fmt.Sprint(l.Healthy)
+			limit = fmt.Sprint(l.Limit)
 		}
-		fmt.Fprintf(stdout, "%-26v %-9v %-8v %-10v %-6v %v\n", b["id"], b["state"], healthy, inflight, limit, orDash(b["zone"]))
+		fmt.Fprintf(stdout, "%-26v %-9v %-8v %-10v %-6v %v\n", b.ID, b.State, healthy, inflight, limit, orDash(b.Zone))
 	}
 	return nil
 }
 
-func orDash(v any) any {
-	if v == nil || v == "" {
+func orDash(v string) string {
+	if v == "" {
 		return "-"
 	}
 	return v
@@ -255,21 +194,21 @@ through Raft and every router rebuilds its ring at the same epoch.
 		}
 		return nil
 	}
-	var out map[string]any
+	var out any
 	switch rest[0] {
 	case "list", "ls":
-		out, err = c.do(ctx, "GET", "/v1/backends", nil)
+		out, err = c.Backends(ctx)
 	case "add":
 		if err = need(1); err == nil {
-			out, err = c.do(ctx, "POST", "/v1/backends", map[string]any{"url": rest[1], "id": *id, "zone": *zone, "weight": *weight})
+			out, err = c.AddBackend(ctx, admin.BackendRequest{URL: rest[1], ID: *id, Zone: *zone, Weight: *weight})
 		}
 	case "remove", "rm":
 		if err = need(1); err == nil {
-			out, err = c.do(ctx, "DELETE", "/v1/backends/"+url.PathEscape(rest[1]), nil)
+			out, err = c.RemoveBackend(ctx, rest[1])
 		}
 	case "drain", "activate", "undrain", "down":
 		if err = need(1); err == nil {
-			out, err = c.do(ctx, "POST", "/v1/backends/"+url.PathEscape(rest[1])+"/"+rest[0], nil)
+			out, err = c.SetBackendState(ctx, rest[1], rest[0])
 		}
 	default:
 		return fmt.Errorf("backends: unknown action %q (want list, add, remove, drain, activate or down)", rest[0])
@@ -288,12 +227,10 @@ func cmdConfig(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprintf(stderr, `usage: warmroute config [flags] get
        warmroute config [flags] set key=value [key=value...]
 
-Read or change the agreed routing config. Keys: strategy, prefix_length,
-concurrency_threshold, load_factor, invocations_json, busy_is_full,
-overflow_depth, partition_count, zone_aware (SageMaker's RoutingStrategy,
-PrefixLength and ConcurrencyThreshold work too).
+Read or change the agreed routing config. Keys: %s
+(SageMaker's %s work too).
 
-`)
+`, strings.Join(settingNames(false), ", "), strings.Join(settingNames(true), ", "))
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -308,10 +245,10 @@ PrefixLength and ConcurrencyThreshold work too).
 	if err != nil {
 		return err
 	}
-	var out map[string]any
+	var out any
 	switch rest[0] {
 	case "get":
-		out, err = c.do(ctx, "GET", "/v1/config", nil)
+		out, err = c.Config(ctx)
 	case "set":
 		if len(rest) < 2 {
 			return errors.New("config set: want key=value")
@@ -322,9 +259,13 @@ PrefixLength and ConcurrencyThreshold work too).
 			if !ok || k == "" {
 				return fmt.Errorf("config set: %q is not key=value", kv)
 			}
-			patch[k] = configValue(v)
+			val, err := settingValue(k, v)
+			if err != nil {
+				return fmt.Errorf("config set: %w", err)
+			}
+			patch[k] = val
 		}
-		out, err = c.do(ctx, "PATCH", "/v1/config", patch)
+		out, err = c.PatchConfig(ctx, patch)
 	default:
 		return fmt.Errorf("config: unknown action %q (want get or set)", rest[0])
 	}
@@ -334,22 +275,59 @@ PrefixLength and ConcurrencyThreshold work too).
 	return printJSON(stdout, out)
 }
 
-// configValue types a command-line value: integers and finite numbers as
-// JSON numbers, "true" and "false" (any case) as booleans, anything else
-// as a string. (strconv.ParseBool would also take "1", "0" and "t", so
-// concurrency_threshold=1 went out as true.)
-func configValue(v string) any {
-	if i, err := strconv.ParseInt(v, 10, 64); err == nil {
-		return i
+// settingNames lists the routing settings' admin API names, or their
+// SageMaker aliases.
+func settingNames(sageMaker bool) []string {
+	var out []string
+	for _, info := range ring.SettingsInfo() {
+		switch {
+		case !sageMaker:
+			out = append(out, info.JSON)
+		case info.SageMaker != "":
+			out = append(out, info.SageMaker)
+		}
 	}
-	switch strings.ToLower(v) {
-	case "true":
-		return true
-	case "false":
-		return false
+	return out
+}
+
+// settingValue types a command-line value as the routing setting key
+// takes it: an integer, a finite number, true or false (any case; not 1
+// or t), or a strategy name. A value of the wrong type is an error here,
+// before anything is sent.
+func settingValue(key, v string) (any, error) {
+	info, ok := ring.LookupSetting(key)
+	if !ok {
+		return nil, fmt.Errorf("unknown setting %q (want one of %s)", key, strings.Join(settingNames(false), ", "))
 	}
-	if f, err := strconv.ParseFloat(v, 64); err == nil && !math.IsInf(f, 0) && !math.IsNaN(f) {
-		return f
+	var s ring.Settings
+	switch p := s.Field(info).(type) {
+	case *int:
+		i, err := strconv.Atoi(v)
+		if err != nil {
+			return nil, fmt.Errorf("%s=%q: want an integer", key, v)
+		}
+		return i, nil
+	case *float64:
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
+			return nil, fmt.Errorf("%s=%q: want a number", key, v)
+		}
+		return f, nil
+	case *bool:
+		switch strings.ToLower(v) {
+		case "true":
+			return true, nil
+		case "false":
+			return false, nil
+		}
+		return nil, fmt.Errorf("%s=%q: want true or false", key, v)
+	case *ring.Strategy:
+		st, err := ring.ParseStrategy(v)
+		if err != nil {
+			return nil, fmt.Errorf("%s=%q: %w", key, v, err)
+		}
+		return st.String(), nil
+	default:
+		return nil, fmt.Errorf("setting %s: no command-line form for %T", key, p)
 	}
-	return v
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/warmroute/warmroute/node"
+	"github.com/warmroute/warmroute/ring"
 )
 
 // FuzzServeConfig feeds arbitrary command lines and one WARMROUTE_*
@@ -76,37 +78,28 @@ func FuzzBackendsFlag(f *testing.F) {
 	})
 }
 
-// FuzzConfigValue: `warmroute config set key=value` sends integers as
-// JSON numbers, "true"/"false" as booleans, other numbers as floats and
-// anything else as the string itself.
-func FuzzConfigValue(f *testing.F) {
-	for _, s := range []string{"1", "0", "8192", "-3", "1.25", "true", "FALSE", "t", "PREFIX_AWARE", "", "1e3", "NaN"} {
-		f.Add(s)
+// FuzzSettingValue: `warmroute config set key=value` types each value as
+// its setting takes it, or refuses it before sending anything: what it
+// sends is accepted by the admin API's parser for that setting.
+func FuzzSettingValue(f *testing.F) {
+	for _, kv := range [][2]string{{"prefix_length", "8192"}, {"prefix_length", "x"}, {"load_factor", "1.25"},
+		{"load_factor", "NaN"}, {"busy_is_full", "TRUE"}, {"busy_is_full", "1"}, {"strategy", "lor"},
+		{"PrefixLength", "4096"}, {"nope", "1"}, {"concurrency_threshold", "1"}} {
+		f.Add(kv[0], kv[1])
 	}
-	f.Fuzz(func(t *testing.T, v string) {
-		got := configValue(v)
-		if i, err := strconv.ParseInt(v, 10, 64); err == nil {
-			if got != i {
-				t.Fatalf("%q is the integer %d but became %#v", v, i, got)
-			}
+	f.Fuzz(func(t *testing.T, key, v string) {
+		val, err := settingValue(key, v)
+		if err != nil {
 			return
 		}
-		switch g := got.(type) {
-		case bool:
-			if !strings.EqualFold(v, strconv.FormatBool(g)) {
-				t.Fatalf("%q became the boolean %v", v, g)
-			}
-		case float64:
-			// Only finite numbers: JSON has no NaN or infinity.
-			if fl, err := strconv.ParseFloat(v, 64); err != nil || fl != g || math.IsInf(g, 0) {
-				t.Fatalf("%q became the number %v", v, g)
-			}
-		case string:
-			if g != v {
-				t.Fatalf("%q became the string %q", v, g)
-			}
-		default:
-			t.Fatalf("%q became %#v", v, got)
+		body, err := json.Marshal(map[string]any{key: val})
+		if err != nil {
+			t.Fatalf("%s=%q became %#v, which JSON cannot carry: %v", key, v, val, err)
+		}
+		info, _ := ring.LookupSetting(key)
+		var s ring.Settings
+		if err := json.Unmarshal(body[len(`{"`)+len(key)+len(`":`):len(body)-1], s.Field(info)); err != nil {
+			t.Fatalf("%s=%q sent as %s, which the setting does not take: %v", key, v, body, err)
 		}
 	})
 }

@@ -1,0 +1,209 @@
+package admin
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/warmroute/warmroute/node/cluster"
+	"github.com/warmroute/warmroute/proxy"
+	"github.com/warmroute/warmroute/ring"
+)
+
+// Status returns what GET /status serves.
+func (s *Server) Status() Status {
+	r, epoch := s.cfg.Router.Ring()
+	routing := r.Config().Settings
+	routing.PartitionCount = r.Partitions() // what 0 (automatic) chose
+	st := Status{
+		Node:     s.cfg.Name,
+		Epoch:    epoch,
+		Routing:  routing,
+		Ready:    s.cfg.Router.Ready(),
+		Backends: s.cfg.Router.Status(),
+	}
+	if s.cfg.Members != nil {
+		st.Members = s.cfg.Members.Members()
+	}
+	raft := s.cfg.Agreement.Status()
+	st.Raft = &raft
+	if err := s.cfg.Agreement.Halted(); err != nil {
+		st.Halted = err.Error()
+	}
+	return st
+}
+
+func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, s.Status())
+}
+
+// handleExplain answers "where would this request go, and why": POST the
+// body and headers a client would send, to /debug/route/v1/chat/completions
+// (or ?api=chat|completions|invocations).
+func (s *Server) handleExplain(w http.ResponseWriter, r *http.Request) {
+	api, err := explainAPI(r.PathValue("path"), r.URL.Query().Get("api"))
+	if err != nil {
+		writeJSONError(w, http.StatusNotFound, "not_found", err.Error())
+		return
+	}
+	body, ok := readBody(w, r, maxExplainBody)
+	if !ok {
+		return
+	}
+	var tenant []byte
+	if vs, ok := r.Header[http.CanonicalHeaderKey(proxy.HeaderTenant)]; ok && len(vs) > 0 {
+		tenant = []byte(vs[0])
+	}
+	_, epoch := s.cfg.Router.Ring()
+	info, e, err := s.cfg.Router.Explain(api, body, tenant)
+	if err != nil {
+		code := "invalid_request"
+		if errors.Is(err, ring.ErrMalformedJSON) {
+			code = "invalid_json"
+		}
+		writeJSONError(w, http.StatusBadRequest, code, err.Error())
+		return
+	}
+	out := Explanation{
+		Node: s.cfg.Name, Epoch: epoch, API: api.String(), Key: fmt.Sprintf("%016x", info.Key),
+		PrefixBytes: info.PrefixBytes, Model: string(info.Model), Explanation: e,
+	}
+	switch {
+	case info.TenantFromHeader:
+		out.TenantSource = "header"
+	case len(info.Tenant) > 0:
+		out.TenantSource = "prompt_cache_key"
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func explainAPI(path, q string) (ring.API, error) {
+	p := strings.Trim(path, "/")
+	if p == "" {
+		p = q
+	}
+	switch p {
+	case "", "chat", "v1/chat/completions":
+		return ring.Chat, nil
+	case "completions", "v1/completions":
+		return ring.Completions, nil
+	case "invocations":
+		return ring.Invocations, nil
+	}
+	return 0, fmt.Errorf("unknown API %q (want v1/chat/completions, v1/completions or invocations)", p)
+}
+
+// backendViews is every agreed backend with this router's live view.
+func (s *Server) backendViews() BackendList {
+	st, epoch := s.cfg.Agreement.State()
+	live := map[string]proxy.BackendStatus{}
+	for _, b := range s.cfg.Router.Status() {
+		live[b.ID] = b
+	}
+	out := BackendList{Epoch: epoch, Backends: make([]BackendView, len(st.Backends))}
+	for i, b := range st.Backends {
+		v := &out.Backends[i]
+		v.Backend = b
+		if l, ok := live[b.ID]; ok {
+			v.Live = &l
+		}
+		if s.cfg.Members != nil {
+			v.FailingOn = s.cfg.Members.Failing(b.ID)
+		}
+	}
+	return out
+}
+
+func (s *Server) handleListBackends(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, s.backendViews())
+}
+
+func (s *Server) handleGetBackend(w http.ResponseWriter, r *http.Request) {
+	list := s.backendViews()
+	for _, b := range list.Backends {
+		if b.ID == r.PathValue("id") {
+			writeJSON(w, http.StatusOK, BackendDoc{Epoch: list.Epoch, Backend: b})
+			return
+		}
+	}
+	writeJSONError(w, http.StatusNotFound, "unknown_backend", fmt.Sprintf("no backend %q", r.PathValue("id")))
+}
+
+func (s *Server) handleUpsertBackend(w http.ResponseWriter, r *http.Request) {
+	body, ok := readBody(w, r, maxBody)
+	if !ok {
+		return
+	}
+	var req BackendRequest
+	err := decodeStrict(body, &req)
+	var b cluster.Backend
+	if err == nil {
+		b, err = s.cfg.ParseBackend(req)
+	}
+	if err != nil {
+		writeJSONError(w, http.StatusBadRequest, "invalid_backend", err.Error())
+		return
+	}
+	s.write(w, r, body, cluster.UpsertBackend(b))
+}
+
+func (s *Server) handleRemoveBackend(w http.ResponseWriter, r *http.Request) {
+	s.write(w, r, nil, cluster.RemoveBackend(r.PathValue("id")))
+}
+
+func (s *Server) handleBackendState(w http.ResponseWriter, r *http.Request) {
+	var state string
+	switch r.PathValue("action") {
+	case "drain":
+		state = cluster.StateDraining
+	case "activate", "undrain":
+		state = cluster.StateActive
+	case "down":
+		state = cluster.StateDown
+	default:
+		writeJSONError(w, http.StatusNotFound, "not_found", "unknown backend action "+r.PathValue("action")+" (want drain, activate or down)")
+		return
+	}
+	s.write(w, r, nil, cluster.SetBackendState(r.PathValue("id"), state))
+}
+
+func (s *Server) handleGetConfig(w http.ResponseWriter, r *http.Request) {
+	st, epoch := s.cfg.Agreement.State()
+	writeJSON(w, http.StatusOK, ConfigDoc{Epoch: epoch, Routing: st.Routing})
+}
+
+func (s *Server) handlePatchConfig(w http.ResponseWriter, r *http.Request) { s.setConfig(w, r, false) }
+func (s *Server) handlePutConfig(w http.ResponseWriter, r *http.Request)   { s.setConfig(w, r, true) }
+
+func (s *Server) setConfig(w http.ResponseWriter, r *http.Request, replace bool) {
+	body, ok := readBody(w, r, maxBody)
+	if !ok {
+		return
+	}
+	st, _ := s.cfg.Agreement.State()
+	rt, err := ParseRoutingPatch(st.Routing, body, replace)
+	if err != nil {
+		writeJSONError(w, http.StatusBadRequest, "invalid_config", err.Error())
+		return
+	}
+	s.write(w, r, body, cluster.SetRouting(rt))
+}
+
+// Cluster returns what GET /v1/cluster serves.
+func (s *Server) Cluster() ClusterView {
+	_, epoch := s.cfg.Agreement.State()
+	v := ClusterView{Node: s.cfg.Name, Epoch: epoch, Raft: s.cfg.Agreement.Status()}
+	v.Leader = v.Raft.LeaderID
+	if s.cfg.Members != nil {
+		for _, m := range s.cfg.Members.Members() {
+			v.Members = append(v.Members, MemberView{Name: m.Name, Addr: m.Addr, State: m.State, Zone: m.Meta.Zone,
+				AdminAddr: m.Meta.AdminAddr, RaftAddr: m.Meta.RaftAddr, Version: m.Meta.Version})
+		}
+	}
+	return v
+}
+
+func (s *Server) handleCluster(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, s.Cluster())
+}

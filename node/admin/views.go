@@ -1,0 +1,107 @@
+package admin
+
+import (
+	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/node/cluster"
+	"github.com/warmroute/warmroute/proxy"
+	"github.com/warmroute/warmroute/ring"
+)
+
+// The documents the admin API serves, shared by the Server and the Client.
+
+// Status is GET /status: what this router routes on now.
+type Status struct {
+	Node  string `json:"node"`
+	Epoch uint64 `json:"epoch"`
+	// Routing is the ring's settings; PartitionCount is the count in use
+	// (also when the setting is 0, automatic).
+	Routing  ring.Settings         `json:"routing"`
+	Ready    bool                  `json:"ready"`
+	Backends []proxy.BackendStatus `json:"backends"`
+	Members  []gossip.Member       `json:"members,omitempty"`
+	Raft     *cluster.Status       `json:"raft,omitempty"`
+	// Halted says why this router stopped applying the Raft log, when it
+	// did (it is then not ready).
+	Halted string `json:"halted,omitempty"`
+}
+
+// BackendView is a backend as the admin API shows it: the agreed record
+// and this router's live view of it.
+type BackendView struct {
+	cluster.Backend
+	Live *proxy.BackendStatus `json:"live,omitempty"`
+	// FailingOn names the other routers that see the backend failing
+	// (their health checks or passive ejection, as gossip carries it); the
+	// leader commits it down when most routers do.
+	FailingOn []string `json:"failing_on,omitempty"`
+}
+
+// BackendList is GET /v1/backends.
+type BackendList struct {
+	Epoch    uint64        `json:"epoch"`
+	Backends []BackendView `json:"backends"`
+}
+
+// BackendDoc is GET /v1/backends/{id}.
+type BackendDoc struct {
+	Epoch   uint64      `json:"epoch"`
+	Backend BackendView `json:"backend"`
+}
+
+// BackendRequest is the body of POST /v1/backends. ID defaults to the
+// URL's host:port; an empty State keeps the backend's (active when new).
+type BackendRequest struct {
+	ID     string            `json:"id,omitempty"`
+	URL    string            `json:"url"`
+	Zone   string            `json:"zone,omitempty"`
+	Weight int               `json:"weight,omitempty"`
+	State  string            `json:"state,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// ConfigDoc is GET /v1/config.
+type ConfigDoc struct {
+	Epoch   uint64        `json:"epoch"`
+	Routing ring.Settings `json:"routing"`
+}
+
+// WriteResult is the answer to a write: the epoch of the state it produced
+// and the router that answered (the leader, when the write was
+// forwarded).
+type WriteResult struct {
+	Epoch uint64 `json:"epoch"`
+	Node  string `json:"node"`
+}
+
+// ClusterView is GET /v1/cluster.
+type ClusterView struct {
+	Node    string         `json:"node"`
+	Epoch   uint64         `json:"epoch"`
+	Raft    cluster.Status `json:"raft"`
+	Members []MemberView   `json:"members,omitempty"`
+	Leader  string         `json:"leader,omitempty"`
+}
+
+// MemberView is one router as gossip shows it.
+type MemberView struct {
+	Name      string `json:"name"`
+	Addr      string `json:"addr"`
+	State     string `json:"state"`
+	Zone      string `json:"zone,omitempty"`
+	AdminAddr string `json:"admin_addr,omitempty"`
+	RaftAddr  string `json:"raft_addr,omitempty"`
+	Version   string `json:"version,omitempty"`
+}
+
+// Explanation is the /debug/route answer: where a request would go, and
+// why.
+type Explanation struct {
+	Node         string `json:"node"`
+	Epoch        uint64 `json:"epoch"`
+	API          string `json:"api"`
+	Key          string `json:"key"`
+	PrefixBytes  int    `json:"prefix_bytes"`
+	Model        string `json:"model,omitempty"`
+	TenantSource string `json:"tenant_source,omitempty"`
+	ring.Explanation
+}
