@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -105,7 +104,7 @@ func demoClusterArgs() func(i int, rs []fleet.Router, a *proc.ServeArgs) error {
 			return nil
 		}
 		if i == 0 {
-			addrs, err := freeLoopbackAddrs(2 * len(rs))
+			addrs, err := proc.FreeAddrs("127.0.0.1", 2*len(rs))
 			if err != nil {
 				return err
 			}
@@ -125,26 +124,6 @@ func demoClusterArgs() func(i int, rs []fleet.Router, a *proc.ServeArgs) error {
 		}
 		return nil
 	}
-}
-
-// freeLoopbackAddrs returns n distinct free 127.0.0.1 addresses.
-func freeLoopbackAddrs(n int) ([]string, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	out := make([]string, n)
-	for i := range out {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		out[i] = ln.Addr().String()
-	}
-	return out, nil
 }
 
 // cmdDemo compares routing strategies on a local fleet of simulated GPU

@@ -208,16 +208,13 @@ func (f *Fleet) startGpusim(ctx context.Context) error {
 
 func (f *Fleet) startRouters(ctx context.Context) error {
 	k := f.cfg.Routers
-	ports, err := freePorts(2 * k)
+	addrs, err := proc.FreeAddrs("127.0.0.1", 2*k)
 	if err != nil {
-		return err
+		return fmt.Errorf("fleet: %w", err)
 	}
 	routers := make([]Router, k)
 	for i := range routers {
-		routers[i] = Router{
-			URL:      "http://127.0.0.1:" + strconv.Itoa(ports[2*i]),
-			AdminURL: "http://127.0.0.1:" + strconv.Itoa(ports[2*i+1]),
-		}
+		routers[i] = Router{URL: "http://" + addrs[2*i], AdminURL: "http://" + addrs[2*i+1]}
 	}
 	var started []*proc.Process
 	stopAll := func() {
@@ -225,10 +222,10 @@ func (f *Fleet) startRouters(ctx context.Context) error {
 			p.Stop(f.cfg.StopTimeout)
 		}
 	}
-	for i, r := range routers {
+	for i := range routers {
 		args := proc.ServeArgs{
-			Listen:               strings.TrimPrefix(r.URL, "http://"),
-			AdminListen:          strings.TrimPrefix(r.AdminURL, "http://"),
+			Listen:               addrs[2*i],
+			AdminListen:          addrs[2*i+1],
 			Backends:             f.backends,
 			Strategy:             f.cfg.Strategy,
 			PrefixLength:         f.cfg.PrefixLength,
@@ -327,26 +324,6 @@ func (f *Fleet) Close() error {
 		}
 	})
 	return f.closeErr
-}
-
-// freePorts returns n distinct ports free on 127.0.0.1 right now.
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	var lns []net.Listener
-	defer func() {
-		for _, l := range lns {
-			l.Close()
-		}
-	}()
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("fleet: finding a free port: %w", err)
-		}
-		lns = append(lns, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // consecutivePorts finds n consecutive ports free on 127.0.0.1 right now,
