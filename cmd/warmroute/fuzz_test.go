@@ -5,8 +5,6 @@ import (
 	"errors"
 	"flag"
 	"io"
-	"math"
-	"strconv"
 	"strings"
 	"testing"
 
