@@ -80,11 +80,11 @@ func colours(runs []stats.Summary) map[string]string {
 // WriteHTML writes r as one self-contained HTML page.
 func WriteHTML(w io.Writer, r *Report) error {
 	p := htmlPage{Report: r}
-	for _, c := range Comparisons(r.Runs, "RANDOM", "PREFIX_AWARE") {
+	for _, c := range comparisons(r.Runs, "RANDOM", "PREFIX_AWARE") {
 		p.Comparisons = append(p.Comparisons, c.String())
 	}
 	col := colours(r.Runs)
-	for _, wl := range Workloads(r.Runs) {
+	for _, wl := range workloads(r.Runs) {
 		hw := htmlWorkload{Name: wl}
 		var runs []*stats.Summary
 		for i := range r.Runs {
@@ -93,7 +93,7 @@ func WriteHTML(w io.Writer, r *Report) error {
 			}
 		}
 		for _, s := range runs {
-			rng, ratio := ShareRange(s)
+			rng, ratio := shareRange(s)
 			hw.Rows = append(hw.Rows, htmlRow{
 				Label: s.Label, KV: kvText(s), Partial: s.Partial,
 				ReqS: fmt.Sprintf("%.1f", s.RequestsPerSec), TokS: fmt.Sprintf("%.0f", s.OutputTokensPerSec),

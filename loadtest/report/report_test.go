@@ -46,7 +46,7 @@ func sampleRuns() []stats.Summary {
 }
 
 func TestComparisons(t *testing.T) {
-	cs := Comparisons(sampleRuns(), "RANDOM", "PREFIX_AWARE")
+	cs := comparisons(sampleRuns(), "RANDOM", "PREFIX_AWARE")
 	if len(cs) != 1 {
 		t.Fatalf("%d comparisons, want 1 (chat has no PREFIX_AWARE run)", len(cs))
 	}

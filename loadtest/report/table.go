@@ -34,8 +34,8 @@ func WriteJSON(w io.Writer, r *Report) error {
 	return enc.Encode(r)
 }
 
-// Workloads returns the workloads of runs in first-seen order.
-func Workloads(runs []stats.Summary) []string {
+// workloads returns the workloads of runs in first-seen order.
+func workloads(runs []stats.Summary) []string {
 	var out []string
 	seen := map[string]bool{}
 	for _, r := range runs {
@@ -60,9 +60,9 @@ func msec(v float64) string {
 	}
 }
 
-// ShareRange returns "min-max" of the shares over the expected backends
+// shareRange returns "min-max" of the shares over the expected backends
 // (all those in Shares) and the max/min ratio as text.
-func ShareRange(s *stats.Summary) (string, string) {
+func shareRange(s *stats.Summary) (string, string) {
 	if len(s.Shares) == 0 {
 		return "-", "-"
 	}
@@ -154,7 +154,7 @@ func WriteTable(w io.Writer, runs []stats.Summary) error {
 	fmt.Fprintln(tw, "workload\tstrategy\treq/s\tout tok/s\tKV hit\tTTFT p50\tp90\tp99\tITL p50\tE2E p50\tp99\tshare min-max\tmax/min\terrors\tdecisions\t")
 	fmt.Fprintln(tw, "\t\t\t\t\t(ms)\t(ms)\t(ms)\t(ms)\t(ms)\t(ms)\t\t\t\t\t")
 	usage := false
-	for _, wl := range Workloads(runs) {
+	for _, wl := range workloads(runs) {
 		for i := range runs {
 			s := &runs[i]
 			if s.Workload != wl {
@@ -167,7 +167,7 @@ func WriteTable(w io.Writer, runs []stats.Summary) error {
 			if s.Partial {
 				label += " (partial)"
 			}
-			rng, ratio := ShareRange(s)
+			rng, ratio := shareRange(s)
 			fmt.Fprintf(tw, "%s\t%s\t%.1f\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
 				wl, label, s.RequestsPerSec, s.OutputTokensPerSec, kvText(s),
 				msec(s.TTFT.P50Ms), msec(s.TTFT.P90Ms), msec(s.TTFT.P99Ms), msec(s.ITL.P50Ms),
@@ -180,15 +180,15 @@ func WriteTable(w io.Writer, runs []stats.Summary) error {
 	if usage {
 		fmt.Fprintln(w, "* from the responses' usage.prompt_tokens_details.cached_tokens (no backend metrics)")
 	}
-	for _, c := range Comparisons(runs, "RANDOM", "PREFIX_AWARE") {
+	for _, c := range comparisons(runs, "RANDOM", "PREFIX_AWARE") {
 		fmt.Fprintln(w, c.String())
 	}
 	return nil
 }
 
-// Comparison sets a candidate run against a baseline run of the same
+// comparison sets a candidate run against a baseline run of the same
 // workload.
-type Comparison struct {
+type comparison struct {
 	Workload, Baseline, Candidate string
 	// KV hit rates and their ratio (candidate / baseline; 0 if the baseline
 	// is 0).
@@ -201,7 +201,7 @@ type Comparison struct {
 	CandShareMaxMin float64
 }
 
-func (c Comparison) String() string {
+func (c comparison) String() string {
 	hit := "n/a"
 	if c.HitRatio > 0 {
 		hit = fmt.Sprintf("%.1fx", c.HitRatio)
@@ -214,11 +214,11 @@ func (c Comparison) String() string {
 		c.Workload, c.Candidate, c.Baseline, pct(c.CandHit), pct(c.BaseHit), hit, c.TTFTRatio, c.ThroughputRatio, bal)
 }
 
-// Comparisons pairs, per workload, the run labelled baseline with the run
+// comparisons pairs, per workload, the run labelled baseline with the run
 // labelled candidate.
-func Comparisons(runs []stats.Summary, baseline, candidate string) []Comparison {
-	var out []Comparison
-	for _, wl := range Workloads(runs) {
+func comparisons(runs []stats.Summary, baseline, candidate string) []comparison {
+	var out []comparison
+	for _, wl := range workloads(runs) {
 		var b, c *stats.Summary
 		for i := range runs {
 			if runs[i].Workload != wl {
@@ -234,7 +234,7 @@ func Comparisons(runs []stats.Summary, baseline, candidate string) []Comparison 
 		if b == nil || c == nil {
 			continue
 		}
-		cmp := Comparison{Workload: wl, Baseline: baseline, Candidate: candidate,
+		cmp := comparison{Workload: wl, Baseline: baseline, Candidate: candidate,
 			BaseHit: hitRate(b), CandHit: hitRate(c), CandShareMaxMin: c.ShareMaxMin}
 		if cmp.BaseHit > 0 {
 			cmp.HitRatio = cmp.CandHit / cmp.BaseHit
