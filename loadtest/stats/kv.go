@@ -9,10 +9,10 @@ type CacheCounters struct {
 	Hits    float64 `json:"hits"`
 }
 
-// Sub returns the increase from before to c. A decrease of either counter
+// since returns the increase from before to c. A decrease of either counter
 // means the backend restarted (a counter reset, in Prometheus terms): the
 // increase is then c itself.
-func (c CacheCounters) Sub(before CacheCounters) CacheCounters {
+func (c CacheCounters) since(before CacheCounters) CacheCounters {
 	if c.Queries < before.Queries || c.Hits < before.Hits {
 		return c
 	}
@@ -40,7 +40,7 @@ func HitRate(before, after map[string]CacheCounters) KVResult {
 	}
 	sort.Strings(names) // a fixed summation order: the same inputs give the same float
 	for _, k := range names {
-		d := after[k].Sub(before[k])
+		d := after[k].since(before[k])
 		r.QueriedTokens += d.Queries
 		r.HitTokens += d.Hits
 		r.ByBackend[k] = rate(d.Hits, d.Queries)

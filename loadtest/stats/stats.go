@@ -242,7 +242,7 @@ func (r *Recorder) Summarize(window time.Duration, expected []string) Summary {
 	if r.prompt > 0 {
 		s.UsageCachedRate = float64(r.cached) / float64(r.prompt)
 	}
-	s.Shares, s.ShareMaxMin = Shares(r.backends, expected)
+	s.Shares, s.ShareMaxMin = trafficShares(r.backends, expected)
 	return s
 }
 
@@ -257,11 +257,11 @@ func copyMap[V any](m map[string]V) map[string]V {
 	return c
 }
 
-// Shares returns each backend's fraction of counts and the ratio of the
+// trafficShares returns each backend's fraction of counts and the ratio of the
 // largest to the smallest share over expected (or, when expected is empty,
 // over the backends in counts). The ratio is 0 when some expected backend
 // got no traffic or there is none at all.
-func Shares(counts map[string]int64, expected []string) (map[string]float64, float64) {
+func trafficShares(counts map[string]int64, expected []string) (map[string]float64, float64) {
 	var total int64
 	for _, n := range counts {
 		total += n

@@ -105,26 +105,26 @@ func TestErrorsTokensAndThroughput(t *testing.T) {
 
 func TestShares(t *testing.T) {
 	counts := map[string]int64{"a": 20, "b": 30, "c": 50}
-	sh, ratio := Shares(counts, nil)
+	sh, ratio := trafficShares(counts, nil)
 	if sh["a"] != 0.2 || sh["b"] != 0.3 || sh["c"] != 0.5 || ratio != 2.5 {
 		t.Fatalf("shares %v ratio %g", sh, ratio)
 	}
 	// an expected backend with no traffic makes the ratio unbounded (0)
-	sh, ratio = Shares(counts, []string{"a", "b", "c", "d"})
+	sh, ratio = trafficShares(counts, []string{"a", "b", "c", "d"})
 	if ratio != 0 || sh["d"] != 0 || len(sh) != 4 {
 		t.Fatalf("with an idle backend: shares %v ratio %g", sh, ratio)
 	}
 	// traffic to an unexpected backend counts in the shares but not the ratio
-	sh, ratio = Shares(map[string]int64{"a": 10, "b": 12, "x": 78}, []string{"a", "b"})
+	sh, ratio = trafficShares(map[string]int64{"a": 10, "b": 12, "x": 78}, []string{"a", "b"})
 	if !within(ratio, 1.2, 1e-12) || sh["x"] != 0.78 {
 		t.Fatalf("shares %v ratio %g", sh, ratio)
 	}
 	// seven instances at 13.3%-15.4% (the seed's figures) give 1.16
 	seven := map[string]int64{"1": 133, "2": 154, "3": 140, "4": 145, "5": 143, "6": 142, "7": 143}
-	if _, ratio = Shares(seven, nil); !within(ratio, 154.0/133, 1e-12) {
+	if _, ratio = trafficShares(seven, nil); !within(ratio, 154.0/133, 1e-12) {
 		t.Fatalf("seven: ratio %g", ratio)
 	}
-	if sh, ratio := Shares(nil, []string{"a"}); sh != nil || ratio != 0 {
+	if sh, ratio := trafficShares(nil, []string{"a"}); sh != nil || ratio != 0 {
 		t.Fatal("no traffic gives shares")
 	}
 }
