@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -59,12 +58,6 @@ func New(cfg Config) (*Instance, error) {
 
 // Name is the instance's name (Config.Name).
 func (in *Instance) Name() string { return in.cfg.Name }
-
-// Config returns the configuration the instance runs with.
-func (in *Instance) Config() Config { return in.cfg }
-
-// Registry is the instance's own Prometheus registry (served at /metrics).
-func (in *Instance) Registry() *prometheus.Registry { return in.m.reg }
 
 // Handler returns the instance's HTTP API.
 func (in *Instance) Handler() http.Handler { return in }

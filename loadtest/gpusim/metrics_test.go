@@ -152,7 +152,7 @@ func TestInstancesHaveSeparateRegistries(t *testing.T) {
 	if v := counterValue(t, scrape(t, b), "vllm:generation_tokens_total", nil); v != 0 {
 		t.Fatalf("instance b counted a's tokens: %v", v)
 	}
-	if a.in.Registry() == b.in.Registry() {
+	if a.in.m.reg == b.in.m.reg {
 		t.Fatal("instances share a registry")
 	}
 }
