@@ -25,7 +25,7 @@ import (
 	"github.com/warmroute/warmroute/loadtest/gpusim"
 )
 
-// Environment variables read by Main.
+// Environment variables read by TestMain and the children.
 const (
 	// Env selects the behaviour: "ok", "fail" (exit at once with a flag
 	// error), "ignore-term" (ignore SIGTERM), "grandchild" (gpusim starts a
@@ -38,18 +38,18 @@ const (
 )
 
 // TestMain is the TestMain of a test binary that doubles as the children:
-// it runs Main on the binary's arguments when the Env variable is set, and
+// it runs the child its arguments name when the Env variable is set, and
 // m's tests, checked for leaked goroutines, when it is not.
 func TestMain(m *testing.M) {
 	if os.Getenv(Env) != "" {
-		os.Exit(Main(os.Args[1:]))
+		os.Exit(child(os.Args[1:]))
 	}
 	goleak.VerifyTestMain(m)
 }
 
-// Main runs the child named by args[0] ("gpusim" or "serve") and returns
+// child runs the child named by args[0] ("gpusim" or "serve") and returns
 // its exit code. It prints "pid N" first so tests can check it is gone.
-func Main(args []string) int {
+func child(args []string) int {
 	mode := os.Getenv(Env)
 	if len(args) == 0 {
 		return 2
