@@ -159,17 +159,10 @@ func (s *scanner) number() error {
 // key (escapes undecoded) and the cursor at the value; field must consume
 // the value. A nil field skips every value.
 func (s *scanner) object(field func(key []byte) error) error {
-	if err := s.expect('{'); err != nil {
+	if empty, err := s.enter('{', '}'); empty || err != nil {
 		return err
 	}
-	if s.depth++; s.depth > maxDepth {
-		return fmt.Errorf("%w: more than %d levels", ErrTooDeep, maxDepth)
-	}
 	defer func() { s.depth-- }()
-	if s.peek() == '}' {
-		s.i++
-		return nil
-	}
 	for {
 		key, err := s.str()
 		if err != nil {
@@ -186,14 +179,8 @@ func (s *scanner) object(field func(key []byte) error) error {
 		if err != nil {
 			return err
 		}
-		switch s.peek() {
-		case ',':
-			s.i++
-		case '}':
-			s.i++
-			return nil
-		default:
-			return s.errorf("want ',' or '}' in object")
+		if done, err := s.next('}', "object"); done || err != nil {
+			return err
 		}
 	}
 }
@@ -201,17 +188,10 @@ func (s *scanner) object(field func(key []byte) error) error {
 // array consumes an array, calling elem with the cursor at each element;
 // elem must consume it. A nil elem skips every element.
 func (s *scanner) array(elem func(i int) error) error {
-	if err := s.expect('['); err != nil {
+	if empty, err := s.enter('[', ']'); empty || err != nil {
 		return err
 	}
-	if s.depth++; s.depth > maxDepth {
-		return fmt.Errorf("%w: more than %d levels", ErrTooDeep, maxDepth)
-	}
 	defer func() { s.depth-- }()
-	if s.peek() == ']' {
-		s.i++
-		return nil
-	}
 	for n := 0; ; n++ {
 		var err error
 		if elem != nil {
@@ -222,16 +202,42 @@ func (s *scanner) array(elem func(i int) error) error {
 		if err != nil {
 			return err
 		}
-		switch s.peek() {
-		case ',':
-			s.i++
-		case ']':
-			s.i++
-			return nil
-		default:
-			return s.errorf("want ',' or ']' in array")
+		if done, err := s.next(']', "array"); done || err != nil {
+			return err
 		}
 	}
+}
+
+// enter consumes the opening byte of an object or array and reports
+// whether it is empty (the closing byte, consumed, follows at once). A
+// non-empty one is a level deeper: the caller leaves it with s.depth--.
+func (s *scanner) enter(open, close byte) (empty bool, err error) {
+	if err := s.expect(open); err != nil {
+		return false, err
+	}
+	if s.depth+1 > maxDepth {
+		return false, fmt.Errorf("%w: more than %d levels", ErrTooDeep, maxDepth)
+	}
+	if s.peek() == close {
+		s.i++
+		return true, nil
+	}
+	s.depth++
+	return false, nil
+}
+
+// next consumes what follows a member of an object or an element of an
+// array: a ',' (more follow) or the closing byte (done).
+func (s *scanner) next(close byte, what string) (done bool, err error) {
+	switch s.peek() {
+	case ',':
+		s.i++
+		return false, nil
+	case close:
+		s.i++
+		return true, nil
+	}
+	return false, s.errorf("want ',' or '%c' in %s", close, what)
 }
 
 // end checks that only whitespace follows the top-level value.
