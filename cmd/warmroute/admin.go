@@ -151,6 +151,21 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return nil
 }
 
+// actionArgs parses an admin command's flags and returns its action and
+// arguments and the admin client; an action is required.
+func actionArgs(fs *flag.FlagSet, args []string, opts adminOpts) ([]string, *admin.Client, error) {
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, err
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		fs.Usage()
+		return nil, nil, fmt.Errorf("%s: missing action", strings.TrimPrefix(fs.Name(), "warmroute "))
+	}
+	c, err := newAdminClient(opts)
+	return rest, c, err
+}
+
 func orDash(v string) string {
 	if v == "" {
 		return "-"
@@ -176,15 +191,7 @@ through Raft and every router rebuilds its ring at the same epoch.
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	rest := fs.Args()
-	if len(rest) == 0 {
-		fs.Usage()
-		return errors.New("backends: missing action")
-	}
-	c, err := newAdminClient(opts)
+	rest, c, err := actionArgs(fs, args, opts)
 	if err != nil {
 		return err
 	}
@@ -233,15 +240,7 @@ Read or change the agreed routing config. Keys: %s
 `, strings.Join(settingNames(false), ", "), strings.Join(settingNames(true), ", "))
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	rest := fs.Args()
-	if len(rest) == 0 {
-		fs.Usage()
-		return errors.New("config: missing action")
-	}
-	c, err := newAdminClient(opts)
+	rest, c, err := actionArgs(fs, args, opts)
 	if err != nil {
 		return err
 	}
