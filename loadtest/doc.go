@@ -20,7 +20,9 @@
 // Subpackages: workload (request generators), stats (arithmetic), kvmetrics
 // (counter parsing), report (table, JSON, HTML), fleet (a local fleet as
 // child processes), compare (the same workloads under several strategies,
-// each against a cold fleet) and gpusim (the simulated backend). loadtest
-// talks to routers and backends over HTTP only. docs/loadtest.md describes
-// the figures and the demo.
+// each against a cold fleet), gpusim (the simulated backend), proc (child
+// process supervision), soak (a bounded soak test of one router), chaos
+// (faults injected into a cluster under load) and the benchproxy command
+// (warmroute against HAProxy). loadtest talks to routers and backends over
+// HTTP only. docs/loadtest.md describes the figures and the demo.
 package loadtest

@@ -1,6 +1,6 @@
 package gpusim
 
-// fillerWords are the output vocabulary: plain ASCII (no JSON escaping
+// fillerText is the output vocabulary: plain ASCII (no JSON escaping
 // needed), about 4-5 bytes per token with the leading space, like English
 // text under a BPE tokenizer.
 const fillerText = "the of and to in is that it for as with was on be by at this are from " +
@@ -9,8 +9,9 @@ const fillerText = "the of and to in is that it for as with was on be by at this
 	"could new two may then do first any like my now over"
 
 // filler is the deterministic output text: token i of a request whose
-// prompt seed is s is word (s + i*golden) >> 58, so the same prompt always
-// gets the same answer and producing a token costs a multiply and a shift.
+// prompt seed is s is word (s + (i+1)*golden) >> 58, so the same prompt
+// always gets the same answer and producing a token costs a multiply and a
+// shift.
 type filler struct {
 	words  [64]string // first token: no leading space
 	spaced [64]string // later tokens: " word"
