@@ -107,15 +107,14 @@ func benchPropagation(b *testing.B, n int, changes int64, mod func(*Config)) {
 		}
 		wg.Wait()
 	}()
-	deadline := time.Now().Add(60 * time.Second)
-	for _, c := range nodes {
-		for len(c.View().members) != n {
-			if time.Now().After(deadline) {
-				b.Fatalf("%s sees %d of %d members", c.Name(), len(c.View().members), n)
+	waitFor(b, 60*time.Second, func() bool {
+		for _, c := range nodes {
+			if len(c.View().members) != n {
+				return false
 			}
-			time.Sleep(10 * time.Millisecond)
 		}
-	}
+		return true
+	}, "every node sees all %d members", n)
 
 	// Each node watches its View for the current probe.
 	type target struct {
@@ -248,13 +247,10 @@ func benchPacket(seq uint64) []byte {
 // BenchmarkSign: signing one publish packet of 100 figures (P-256,
 // node/identity), as a node does once per packet it sends.
 func BenchmarkSign(b *testing.B) {
-	id := newTestCA(b).bundle(b, "node-a")
-	s, err := newSigner(id, "node-a")
-	if err != nil {
-		b.Fatal(err)
-	}
+	s, _ := newTestCA(b).signer(b, "node-a")
 	msg := benchPacket(1)
 	var dst, scratch []byte
+	var err error
 	now := time.Now()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -269,11 +265,7 @@ func BenchmarkSign(b *testing.B) {
 // receiver does for each packet it applies (the chain is verified once
 // and cached; see BenchmarkVerifyChain).
 func BenchmarkVerify(b *testing.B) {
-	id := newTestCA(b).bundle(b, "node-a")
-	s, err := newSigner(id, "node-a")
-	if err != nil {
-		b.Fatal(err)
-	}
+	s, id := newTestCA(b).signer(b, "node-a")
 	var scratch []byte
 	msg, err := s.sign(nil, benchPacket(1), time.Now(), &scratch)
 	if err != nil {
@@ -313,18 +305,13 @@ func BenchmarkReceive(b *testing.B) {
 	for _, signed := range []bool{false, true} {
 		b.Run(fmt.Sprintf("signed=%v", signed), func(b *testing.B) {
 			ca := newTestCA(b)
-			self, peer := ca.bundle(b, "self"), ca.bundle(b, "node-a")
+			selfSigner, self := ca.signer(b, "self")
+			peerSigner, peer := ca.signer(b, "node-a")
 			sealer, _ := newSealer(testKey, nil)
 			c := &Cluster{cfg: Config{NodeName: "self"}, seal: sealer, chainReqs: make(chan chainReq, 256)}
 			var ps *signer
 			if signed {
-				var err error
-				if c.sign, err = newSigner(self, "self"); err != nil {
-					b.Fatal(err)
-				}
-				if ps, err = newSigner(peer, "node-a"); err != nil {
-					b.Fatal(err)
-				}
+				c.sign, ps = selfSigner, peerSigner
 				c.keys = newKeyCache(self)
 			}
 			const batch = 1024

@@ -3,101 +3,15 @@ package gossip
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
-	"sort"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/goleak"
 )
-
-func TestMain(m *testing.M) {
-	// memberlist does not wait for its probe goroutines on Shutdown; one
-	// may still wait for a fallback TCP ping to time out.
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/hashicorp/memberlist.(*Memberlist).probeNode"))
-}
-
-// testConfig is a loopback Config on a free port. WARMROUTE_TEST_LOG=1
-// prints the clusters' logs (=warn: warnings and errors only).
-func testConfig(name string) Config {
-	cfg := DefaultConfig()
-	cfg.NodeName = name
-	cfg.BindAddr = "127.0.0.1"
-	cfg.BindPort = 0
-	switch os.Getenv("WARMROUTE_TEST_LOG") {
-	case "":
-	case "warn":
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	default:
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return cfg
-}
-
-type testNode struct {
-	c   *Cluster
-	src *fakeSource
-}
-
-// startNodes starts n nodes, each joining the first, and waits until every
-// node sees all n members.
-func startNodes(t *testing.T, n int, mod func(*Config)) []*testNode {
-	t.Helper()
-	nodes := make([]*testNode, 0, n)
-	for i := range n {
-		nodes = append(nodes, startNode(t, fmt.Sprintf("node-%c", 'a'+i), nodes, mod))
-	}
-	waitMembers(t, nodes, n)
-	return nodes
-}
-
-func startNode(t *testing.T, name string, seeds []*testNode, mod func(*Config)) *testNode {
-	t.Helper()
-	cfg := testConfig(name)
-	if len(seeds) > 0 {
-		cfg.Join = []string{seeds[0].c.Addr()}
-	}
-	if mod != nil {
-		mod(&cfg)
-	}
-	src := newFakeSource()
-	c, err := New(cfg, src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return &testNode{c: c, src: src}
-}
-
-func waitMembers(t *testing.T, nodes []*testNode, n int) {
-	t.Helper()
-	waitFor(t, 20*time.Second, func() bool {
-		for _, nd := range nodes {
-			if len(nd.c.View().members) != n {
-				return false
-			}
-		}
-		return true
-	}, "every node sees %d members", n)
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, cond func() bool, format string, args ...any) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting until "+format, append([]any{d}, args...)...)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
 
 // crash stops a node the hard way: no goodbye, no leave, sockets closed.
 func (c *Cluster) crash() {
@@ -107,12 +21,6 @@ func (c *Cluster) crash() {
 		_ = c.ml.Shutdown()
 		c.halt()
 	})
-}
-
-func percentile(d []time.Duration, p float64) time.Duration {
-	s := slices.Clone(d)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[min(len(s)-1, int(p*float64(len(s))))]
 }
 
 func TestPropagation3Nodes(t *testing.T) {

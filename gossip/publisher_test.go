@@ -1,48 +1,9 @@
 package gossip
 
 import (
-	"sync"
 	"testing"
 	"time"
 )
-
-// fakeSource is a LocalSource tests can change while a Cluster reads it.
-type fakeSource struct {
-	mu   sync.Mutex
-	m    map[string]int64
-	fail map[string]bool
-}
-
-func newFakeSource() *fakeSource { return &fakeSource{m: map[string]int64{}, fail: map[string]bool{}} }
-
-func (f *fakeSource) AppendInFlight(dst []BackendLoad) []BackendLoad {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for k, v := range f.m {
-		dst = append(dst, BackendLoad{Backend: k, InFlight: v, Failing: f.fail[k]})
-	}
-	return dst
-}
-
-// setFailing sets backend's figure and this node's verdict on it.
-func (f *fakeSource) setFailing(backend string, v int64, failing bool) {
-	f.mu.Lock()
-	f.m[backend] = v
-	f.fail[backend] = failing
-	f.mu.Unlock()
-}
-
-func (f *fakeSource) set(backend string, v int64) {
-	f.mu.Lock()
-	f.m[backend] = v
-	f.mu.Unlock()
-}
-
-func (f *fakeSource) remove(backend string) {
-	f.mu.Lock()
-	delete(f.m, backend)
-	f.mu.Unlock()
-}
 
 // sent decodes one publish into backend -> figure (nil map: nothing sent).
 func sent(t *testing.T, pkts [][]byte) map[string]int64 {

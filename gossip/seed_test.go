@@ -1,15 +1,12 @@
 package gossip
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -135,7 +132,7 @@ func TestLoopbackNodesShareAPort(t *testing.T) {
 		for i, h := range hosts {
 			cfg := testConfig(fmt.Sprintf("node-%d", i+2))
 			cfg.BindAddr, cfg.BindPort, cfg.Join = h, port, join
-			cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			cfg.Logger = logs.warnLogger()
 			src := newFakeSource()
 			c, err := New(cfg, src)
 			if err != nil {
@@ -171,7 +168,7 @@ func TestSeedsAllSelfWarns(t *testing.T) {
 	cfg := testConfig("node-a")
 	cfg.BindAddr, cfg.BindPort = "127.0.0.5", port
 	cfg.Join = []string{fmt.Sprintf("127.0.0.5:%d", port), "127.0.0.5"}
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cfg.Logger = logs.warnLogger()
 	c, err := New(cfg, nil)
 	if err != nil {
 		t.Skipf("port %d: %v", port, err)
@@ -185,42 +182,4 @@ func TestSeedsAllSelfWarns(t *testing.T) {
 	if n := strings.Count(logs.String(), "every seed is this node's own address"); n != 1 {
 		t.Fatalf("warned %d times", n)
 	}
-}
-
-// freeLoopbackPort returns a port that was free for TCP and UDP on host.
-func freeLoopbackPort(t *testing.T, host string) int {
-	t.Helper()
-	for range 20 {
-		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", net.JoinHostPort(host, strconv.Itoa(port)))
-		l.Close()
-		if err == nil {
-			u.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port")
-	return 0
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

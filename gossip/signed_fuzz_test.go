@@ -47,15 +47,8 @@ func FuzzDecodeChainMsg(f *testing.F) {
 // be held: mutations that keep a valid signature are the seeds' own.
 func FuzzReceiveSigned(f *testing.F) {
 	ca := newTestCA(f)
-	self, peer := ca.bundle(f, "self"), ca.bundle(f, "node-a")
-	selfSigner, err := newSigner(self, "self")
-	if err != nil {
-		f.Fatal(err)
-	}
-	peerSigner, err := newSigner(peer, "node-a")
-	if err != nil {
-		f.Fatal(err)
-	}
+	selfSigner, self := ca.signer(f, "self")
+	peerSigner, peer := ca.signer(f, "node-a")
 	now := time.Now()
 	signed := func(msg []byte) []byte {
 		var scratch []byte

@@ -2,8 +2,6 @@ package gossip
 
 import (
 	"bytes"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -20,46 +18,6 @@ import (
 	"github.com/warmroute/warmroute/node/identity"
 )
 
-// testCA issues router identities signed by one cluster CA.
-type testCA struct {
-	ca   *identity.CA
-	pool *x509.CertPool
-}
-
-func newTestCA(t testing.TB) *testCA {
-	t.Helper()
-	ca, err := identity.NewCA("test cluster CA", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
-	return &testCA{ca: ca, pool: pool}
-}
-
-// bundle issues a certificate for router name.
-func (ca *testCA) bundle(t testing.TB, name string) *identity.Bundle {
-	t.Helper()
-	return ca.bundleFor(t, name, time.Hour)
-}
-
-func (ca *testCA) bundleFor(t testing.TB, name string, validity time.Duration) *identity.Bundle {
-	t.Helper()
-	certPEM, keyPEM, err := ca.ca.Issue(identity.Request{Name: name, Validity: validity})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := identity.NewBundle(cert, ca.pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // lyingIdentity is a hostile node's identity: a certificate (valid or
 // not for the cluster) that it claims proves claim when it checks itself.
 // Other nodes check its chain with their own CA.
@@ -72,9 +30,6 @@ func (l lyingIdentity) Verifier(chain [][]byte) (string, func(msg, sig []byte) b
 	_, verify, notAfter, err := l.Bundle.Verifier(chain)
 	return l.claim, verify, notAfter, err
 }
-
-// key is the gossip key of the test clusters.
-var testKey = []byte("0123456789abcdef")
 
 // withIdentity gives each node a certificate for its name from ca and
 // the shared gossip key.
@@ -409,8 +364,7 @@ func TestRangesDropped(t *testing.T) {
 
 func TestStateRanges(t *testing.T) {
 	now := time.Now()
-	s := newState("self", time.Second, 5*time.Second)
-	s.join("a")
+	s := selfState("a")
 	mustHandle(t, s, publishMsg("a", 1, 1, map[string]int64{"ok": MaxInFlight, "neg": -5, "big": MaxInFlight + 1}), now)
 	if got := s.build(nil).RemoteBackends(); !slices.Equal(got, []string{"ok"}) {
 		t.Fatalf("backends %v", got)
@@ -420,9 +374,7 @@ func TestStateRanges(t *testing.T) {
 	}
 	// A figure out of range never replaces one in range.
 	mustHandle(t, s, publishMsg("a", 1, 2, map[string]int64{"ok": -1}), now)
-	if got := remote(s, "ok"); got != MaxInFlight {
-		t.Fatalf("ok = %d", got)
-	}
+	wantRemote(t, s, "ok", MaxInFlight, "after an out-of-range figure")
 	// Engine figures: NaN, infinities and out-of-range values.
 	nan := math.NaN()
 	for i, st := range []EngineStats{
@@ -467,9 +419,8 @@ func TestStateRanges(t *testing.T) {
 // of a node's own signed blocks a no-op.
 func TestSignedStateOrder(t *testing.T) {
 	now := time.Now()
-	s := newState("self", time.Second, 5*time.Second)
+	s := selfState("a")
 	s.signed = true
-	s.join("a")
 	apply := func(kind byte, instance, seq uint64, at time.Time, loads map[string]int64) {
 		t.Helper()
 		var msg []byte
@@ -630,12 +581,7 @@ func TestKeyCache(t *testing.T) {
 }
 
 func TestChainMessageFitsOnePacket(t *testing.T) {
-	ca := newTestCA(t)
-	id := ca.bundle(t, "router-with-a-long-name-0123456789.example")
-	s, err := newSigner(id, "router-with-a-long-name-0123456789.example")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, id := newTestCA(t).signer(t, "router-with-a-long-name-0123456789.example")
 	sealer, _ := newSealer(testKey, nil)
 	msg := s.chainMsg("router-with-a-long-name-0123456789.example", true)
 	pkt := sealer.seal(nil, msg)

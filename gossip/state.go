@@ -243,13 +243,22 @@ func (s *state) fresh(kind byte, blk *wireBlock, now time.Time) bool {
 	return n != nil && s.signedOrder(n, kind, blk.instance, blk.seq, now) != orderStale
 }
 
-func (s *state) applySigned(kind byte, blk *wireBlock, now time.Time) {
+// remoteSender returns the member that sent blk, or nil: for this node's
+// own blocks, and for a sender that is no member (counted as unknown).
+func (s *state) remoteSender(blk *wireBlock) *remoteNode {
 	if string(blk.origin) == s.self {
-		return
+		return nil
 	}
 	n := s.nodes[string(blk.origin)]
 	if n == nil {
 		s.unknown++
+	}
+	return n
+}
+
+func (s *state) applySigned(kind byte, blk *wireBlock, now time.Time) {
+	n := s.remoteSender(blk)
+	if n == nil {
 		return
 	}
 	switch s.signedOrder(n, kind, blk.instance, blk.seq, now) {
@@ -290,12 +299,8 @@ func (s *state) bye(blk *wireBlock) {
 }
 
 func (s *state) applyBlock(blk *wireBlock, now time.Time) {
-	if string(blk.origin) == s.self {
-		return
-	}
-	n := s.nodes[string(blk.origin)]
+	n := s.remoteSender(blk)
 	if n == nil {
-		s.unknown++
 		return
 	}
 	switch {

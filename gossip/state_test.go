@@ -6,78 +6,20 @@ import (
 	"time"
 )
 
-// checkSums verifies the incremental per-backend sums against the figures
-// held per node.
-func checkSums(t *testing.T, s *state) {
-	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	want := map[string]int64{}
-	count := map[string]int{}
-	for _, n := range s.nodes {
-		for k, e := range n.loads {
-			want[k] += e.v
-			count[k]++
-		}
-	}
-	if len(want) != len(s.sums) {
-		t.Fatalf("sums has %d backends, nodes hold %d", len(s.sums), len(want))
-	}
-	for k, a := range s.sums {
-		if a.sum != want[k] || a.n != count[k] {
-			t.Fatalf("backend %q: sum %d/%d, nodes hold %d/%d", k, a.sum, a.n, want[k], count[k])
-		}
-	}
-}
-
-func publishMsg(origin string, instance, seq uint64, loads map[string]int64) []byte {
-	var sec []byte
-	for k, v := range loads {
-		sec = appendLoad(sec, k, v)
-	}
-	body := appendSection(appendBlockHead(nil, origin, instance, seq), tagLoads, sec)
-	return appendBlock(appendHeader(nil, kindPublish), body)
-}
-
-func byeMsg(origin string, instance, seq uint64) []byte {
-	return appendBlock(appendHeader(nil, kindBye), appendBlockHead(nil, origin, instance, seq))
-}
-
-func mustHandle(t *testing.T, s *state, b []byte, now time.Time) {
-	t.Helper()
-	if _, err := s.handle(b, now); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func remote(s *state, backend string) int64 {
-	v := s.build(nil)
-	return v.RemoteInFlight(backend)
-}
-
 func TestStateSumsAndOrdering(t *testing.T) {
 	now := time.Now()
-	s := newState("self", time.Second, 5*time.Second)
-	s.join("self")
-	s.join("a")
-	s.join("b")
+	s := selfState("self", "a", "b")
 	mustHandle(t, s, publishMsg("a", 1, 1, map[string]int64{"x": 3, "y": 1}), now)
 	mustHandle(t, s, publishMsg("b", 1, 1, map[string]int64{"x": 4}), now)
-	if got := remote(s, "x"); got != 7 {
-		t.Fatalf("x = %d, want 7", got)
-	}
+	wantRemote(t, s, "x", 7, "")
 	// A newer figure replaces, an older one (reordered packet) is ignored.
 	mustHandle(t, s, publishMsg("a", 1, 3, map[string]int64{"x": 10}), now)
 	mustHandle(t, s, publishMsg("a", 1, 2, map[string]int64{"x": 99}), now)
-	if got := remote(s, "x"); got != 14 {
-		t.Fatalf("x = %d, want 14", got)
-	}
+	wantRemote(t, s, "x", 14, "")
 	// Figures from ourselves and from non-members are not counted.
 	mustHandle(t, s, publishMsg("self", 1, 1, map[string]int64{"x": 100}), now)
 	mustHandle(t, s, publishMsg("stranger", 1, 1, map[string]int64{"x": 100}), now)
-	if got := remote(s, "x"); got != 14 {
-		t.Fatalf("x = %d, want 14", got)
-	}
+	wantRemote(t, s, "x", 14, "")
 	if u, _ := s.counters(); u != 1 {
 		t.Errorf("unknown = %d, want 1", u)
 	}
@@ -94,29 +36,19 @@ func TestStateSumsAndOrdering(t *testing.T) {
 
 func TestStateExpiry(t *testing.T) {
 	now := time.Now()
-	s := newState("self", time.Second, 5*time.Second)
-	s.join("a")
-	s.join("b")
+	s := selfState("a", "b")
 	mustHandle(t, s, publishMsg("a", 1, 1, map[string]int64{"x": 3}), now)
 	mustHandle(t, s, publishMsg("b", 1, 1, map[string]int64{"x": 4}), now.Add(800*time.Millisecond))
 	s.sweep(now.Add(900 * time.Millisecond))
-	if got := remote(s, "x"); got != 7 {
-		t.Fatalf("x = %d before expiry, want 7", got)
-	}
+	wantRemote(t, s, "x", 7, "before expiry")
 	s.sweep(now.Add(1500 * time.Millisecond))
-	if got := remote(s, "x"); got != 4 {
-		t.Fatalf("x = %d after a's figure expired, want 4", got)
-	}
+	wantRemote(t, s, "x", 4, "after a's figure expired")
 	// A refresh with a newer seq keeps a figure alive.
 	mustHandle(t, s, publishMsg("b", 1, 2, map[string]int64{"x": 4}), now.Add(1700*time.Millisecond))
 	s.sweep(now.Add(2500 * time.Millisecond))
-	if got := remote(s, "x"); got != 4 {
-		t.Fatalf("x = %d after refresh, want 4", got)
-	}
+	wantRemote(t, s, "x", 4, "after refresh")
 	s.sweep(now.Add(3 * time.Second))
-	if got := remote(s, "x"); got != 0 {
-		t.Fatalf("x = %d after all expired, want 0", got)
-	}
+	wantRemote(t, s, "x", 0, "after all expired")
 	if age := s.oldestAge(now.Add(3 * time.Second)); age != 0 {
 		t.Fatalf("oldest age %v with nothing held", age)
 	}
@@ -125,42 +57,29 @@ func TestStateExpiry(t *testing.T) {
 
 func TestStateByeAndRestart(t *testing.T) {
 	now := time.Now()
-	s := newState("self", time.Second, 5*time.Second)
-	s.join("a")
+	s := selfState("a")
 	mustHandle(t, s, publishMsg("a", 5, 10, map[string]int64{"x": 3}), now)
 	mustHandle(t, s, byeMsg("a", 5, 11), now)
-	if got := remote(s, "x"); got != 0 {
-		t.Fatalf("x = %d after bye, want 0", got)
-	}
+	wantRemote(t, s, "x", 0, "after bye")
 	// A late packet of the same run is ignored after its bye.
 	mustHandle(t, s, publishMsg("a", 5, 9, map[string]int64{"x": 3}), now)
 	mustHandle(t, s, publishMsg("a", 5, 12, map[string]int64{"x": 3}), now)
-	if got := remote(s, "x"); got != 0 {
-		t.Fatalf("x = %d from a closed run, want 0", got)
-	}
+	wantRemote(t, s, "x", 0, "from a closed run")
 	// A new run of the node counts again, from seq 1.
 	mustHandle(t, s, publishMsg("a", 6, 1, map[string]int64{"x": 2}), now)
-	if got := remote(s, "x"); got != 2 {
-		t.Fatalf("x = %d from the new run, want 2", got)
-	}
+	wantRemote(t, s, "x", 2, "from the new run")
 	// The old run cannot overwrite it while the new one talks...
 	mustHandle(t, s, publishMsg("a", 5, 50, map[string]int64{"x": 9}), now.Add(100*time.Millisecond))
-	if got := remote(s, "x"); got != 2 {
-		t.Fatalf("x = %d after old-run packet, want 2", got)
-	}
+	wantRemote(t, s, "x", 2, "after old-run packet")
 	// ...but a new run that fell silent is replaced by one that talks.
 	mustHandle(t, s, publishMsg("a", 4, 1, map[string]int64{"x": 9}), now.Add(2*time.Second))
-	if got := remote(s, "x"); got != 9 {
-		t.Fatalf("x = %d, want 9", got)
-	}
+	wantRemote(t, s, "x", 9, "")
 	checkSums(t, s)
 }
 
 func TestStateEngineFreshestWins(t *testing.T) {
 	now := time.Now()
-	s := newState("self", time.Second, 5*time.Second)
-	s.join("a")
-	s.join("b")
+	s := selfState("a", "b")
 	engineMsg := func(origin string, seq uint64, waiting float64, age time.Duration) []byte {
 		sec := appendEngine(nil, "x", EngineStats{OK: true, Known: EngineWaiting, Waiting: waiting}, age)
 		body := appendSection(appendBlockHead(nil, origin, 1, seq), tagEngine, sec)
@@ -217,16 +136,13 @@ func TestStateRelay(t *testing.T) {
 	}
 	// And their seq: an older direct packet does not overwrite them.
 	mustHandle(t, d, publishMsg("c", 8, 3, map[string]int64{"x": 50}), now)
-	if got := d.build(nil).RemoteInFlight("x"); got != 5 {
-		t.Fatalf("x = %d, want 5", got)
-	}
+	wantRemote(t, d, "x", 5, "")
 	checkSums(t, d)
 }
 
 func TestStateBuildOnlyOnChange(t *testing.T) {
 	now := time.Now()
-	s := newState("self", time.Second, 5*time.Second)
-	s.join("a")
+	s := selfState("a")
 	v1 := s.build(nil)
 	if s.build(v1) != nil {
 		t.Fatal("built a View with nothing changed")
@@ -248,9 +164,7 @@ func TestStateBuildOnlyOnChange(t *testing.T) {
 
 func TestStateViewsSurviveBackendChurn(t *testing.T) {
 	now := time.Now()
-	s := newState("self", time.Second, 5*time.Second)
-	s.join("a")
-	s.join("b")
+	s := selfState("a", "b")
 	mustHandle(t, s, publishMsg("a", 1, 1, map[string]int64{"x": 1, "y": 2, "z": 3}), now)
 	v1 := s.build(nil)
 	// y and z go (a leaves, b never had them), w and x come from b.
@@ -276,28 +190,9 @@ func TestStateViewsSurviveBackendChurn(t *testing.T) {
 	checkSums(t, s)
 }
 
-// healthMsg is a publish with loads and a tagHealth section marking
-// failing; the health section comes first, which receivers must accept.
-func healthMsg(origin string, instance, seq uint64, loads map[string]int64, failing ...string) []byte {
-	var sec, hs []byte
-	for k, v := range loads {
-		sec = appendLoad(sec, k, v)
-	}
-	for _, f := range failing {
-		hs = appendHealth(hs, f, healthFailing)
-	}
-	body := appendBlockHead(nil, origin, instance, seq)
-	body = appendSection(body, tagHealth, hs)
-	body = appendSection(body, tagLoads, sec)
-	return appendBlock(appendHeader(nil, kindPublish), body)
-}
-
 func TestStateHealth(t *testing.T) {
 	now := time.Now()
-	s := newState("self", time.Second, 5*time.Second)
-	for _, n := range []string{"self", "a", "b", "c"} {
-		s.join(n)
-	}
+	s := selfState("self", "a", "b", "c")
 	mustHandle(t, s, healthMsg("a", 1, 1, map[string]int64{"x": 1, "y": 0}, "x"), now)
 	mustHandle(t, s, healthMsg("b", 1, 1, map[string]int64{"x": 2, "y": 0}), now)
 	v1 := s.build(nil)

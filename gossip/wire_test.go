@@ -10,12 +10,6 @@ import (
 	"time"
 )
 
-// staticSource is a LocalSource with fixed figures (not safe for
-// concurrent use; see fakeSource for that).
-type staticSource []BackendLoad
-
-func (s staticSource) AppendInFlight(dst []BackendLoad) []BackendLoad { return append(dst, s...) }
-
 func testPublisher(t *testing.T, src LocalSource) *publisher {
 	t.Helper()
 	cfg := DefaultConfig()
@@ -203,45 +197,8 @@ func FuzzDecode(f *testing.F) {
 	})
 }
 
-// checkHealth builds a View and checks its health lists against the
-// figures held per node: every node with a figure for a backend is listed
-// exactly once, as failing or healthy as its figure says.
-func checkHealth(t *testing.T, s *state) {
-	t.Helper()
-	s.healthDirty = true
-	v := s.build(nil)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	want := 0
-	for name, n := range s.nodes {
-		for k, e := range n.loads {
-			want++
-			h := v.Health(k)
-			list := h.Healthy
-			if e.failing {
-				list = h.Failing
-			}
-			if !slices.Contains(list, name) {
-				t.Fatalf("node %s, backend %s (failing %v) missing from %+v", name, k, e.failing, h)
-			}
-		}
-	}
-	got := 0
-	for _, h := range v.health {
-		got += len(h.Healthy) + len(h.Failing)
-	}
-	if got != want {
-		t.Fatalf("health lists hold %d entries, nodes hold %d figures", got, want)
-	}
-}
-
 func TestWireSigned(t *testing.T) {
-	ca := newTestCA(t)
-	id := ca.bundle(t, "n")
-	s, err := newSigner(id, "n")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, id := newTestCA(t).signer(t, "n")
 	at := time.UnixMilli(1_700_000_000_123)
 	v1 := publishMsg("n", 3, 4, map[string]int64{"b": 2})
 	var scratch []byte

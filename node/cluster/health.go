@@ -105,17 +105,24 @@ func newHealthTracker(fail, rise int, ttl time.Duration) *healthTracker {
 	return &healthTracker{fail: fail, rise: rise, ttl: ttl, backends: map[string]map[string]*reporterState{}}
 }
 
+// reporters returns backend's reporters, adding an empty set for a
+// backend not seen yet. The caller holds h.mu.
+func (h *healthTracker) reporters(backend string) map[string]*reporterState {
+	rs := h.backends[backend]
+	if rs == nil {
+		rs = map[string]*reporterState{}
+		h.backends[backend] = rs
+	}
+	return rs
+}
+
 // report records one observation and reports whether the reporter's
 // verdict flipped. A reporter's first verdict is the backend's current
 // health (down or not), so a new leader keeps the hysteresis.
 func (h *healthTracker) report(backend, reporter string, ok, down bool, now time.Time) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	rs := h.backends[backend]
-	if rs == nil {
-		rs = map[string]*reporterState{}
-		h.backends[backend] = rs
-	}
+	rs := h.reporters(backend)
 	r := rs[reporter]
 	if r == nil {
 		r = &reporterState{unhealthy: down}
@@ -144,11 +151,7 @@ func (h *healthTracker) report(backend, reporter string, ok, down bool, now time
 func (h *healthTracker) set(backend, reporter string, unhealthy bool, now time.Time) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	rs := h.backends[backend]
-	if rs == nil {
-		rs = map[string]*reporterState{}
-		h.backends[backend] = rs
-	}
+	rs := h.reporters(backend)
 	r, seen := rs[reporter]
 	if !seen {
 		r = &reporterState{}

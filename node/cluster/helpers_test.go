@@ -172,6 +172,23 @@ func (tn *testNet) start(id string, mod func(*Config)) *tnode {
 	return n
 }
 
+// startGroup starts the nodes ids, which bootstrap together
+// (BootstrapExpect is len(ids)), and returns them in that order. mod, when
+// not nil, adjusts each one's config.
+func (tn *testNet) startGroup(ids []string, mod func(id string, c *Config)) []*tnode {
+	tn.t.Helper()
+	nodes := make([]*tnode, 0, len(ids))
+	for _, id := range ids {
+		nodes = append(nodes, tn.start(id, func(c *Config) {
+			c.BootstrapExpect = len(ids)
+			if mod != nil {
+				mod(id, c)
+			}
+		}))
+	}
+	return nodes
+}
+
 func (tn *testNet) advertise(n *tnode, voter bool) {
 	tn.g.set(gossip.Member{Name: n.id, Addr: "gossip-" + n.id, Meta: gossip.Meta{RaftAddr: n.c.Addr(), Voter: voter, Zone: n.cfg.NodeID[:1]}})
 }

@@ -12,17 +12,13 @@ import (
 // binds[id] is the Raft listen address ("127.0.0.1:0" for a fresh port).
 func startTCP(t *testing.T, tn *testNet, ids []string, dirs, binds map[string]string, mod func(*Config)) []*tnode {
 	t.Helper()
-	for _, id := range ids {
-		tn.start(id, func(c *Config) {
-			c.BootstrapExpect = 3
-			c.DataDir = dirs[id]
-			c.RaftBind = binds[id]
-			if mod != nil {
-				mod(c)
-			}
-		})
-	}
-	return tn.subset(ids...)
+	return tn.startGroup(ids, func(id string, c *Config) {
+		c.DataDir = dirs[id]
+		c.RaftBind = binds[id]
+		if mod != nil {
+			mod(c)
+		}
+	})
 }
 
 func TestTCPWalClusterFailoverAndRestart(t *testing.T) {

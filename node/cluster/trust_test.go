@@ -43,14 +43,7 @@ func testIdentity(t testing.TB, ca *identity.CA, name string) *identity.Bundle {
 // certificate of ca.
 func startTLS(t *testing.T, tn *testNet, ca *identity.CA, ids ...string) []*tnode {
 	t.Helper()
-	var nodes []*tnode
-	for _, id := range ids {
-		nodes = append(nodes, tn.start(id, func(c *Config) {
-			c.BootstrapExpect = len(ids)
-			c.Identity = testIdentity(t, ca, id)
-		}))
-	}
-	return nodes
+	return tn.startGroup(ids, func(id string, c *Config) { c.Identity = testIdentity(t, ca, id) })
 }
 
 func testCA(t testing.TB) *identity.CA {
@@ -217,13 +210,7 @@ func TestRaftListenerBounds(t *testing.T) {
 func TestForeignClusterRefused(t *testing.T) {
 	root := t.TempDir()
 	tn := newTestNet(t, false)
-	var nodes []*tnode
-	for _, id := range []string{"a", "b", "c"} {
-		nodes = append(nodes, tn.start(id, func(c *Config) {
-			c.BootstrapExpect = 3
-			c.DataDir = filepath.Join(root, id)
-		}))
-	}
+	nodes := tn.startGroup([]string{"a", "b", "c"}, func(id string, c *Config) { c.DataDir = filepath.Join(root, id) })
 	leader(t, nodes)
 	e := applyAny(t, nodes, UpsertBackend(Backend{ID: "in-a/", URL: "http://127.0.0.1:9100"}))
 	st := converged(t, nodes, e)
@@ -306,16 +293,12 @@ func TestCommitLatency(t *testing.T) {
 	open := func(secure bool) (*testNet, []*tnode) {
 		root := t.TempDir()
 		tn := newTestNet(t, false)
-		var nodes []*tnode
-		for _, id := range []string{"a", "b", "c"} {
-			nodes = append(nodes, tn.start(id, func(c *Config) {
-				c.BootstrapExpect = 3
-				c.DataDir = filepath.Join(root, id)
-				if secure {
-					c.Identity = testIdentity(t, ca, id)
-				}
-			}))
-		}
+		nodes := tn.startGroup([]string{"a", "b", "c"}, func(id string, c *Config) {
+			c.DataDir = filepath.Join(root, id)
+			if secure {
+				c.Identity = testIdentity(t, ca, id)
+			}
+		})
 		return tn, nodes
 	}
 	const rounds, perRound = 5, 200
