@@ -160,24 +160,11 @@ func (n *Node) newScraper() (*engine.Scraper, error) {
 // leader, hands the other nodes' health verdicts to the health tracker,
 // until ctx ends.
 func (n *Node) followGossip(ctx context.Context) {
-	ch, cancel := n.gossip.Subscribe()
-	defer cancel()
-	tick := time.NewTicker(verdictRefresh)
-	defer tick.Stop()
 	var fed verdictFeed
-	for {
+	follow(ctx, n.gossip.Subscribe, verdictRefresh, func() {
 		n.applyView()
 		n.feedVerdicts(&fed, time.Now())
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-ch:
-			if !ok {
-				return
-			}
-		case <-tick.C:
-		}
-	}
+	})
 }
 
 // verdictRefresh is how often the leader repeats the other nodes'
