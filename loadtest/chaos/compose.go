@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/warmroute/warmroute/loadtest/proc"
 )
 
 // ComposeConfig describes a run of deploy/compose's three-zone stack.
@@ -230,20 +233,10 @@ func (c *Compose) start(ctx context.Context) error {
 	if c.net == "" {
 		return fmt.Errorf("%w: no free 10.213.x.0/24 for the backbone", ErrTarget)
 	}
-	ports := make([]int, 6)
-	seen := map[int]bool{}
-	for i := range ports {
-		for {
-			p, err := freePort("127.0.0.1")
-			if err != nil {
-				return err
-			}
-			if !seen[p] {
-				seen[p] = true
-				ports[i] = p
-				break
-			}
-		}
+	// three client ports, then three admin ports, all distinct
+	addrs, err := proc.FreeAddrs("127.0.0.1", 6)
+	if err != nil {
+		return err
 	}
 	tmp, err := os.MkdirTemp("", "warmroute-chaos-compose-")
 	if err != nil {
@@ -272,12 +265,14 @@ func (c *Compose) start(ctx context.Context) error {
 	}
 	letters := []string{"A", "B", "C"}
 	for i, l := range letters {
-		c.env = append(c.env, fmt.Sprintf("WR_PORT_%s=%d", l, ports[i]), fmt.Sprintf("WR_ADMIN_PORT_%s=%d", l, ports[3+i]))
+		_, port, _ := net.SplitHostPort(addrs[i])
+		_, adminPort, _ := net.SplitHostPort(addrs[3+i])
+		c.env = append(c.env, "WR_PORT_"+l+"="+port, "WR_ADMIN_PORT_"+l+"="+adminPort)
 		name := "router-" + strings.ToLower(l)
 		c.routers = append(c.routers, &composeRouter{
 			Router: Router{Name: name,
-				URL:      fmt.Sprintf("http://127.0.0.1:%d", ports[i]),
-				AdminURL: fmt.Sprintf("https://127.0.0.1:%d", ports[3+i])},
+				URL:      "http://" + addrs[i],
+				AdminURL: "https://" + addrs[3+i]},
 			service:  name,
 			backbone: fmt.Sprintf("%s.%d", c.net, 11+i),
 		})

@@ -6,15 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/warmroute/warmroute/loadtest/proc"
 )
 
 // LocalConfig describes a cluster of child processes on loopback: routers
@@ -38,7 +36,8 @@ type LocalConfig struct {
 	// can cut it off from its peers on loopback. Needs root and iptables;
 	// without it the router-partition fault is skipped.
 	Partition bool
-	// FirstUID is the uid of the first router when Partition is set.
+	// FirstUID is the uid of the first router when Partition is set (the
+	// others follow it).
 	FirstUID int
 	// WorkDir receives logs and data ("" : a temporary directory, removed
 	// by Close unless KeepWorkDir).
@@ -87,7 +86,7 @@ type localRouter struct {
 	Router
 	host                 string // 127.0.0.x
 	gossip, raft, data   string
-	uid                  int
+	uid                  int // 0: this process's
 	proc                 *lproc
 	traffic, adminListen string
 }
@@ -214,13 +213,12 @@ func (l *Local) prepare() error {
 		}
 		l.exe = dst
 	}
-	for i := 0; i < c.Backends; i++ {
-		port, err := freePort("127.0.0.1")
-		if err != nil {
-			return err
-		}
+	backAddrs, err := proc.FreeAddrs("127.0.0.1", c.Backends)
+	if err != nil {
+		return err
+	}
+	for i, addr := range backAddrs {
 		id := "gpu-" + strconv.Itoa(i)
-		addr := "127.0.0.1:" + strconv.Itoa(port)
 		l.backs = append(l.backs, &localBackend{
 			Backend: Backend{ID: id, URL: "http://" + addr, MetricsURL: "http://" + addr + "/metrics"},
 			listen:  addr,
@@ -228,25 +226,19 @@ func (l *Local) prepare() error {
 	}
 	for i := 0; i < c.Routers; i++ {
 		host := "127.0.0." + strconv.Itoa(11+i)
-		ports := make([]int, 4)
-		for j := range ports {
-			p, err := freePort(host)
-			if err != nil {
-				return err
-			}
-			ports[j] = p
+		addrs, err := proc.FreeAddrs(host, 4)
+		if err != nil {
+			return err
 		}
 		name := "router-" + string(rune('a'+i))
-		hp := func(p int) string { return host + ":" + strconv.Itoa(p) }
 		r := &localRouter{
-			Router:      Router{Name: name, URL: "http://" + hp(ports[0]), AdminURL: "https://" + hp(ports[1])},
+			Router:      Router{Name: name, URL: "http://" + addrs[0], AdminURL: "https://" + addrs[1]},
 			host:        host,
-			traffic:     hp(ports[0]),
-			adminListen: hp(ports[1]),
-			gossip:      hp(ports[2]),
-			raft:        hp(ports[3]),
+			traffic:     addrs[0],
+			adminListen: addrs[1],
+			gossip:      addrs[2],
+			raft:        addrs[3],
 			data:        filepath.Join(l.dir, name+"-data"),
-			uid:         -1,
 		}
 		if c.Partition {
 			r.uid = c.FirstUID + i
@@ -254,7 +246,7 @@ func (l *Local) prepare() error {
 		if err := os.MkdirAll(r.data, 0o700); err != nil {
 			return err
 		}
-		if r.uid >= 0 {
+		if r.uid > 0 {
 			if err := os.Chown(r.data, r.uid, r.uid); err != nil {
 				return err
 			}
@@ -283,31 +275,36 @@ func (l *Local) prepare() error {
 				join = append(join, o.gossip)
 			}
 		}
-		args := []string{"serve",
-			"--node-name", r.Name,
-			"--listen", r.traffic,
-			"--admin-listen", r.adminListen,
-			"--gossip-listen", r.gossip,
-			"--raft-listen", r.raft,
-			"--join", strings.Join(join, ","),
-			"--bootstrap-expect", strconv.Itoa(min(3, c.Routers)),
-			"--data-dir", r.data,
-			"--raft-timeout", c.RaftTimeout.String(),
-			"--backends", strings.Join(specs, ","),
-			"--probe-interval", "1s",
-			"--shutdown-timeout", "10s",
+		args := proc.ServeArgs{
+			NodeName:        r.Name,
+			Listen:          r.traffic,
+			AdminListen:     r.adminListen,
+			GossipListen:    r.gossip,
+			RaftListen:      r.raft,
+			Join:            join,
+			BootstrapExpect: min(3, c.Routers),
+			DataDir:         r.data,
+			RaftTimeout:     c.RaftTimeout,
+			Backends:        specs,
+			ProbeInterval:   time.Second,
+			ShutdownTimeout: 10 * time.Second,
+			ClusterTLS:      pki[r.Name],
+			Extra:           c.RouterArgs,
 		}
-		args = append(args, pki[r.Name].args()...)
-		args = append(args, c.RouterArgs...)
-		r.proc = &lproc{name: r.Name, exe: l.exe, args: args, dir: l.dir, uid: r.uid,
-			logPath: filepath.Join(l.dir, r.Name+".log")}
+		r.proc = l.newProc(r.Name, args.Args(), r.uid)
 	}
 	for _, b := range l.backs {
-		args := append([]string{"gpusim", "--instances", "1", "--listen", b.listen, "--name-prefix", b.ID + "-"}, c.GpusimArgs...)
-		b.proc = &lproc{name: b.ID, exe: l.exe, args: args, dir: l.dir, uid: -1,
-			logPath: filepath.Join(l.dir, b.ID+".log")}
+		args := proc.GpusimArgs{Instances: 1, Listen: b.listen, NamePrefix: b.ID + "-", Extra: c.GpusimArgs}
+		b.proc = l.newProc(b.ID, args.Args(), 0)
 	}
 	return nil
+}
+
+// newProc describes one child: run from the work dir as uid (0: this
+// process's), its output appended to <work dir>/<name>.log.
+func (l *Local) newProc(name string, args []string, uid int) *lproc {
+	return &lproc{spec: proc.Spec{Name: name, Path: l.exe, Args: args, Dir: l.dir, UID: uid,
+		LogFile: filepath.Join(l.dir, name+".log"), AppendLog: true}}
 }
 
 func (l *Local) logf(format string, a ...any) {
@@ -344,29 +341,19 @@ func (l *Local) startAll(ctx context.Context) error {
 
 // waitHTTP polls url until it answers 200, the process exits, or the start
 // timeout passes.
-func (l *Local) waitHTTP(ctx context.Context, p *lproc, url string) error {
-	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
-	deadline := time.Now().Add(l.cfg.StartTimeout)
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return err
-		}
-		if resp, err := hc.Do(req); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if !p.running() {
-			return fmt.Errorf("%w: %s exited; its log ends:\n%s", ErrTarget, p.name, p.tail(2048))
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: %s did not answer %s within %s; its log ends:\n%s", ErrNotReady, p.name, url, l.cfg.StartTimeout, p.tail(2048))
-		}
-		if err := sleep(ctx, 50*time.Millisecond); err != nil {
-			return err
-		}
+func (l *Local) waitHTTP(ctx context.Context, lp *lproc, url string) error {
+	p := lp.current()
+	if p == nil {
+		return fmt.Errorf("%w: %s was never started", ErrTarget, lp.spec.Name)
+	}
+	err := p.WaitReady(ctx, l.cfg.StartTimeout, proc.HTTPCheck(url))
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, proc.ErrExited):
+		return fmt.Errorf("%w: %w", ErrTarget, err)
+	default:
+		return fmt.Errorf("%w: %w", ErrNotReady, err)
 	}
 }
 
@@ -501,17 +488,11 @@ func (l *Local) StopAll(context.Context) error {
 func (l *Local) stopAll() {
 	var wg sync.WaitGroup
 	for _, r := range l.routers {
-		if r.proc != nil {
-			wg.Add(1)
-			go func(p *lproc) { defer wg.Done(); p.stop(l.cfg.StopTimeout) }(r.proc)
-		}
+		wg.Go(func() { r.proc.stop(l.cfg.StopTimeout) })
 	}
 	wg.Wait()
 	for _, b := range l.backs {
-		if b.proc != nil {
-			wg.Add(1)
-			go func(p *lproc) { defer wg.Done(); p.stop(l.cfg.StopTimeout) }(b.proc)
-		}
+		wg.Go(func() { b.proc.stop(l.cfg.StopTimeout) })
 	}
 	wg.Wait()
 }
@@ -536,16 +517,6 @@ func (l *Local) Close() error {
 	return l.closeErr
 }
 
-// freePort returns a port free on host right now.
-func freePort(host string) (int, error) {
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port on %s: %w", host, err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
 func copyFile(src, dst string, mode os.FileMode) error {
 	in, err := os.Open(src)
 	if err != nil {
@@ -563,150 +534,81 @@ func copyFile(src, dst string, mode os.FileMode) error {
 	return out.Close()
 }
 
-// lproc is one child process that can be started again after it ends.
+// lproc is one child process that can be started again after it ends;
+// a nil *lproc (a process prepare never described) is never running.
 type lproc struct {
-	name    string
-	exe     string
-	args    []string
-	dir     string
-	uid     int // -1: this process's uid
-	logPath string
+	spec proc.Spec
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
-	paused bool
+	mu sync.Mutex
+	p  *proc.Process // the current run; nil before the first
 }
 
-// start runs the process (again), appending to its log.
-func (p *lproc) start() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd != nil {
-		select {
-		case <-p.exited:
-		default:
-			return nil // still running
-		}
+// start runs the process (again) unless it runs, appending to its log.
+func (lp *lproc) start() error {
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	if lp.p != nil && !lp.p.Exited() {
+		return nil
 	}
-	lf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	lf, err := os.OpenFile(lp.spec.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(lf, "---- chaos: starting %s at %s\n", p.name, time.Now().Format(time.RFC3339Nano))
-	cmd := exec.Command(p.exe, p.args...)
-	cmd.Dir = p.dir
-	cmd.Stdout, cmd.Stderr = lf, lf
-	prepareCmd(cmd, p.uid)
-	if err := cmd.Start(); err != nil {
-		lf.Close()
-		return fmt.Errorf("%w: starting %s: %v", ErrTarget, p.name, err)
+	fmt.Fprintf(lf, "---- chaos: starting %s at %s\n", lp.spec.Name, time.Now().Format(time.RFC3339Nano))
+	if err := lf.Close(); err != nil {
+		return err
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		lf.Close()
-		close(exited)
-	}()
-	p.cmd, p.exited, p.paused = cmd, exited, false
+	p, err := proc.Start(lp.spec)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrTarget, err)
+	}
+	lp.p = p
 	return nil
 }
 
-func (p *lproc) running() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return false
+// current returns the current run (nil when never started).
+func (lp *lproc) current() *proc.Process {
+	if lp == nil {
+		return nil
 	}
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	return lp.p
 }
 
-// current returns the running command and its exit channel (nil when
-// never started).
-func (p *lproc) current() (*exec.Cmd, chan struct{}) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.cmd, p.exited
+func (lp *lproc) running() bool {
+	p := lp.current()
+	return p != nil && !p.Exited()
 }
 
 // kill sends SIGKILL to the process group and waits for the exit.
-func (p *lproc) kill() {
-	cmd, exited := p.current()
-	if cmd == nil {
-		return
+func (lp *lproc) kill() {
+	if p := lp.current(); p != nil {
+		p.Kill()
 	}
-	signalGroup(cmd, sigKill)
-	<-exited
 }
 
 // stop resumes a paused process, sends SIGTERM, SIGKILL after grace, and
 // waits.
-func (p *lproc) stop(grace time.Duration) {
-	cmd, exited := p.current()
-	if cmd == nil {
-		return
+func (lp *lproc) stop(grace time.Duration) {
+	if p := lp.current(); p != nil {
+		p.Stop(grace)
 	}
-	select {
-	case <-exited:
-		return
-	default:
-	}
-	signalGroup(cmd, sigCont)
-	signalGroup(cmd, sigTerm)
-	t := time.NewTimer(grace)
-	defer t.Stop()
-	select {
-	case <-exited:
-	case <-t.C:
-	}
-	signalGroup(cmd, sigKill)
-	<-exited
 }
 
-func (p *lproc) pause() error {
-	cmd, exited := p.current()
-	if cmd == nil {
-		return fmt.Errorf("%w: %s not running", ErrTarget, p.name)
+// pause sends SIGSTOP to the process group.
+func (lp *lproc) pause() error {
+	p := lp.current()
+	if p == nil || p.Pause() != nil {
+		return fmt.Errorf("%w: %s not running", ErrTarget, lp.spec.Name)
 	}
-	select {
-	case <-exited:
-		return fmt.Errorf("%w: %s not running", ErrTarget, p.name)
-	default:
-	}
-	signalGroup(cmd, sigStop)
-	p.mu.Lock()
-	p.paused = true
-	p.mu.Unlock()
 	return nil
 }
 
-func (p *lproc) resume() error {
-	cmd, _ := p.current()
-	if cmd == nil {
-		return nil
+// resume sends SIGCONT to the process group.
+func (lp *lproc) resume() error {
+	if p := lp.current(); p != nil {
+		return p.Continue()
 	}
-	signalGroup(cmd, sigCont)
-	p.mu.Lock()
-	p.paused = false
-	p.mu.Unlock()
 	return nil
-}
-
-// tail returns the last n bytes of the log.
-func (p *lproc) tail(n int64) string {
-	f, err := os.Open(p.logPath)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if st, err := f.Stat(); err == nil && st.Size() > n {
-		_, _ = f.Seek(st.Size()-n, io.SeekStart)
-	}
-	b, _ := io.ReadAll(f)
-	return strings.TrimSpace(string(b))
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/warmroute/warmroute/loadtest/proc"
 	"github.com/warmroute/warmroute/node/identity"
 )
 
@@ -57,21 +58,11 @@ func caFileTLS(file string) (*tls.Config, error) {
 	return caOnlyTLS(pool), nil
 }
 
-// routerFiles are one router's cluster certificate, key and the CA.
-type routerFiles struct {
-	cert, key, ca string
-}
-
-// args are the serve flags that use the files.
-func (f routerFiles) args() []string {
-	return []string{"--cluster-tls-cert-file", f.cert, "--cluster-tls-key-file", f.key, "--cluster-tls-ca-file", f.ca}
-}
-
 // localPKI creates a cluster CA for one run (its key stays in memory) and
 // a certificate for each router in dir/tls: the CA certificate readable by
-// all, each router's key readable by its uid alone (uid < 0: this
+// all, each router's key readable by its uid alone (uid 0: this
 // process's). It returns each router's files and the admin client TLS.
-func localPKI(dir string, names []string, uids []int, validity time.Duration) (map[string]routerFiles, *tls.Config, error) {
+func localPKI(dir string, names []string, uids []int, validity time.Duration) (map[string]proc.ClusterTLS, *tls.Config, error) {
 	ca, err := identity.NewCA("warmroute chaos CA", validity)
 	if err != nil {
 		return nil, nil, err
@@ -87,21 +78,21 @@ func localPKI(dir string, names []string, uids []int, validity time.Duration) (m
 	if err := os.WriteFile(caFile, ca.CertPEM(), 0o644); err != nil {
 		return nil, nil, err
 	}
-	out := map[string]routerFiles{}
+	out := map[string]proc.ClusterTLS{}
 	for i, n := range names {
 		certPEM, keyPEM, err := ca.Issue(identity.Request{Name: n, Validity: validity})
 		if err != nil {
 			return nil, nil, err
 		}
-		f := routerFiles{cert: filepath.Join(tdir, n+".pem"), key: filepath.Join(tdir, n+"-key.pem"), ca: caFile}
-		if err := os.WriteFile(f.cert, certPEM, 0o644); err != nil {
+		f := proc.ClusterTLS{CertFile: filepath.Join(tdir, n+".pem"), KeyFile: filepath.Join(tdir, n+"-key.pem"), CAFile: caFile}
+		if err := os.WriteFile(f.CertFile, certPEM, 0o644); err != nil {
 			return nil, nil, err
 		}
-		if err := os.WriteFile(f.key, keyPEM, 0o600); err != nil {
+		if err := os.WriteFile(f.KeyFile, keyPEM, 0o600); err != nil {
 			return nil, nil, err
 		}
-		if uids[i] >= 0 {
-			if err := os.Chown(f.key, uids[i], uids[i]); err != nil {
+		if uids[i] > 0 {
+			if err := os.Chown(f.KeyFile, uids[i], uids[i]); err != nil {
 				return nil, nil, err
 			}
 		}

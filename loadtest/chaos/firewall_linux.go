@@ -6,34 +6,9 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
-)
-
-const (
-	sigKill = syscall.SIGKILL
-	sigTerm = syscall.SIGTERM
-	sigStop = syscall.SIGSTOP
-	sigCont = syscall.SIGCONT
 )
 
 func localSupported() error { return nil }
-
-// prepareCmd puts the child in its own process group, has the kernel kill
-// it if this process dies, and runs it as uid (and gid) uid when uid >= 0.
-func prepareCmd(cmd *exec.Cmd, uid int) {
-	attr := &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if uid >= 0 {
-		attr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid), NoSetGroups: true}
-	}
-	cmd.SysProcAttr = attr
-}
-
-// signalGroup signals the child's process group.
-func signalGroup(cmd *exec.Cmd, sig syscall.Signal) {
-	if cmd.Process != nil {
-		_ = syscall.Kill(-cmd.Process.Pid, sig)
-	}
-}
 
 // firewall is one iptables chain of DROP rules, jumped to from OUTPUT
 // only while it holds rules.
