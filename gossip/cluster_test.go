@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/netip"
 	"slices"
 	"testing"
@@ -161,7 +160,7 @@ func TestLateJoinerConverges(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, func() bool { return nodes[0].c.View().RemoteInFlight("x") == 5 }, "A sees B+C")
 	// Let the resend window pass so nothing more is sent.
-	time.Sleep(time.Duration(nodes[0].c.cfg.ResendCount+2) * nodes[0].c.cfg.PublishInterval)
+	waitResendsDone(t, nodes)
 
 	late := startNode(t, "node-late", nodes, quiet)
 	start := time.Now()
@@ -245,12 +244,15 @@ func TestEncryption(t *testing.T) {
 	cfg.SecretKey = []byte("fedcba9876543210")
 	cfg.Join = []string{nodes[0].c.Addr()}
 	cfg.RejoinInterval = time.Hour
+	var logs syncBuffer
+	cfg.Logger = logs.warnLogger()
 	c, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	time.Sleep(300 * time.Millisecond)
+	// New tried once; a retry in the background fails as well.
+	waitFor(t, 10*time.Second, func() bool { return joinFailures(&logs) >= 2 }, "the intruder's retry fails")
 	if n := len(c.View().members); n != 1 {
 		t.Fatalf("intruder sees %d members", n)
 	}
@@ -353,18 +355,18 @@ func TestMembersMetaAndSubscribe(t *testing.T) {
 
 func TestJoinRetriesUntilSeedIsUp(t *testing.T) {
 	// Reserve a port for A, start B with A as its seed, then A.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	port := freeLoopbackPort(t, "127.0.0.1")
 	// A name, not an address: every A/AAAA record of localhost is a seed.
-	b := startNode(t, "node-b", nil, func(c *Config) { c.Join = []string{fmt.Sprintf("localhost:%d", port)} })
+	var logs syncBuffer
+	b := startNode(t, "node-b", nil, func(c *Config) {
+		c.Join = []string{fmt.Sprintf("localhost:%d", port)}
+		c.Logger = logs.warnLogger()
+	})
 	if n := len(b.c.View().members); n != 1 {
 		t.Fatalf("node-b sees %d members before its seed is up", n)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// New tried once; let a retry in the background fail as well.
+	waitFor(t, 10*time.Second, func() bool { return joinFailures(&logs) >= 2 }, "node-b retries its seed")
 	a := startNode(t, "node-a", nil, func(c *Config) { c.BindPort = port })
 	waitMembers(t, []*testNode{a, b}, 2)
 	// A seed that is this node itself is skipped.

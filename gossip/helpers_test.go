@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -143,6 +144,45 @@ func (f *fakeSource) remove(backend string) {
 	f.mu.Lock()
 	delete(f.m, backend)
 	f.mu.Unlock()
+}
+
+// waitResendsDone waits until no node has a changed figure left to
+// resend: until the next change, only refreshes send figures.
+func waitResendsDone(t *testing.T, nodes []*testNode) {
+	t.Helper()
+	waitFor(t, 10*time.Second, func() bool {
+		for _, nd := range nodes {
+			if nd.c.pub.resending() {
+				return false
+			}
+		}
+		return true
+	}, "the resend window passes")
+}
+
+// resending reports whether the next tick sends a figure because it
+// changed (fewer than resend ticks before that tick), refresh aside.
+func (p *publisher) resending() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	next := p.tick + 1
+	for _, e := range p.loads {
+		if next < e.changed+p.resend {
+			return true
+		}
+	}
+	for _, e := range p.engines {
+		if next < e.changed+p.resend {
+			return true
+		}
+	}
+	return false
+}
+
+// joinFailures counts the failed joins a node logged to logs (its
+// Logger is logs.warnLogger()).
+func joinFailures(logs *syncBuffer) int {
+	return strings.Count(logs.String(), "gossip join failed")
 }
 
 // testCA issues router identities signed by one cluster CA.

@@ -182,7 +182,7 @@ func TestSignedLateJoinerConvergesWithinRefresh(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, func() bool { return nodes[0].c.View().RemoteInFlight("x") == 5 }, "A sees B+C")
 	// Let the resend window pass: only refreshes carry the figures now.
-	time.Sleep(time.Duration(nodes[0].c.cfg.ResendCount+2) * nodes[0].c.cfg.PublishInterval)
+	waitResendsDone(t, nodes)
 	late := startNode(t, "node-late", nodes, quiet)
 	start := time.Now()
 	waitFor(t, 10*time.Second, func() bool { return late.c.View().RemoteInFlight("x") == 6 }, "the late joiner converges")

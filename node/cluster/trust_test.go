@@ -76,8 +76,12 @@ func TestTCPMutualTLS(t *testing.T) {
 	}
 
 	// Another CA's router joins gossip, as a voter-eligible member.
-	tn.start("d", func(c *Config) { c.Identity = testIdentity(t, testCA(t), "d") })
-	time.Sleep(time.Second) // reconcile runs every 200 ms: give it several rounds
+	d := tn.start("d", func(c *Config) { c.Identity = testIdentity(t, testCA(t), "d") })
+	waitFor(t, 10*time.Second, "the others' probes of d to fail", func() bool {
+		return counterValue(d.c.met.raftRefused.WithLabelValues("tls")) > 0
+	})
+	// What must not happen has had time to: reconcile runs every 200 ms.
+	time.Sleep(time.Second)
 	if _, in := raftServers(l.c)["d"]; in || l.c.verified.ok("d", time.Now()) {
 		t.Fatalf("a router of another CA passed its probe or entered the Raft configuration: %v", raftServers(l.c))
 	}
