@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -12,6 +13,20 @@ import (
 	"testing"
 	"time"
 )
+
+// stubEnv makes the test binary run as "benchproxy stub" (see TestStubProcess).
+const stubEnv = "BENCHPROXY_TEST_STUB"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(stubEnv) != "" {
+		if err := stubMain(os.Args[1:]); err != nil {
+			fmt.Fprintln(os.Stderr, "benchproxy stub:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
 
 func TestParseWrk(t *testing.T) {
 	out := []byte("Running 5s test @ http://127.0.0.1:1/v1/chat/completions\n  1 threads and 64 connections\n" +
@@ -187,5 +202,43 @@ func TestSpreadAndRatios(t *testing.T) {
 	}
 	if !strings.Contains(r.markdown(), "| warmroute | 64 |") {
 		t.Error("markdown lacks the warmroute row")
+	}
+}
+
+// TestStubProcess runs the stub backends as the harness does (a child
+// pinned with taskset), reads their addresses from their output, waits for
+// them to answer, and stops them.
+func TestStubProcess(t *testing.T) {
+	taskset, err := exec.LookPath("taskset")
+	if err != nil {
+		t.Skip("no taskset")
+	}
+	t.Setenv(stubEnv, "1")
+	var cs children
+	defer cs.stopAll(3 * time.Second)
+	stubs, err := cs.start("stubs", taskset, "0", 0, os.Args[0], "-n", "2", "-prefill", "1ms", "-gap", "0s", "-chunks", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	addrs, err := listenAddrs(ctx, stubs, 2, 10*time.Second)
+	if err != nil || len(addrs) != 2 || addrs[0] == addrs[1] {
+		t.Fatalf("addresses %v: %v", addrs, err)
+	}
+	bodies, _ := workload{BodySize: 1024, Prefixes: 1, Suffixes: 1}.bodies()
+	for _, a := range addrs {
+		if err := waitReady(ctx, stubs, "http://"+a, bodies[0], 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cpuTime(stubs.Pid()); err != nil {
+		t.Fatalf("the stubs' CPU time: %v", err)
+	}
+	cs.stopAll(3 * time.Second)
+	if stubs.Status() != "exit 0" {
+		t.Fatalf("stubs after stopAll: %s\n%s", stubs.Status(), stubs.Logs())
+	}
+	if err := waitReady(ctx, nil, "http://"+addrs[0], bodies[0], 100*time.Millisecond); err == nil {
+		t.Fatal("a stopped stub answered")
 	}
 }

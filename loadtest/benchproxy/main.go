@@ -12,11 +12,12 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/warmroute/warmroute/loadtest/proc"
 )
 
 func main() {
@@ -167,7 +168,7 @@ func parseOptions(args []string) (options, error) {
 	fs.StringVar(&o.Out, "out", "out/bench-proxy", "directory for results.json and summary.md")
 	fs.DurationVar(&o.Timeout, "timeout", 20*time.Minute, "bound on the whole run")
 	fs.IntVar(&o.Nice, "nice", 0, "niceness for the proxies, stubs and wrk (e.g. -10 so other processes on a shared machine disturb less; needs root)")
-	fs.StringVar(&o.WarmrouteArgs, "warmroute-args", "", "extra `warmroute serve` flags, space-separated")
+	fs.StringVar(&o.WarmrouteArgs, "warmroute-args", "", "extra `warmroute serve` flags, separated by blanks, quoted as in a shell")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -191,9 +192,9 @@ func parseOptions(args []string) (options, error) {
 
 // target is one thing wrk drives: the stubs directly or a proxy.
 type target struct {
-	Name string
-	URL  string
-	proc *child // nil for direct
+	Name    string
+	URL     string
+	process *proc.Process // nil for direct
 }
 
 func runMain(args []string, stdout io.Writer) error {
@@ -238,35 +239,27 @@ func runMain(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	pr, pw := io.Pipe()
-	stubs, err := cs.start("stubs", o.Taskset, o.GenCPUs, o.Nice, pw, self, "stub", "-n", strconv.Itoa(o.Backends),
+	stubs, err := cs.start("stubs", o.Taskset, o.GenCPUs, o.Nice, self, "stub", "-n", strconv.Itoa(o.Backends),
 		"-prefill", o.StreamPrefill.String(), "-gap", o.StreamGap.String(), "-chunks", strconv.Itoa(o.StreamChunks))
 	if err != nil {
 		return err
 	}
-	addrs, err := readListenLines(pr, o.Backends, 10*time.Second)
-	if err != nil {
-		return fmt.Errorf("%w\n%s", err, stubs.logs)
-	}
-
-	// HAProxy and warmroute, each on the SUT's cores.
-	hapAddr, err := freeAddr()
+	addrs, err := listenAddrs(ctx, stubs, o.Backends, 10*time.Second)
 	if err != nil {
 		return err
 	}
+
+	// HAProxy and warmroute (and the baseline), each on the SUT's cores.
+	free, err := proc.FreeAddrs("127.0.0.1", 5)
+	if err != nil {
+		return err
+	}
+	hapAddr := free[0]
 	cfgPath := filepath.Join(dir, "haproxy.cfg")
 	if err := os.WriteFile(cfgPath, []byte(haproxyConfig(hapAddr, addrs, o.PrefixBytes, o.BalanceFactor)), 0o644); err != nil {
 		return err
 	}
-	hap, err := cs.start("haproxy", o.Taskset, o.SUTCPUs, o.Nice, nil, o.HAProxy, "-db", "-f", cfgPath)
-	if err != nil {
-		return err
-	}
-	wrAddr, err := freeAddr()
-	if err != nil {
-		return err
-	}
-	adminAddr, err := freeAddr()
+	hap, err := cs.start("haproxy", o.Taskset, o.SUTCPUs, o.Nice, o.HAProxy, "-db", "-f", cfgPath)
 	if err != nil {
 		return err
 	}
@@ -274,41 +267,33 @@ func runMain(args []string, stdout io.Writer) error {
 	for _, a := range addrs {
 		urls = append(urls, "http://"+a)
 	}
-	wrArgs := []string{o.Warmroute, "serve", "--listen", wrAddr, "--admin-listen", adminAddr,
-		"--backends", strings.Join(urls, ","), "--strategy", "PREFIX_AWARE",
-		"--prefix-length", strconv.Itoa(o.PrefixBytes),
-		"--load-factor", strconv.FormatFloat(float64(o.BalanceFactor)/100, 'f', -1, 64),
-		"--log-level", "warn"}
-	wrArgs = append(wrArgs, strings.Fields(o.WarmrouteArgs)...)
-	wr, err := cs.start("warmroute", o.Taskset, o.SUTCPUs, o.Nice, nil, wrArgs...)
+	extra, err := proc.SplitArgs(o.WarmrouteArgs)
+	if err != nil {
+		return fmt.Errorf("--warmroute-args: %w", err)
+	}
+	wrArgs := proc.ServeArgs{Listen: free[1], AdminListen: free[2], Backends: urls, Strategy: "PREFIX_AWARE",
+		PrefixLength: o.PrefixBytes, LoadFactor: float64(o.BalanceFactor) / 100, LogLevel: "warn", Extra: extra}
+	wr, err := cs.start("warmroute", o.Taskset, o.SUTCPUs, o.Nice, append([]string{o.Warmroute}, wrArgs.Args()...)...)
 	if err != nil {
 		return err
 	}
 
 	targets := []target{
 		{Name: "direct", URL: "http://" + addrs[0]},
-		{Name: "haproxy", URL: "http://" + hapAddr, proc: hap},
-		{Name: "warmroute", URL: "http://" + wrAddr, proc: wr},
+		{Name: "haproxy", URL: "http://" + hapAddr, process: hap},
+		{Name: "warmroute", URL: "http://" + wrArgs.Listen, process: wr},
 	}
 	if o.Baseline != "" {
-		baseAddr, err := freeAddr()
+		bargs := wrArgs
+		bargs.Listen, bargs.AdminListen = free[3], free[4]
+		base, err := cs.start("baseline", o.Taskset, o.SUTCPUs, o.Nice, append([]string{o.Baseline}, bargs.Args()...)...)
 		if err != nil {
 			return err
 		}
-		baseAdmin, err := freeAddr()
-		if err != nil {
-			return err
-		}
-		bargs := slices.Clone(wrArgs)
-		bargs[0], bargs[3], bargs[5] = o.Baseline, baseAddr, baseAdmin
-		base, err := cs.start("baseline", o.Taskset, o.SUTCPUs, o.Nice, nil, bargs...)
-		if err != nil {
-			return err
-		}
-		targets = append(targets, target{Name: "baseline", URL: "http://" + baseAddr, proc: base})
+		targets = append(targets, target{Name: "baseline", URL: "http://" + bargs.Listen, process: base})
 	}
 	for _, t := range targets {
-		if err := waitReady(ctx, t.proc, t.URL, bodies[0], 15*time.Second); err != nil {
+		if err := waitReady(ctx, t.process, t.URL, bodies[0], 15*time.Second); err != nil {
 			return fmt.Errorf("%s: %w", t.Name, err)
 		}
 	}
@@ -319,7 +304,7 @@ func runMain(args []string, stdout io.Writer) error {
 		Command: "benchproxy " + strings.Join(args, " "),
 	}
 	fmt.Fprintf(stdout, "benchproxy: %d stub backends %v; HAProxy %s; warmroute %s; SUT cpus %s, generator cpus %s; load average %s\n",
-		o.Backends, addrs, hapAddr, wrAddr, o.SUTCPUs, o.GenCPUs, res.LoadAvgStart)
+		o.Backends, addrs, hapAddr, wrArgs.Listen, o.SUTCPUs, o.GenCPUs, res.LoadAvgStart)
 
 	wrkr, err := newWrkRunner(dir, o.Wrk, o.Taskset, o.GenCPUs, o.Nice, bodies)
 	if err != nil {
@@ -356,8 +341,11 @@ func runMain(args []string, stdout io.Writer) error {
 		}
 	}
 	for _, t := range targets {
-		if t.proc != nil && t.proc.exited() {
-			return fmt.Errorf("%s exited during the run: %v\n%s", t.Name, t.proc.err, t.proc.logs)
+		if t.process == nil {
+			continue
+		}
+		if err := t.process.Alive(); err != nil {
+			return fmt.Errorf("%s exited during the run: %w", t.Name, err)
 		}
 	}
 	res.LoadAvgEnd = loadAvg()
@@ -382,7 +370,7 @@ func runMain(args []string, stdout io.Writer) error {
 
 // measure runs wrk once unmeasured (warm-up) and once measured against t,
 // reading the proxy's and the stubs' CPU time around the measured run.
-func measure(ctx context.Context, w *wrkRunner, t target, stubs *child, conns int, o options) (run, error) {
+func measure(ctx context.Context, w *wrkRunner, t target, stubs *proc.Process, conns int, o options) (run, error) {
 	if o.Warmup > 0 {
 		if _, err := w.run(ctx, t.URL, conns, o.Warmup); err != nil {
 			return run{}, err
@@ -390,12 +378,12 @@ func measure(ctx context.Context, w *wrkRunner, t target, stubs *child, conns in
 	}
 	var cpu0, cpu1 time.Duration
 	var err error
-	if t.proc != nil {
-		if cpu0, err = cpuTime(t.proc.pid()); err != nil {
+	if t.process != nil {
+		if cpu0, err = cpuTime(t.process.Pid()); err != nil {
 			return run{}, err
 		}
 	}
-	scpu0, err := cpuTime(stubs.pid())
+	scpu0, err := cpuTime(stubs.Pid())
 	if err != nil {
 		return run{}, err
 	}
@@ -419,12 +407,12 @@ func measure(ctx context.Context, w *wrkRunner, t target, stubs *child, conns in
 	if err != nil {
 		return run{}, err
 	}
-	scpu1, err := cpuTime(stubs.pid())
+	scpu1, err := cpuTime(stubs.Pid())
 	if err != nil {
 		return run{}, err
 	}
-	if t.proc != nil {
-		if cpu1, err = cpuTime(t.proc.pid()); err != nil {
+	if t.process != nil {
+		if cpu1, err = cpuTime(t.process.Pid()); err != nil {
 			return run{}, err
 		}
 	}
@@ -434,7 +422,7 @@ func measure(ctx context.Context, w *wrkRunner, t target, stubs *child, conns in
 	out := run{Target: t.Name, Conns: conns, Wrk: r, RPS: r.RPS(), P50: r.P50, P99: r.P99,
 		StubCPUPerReq: (scpu1 - scpu0) / time.Duration(r.Requests)}
 	busy := sut1.sub(sut0)
-	if t.proc != nil {
+	if t.process != nil {
 		out.CPU = cpu1 - cpu0
 		out.CPUPerReq = out.CPU / time.Duration(r.Requests)
 	}

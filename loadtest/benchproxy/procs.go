@@ -1,42 +1,25 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/warmroute/warmroute/loadtest/proc"
 )
-
-// setChildAttrs puts a child in its own process group and has the kernel
-// kill it if the harness dies.
-func setChildAttrs(cmd *exec.Cmd) {
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-}
-
-// child is a long-running process the harness started.
-type child struct {
-	name string
-	cmd  *exec.Cmd
-	logs *tailBuffer
-	done chan struct{}
-	err  error
-}
 
 // children stops, in reverse start order, everything the harness started.
 type children struct {
 	mu   sync.Mutex
-	list []*child
+	list []*proc.Process
 }
 
 // pinned is the command line that runs argv pinned to cpus (taskset) and,
@@ -49,41 +32,18 @@ func pinned(taskset, cpus string, nice int, argv ...string) (string, []string) {
 	return "nice", append([]string{"-n", strconv.Itoa(nice), taskset}, args...)
 }
 
-// start runs argv pinned to cpus at niceness nice.
-func (cs *children) start(name, taskset, cpus string, nice int, stdout io.Writer, argv ...string) (*child, error) {
+// start runs argv pinned to cpus at niceness nice. taskset and nice exec
+// the program, so the process's pid is the program's.
+func (cs *children) start(name, taskset, cpus string, nice int, argv ...string) (*proc.Process, error) {
 	prog, args := pinned(taskset, cpus, nice, argv...)
-	cmd := exec.Command(prog, args...)
-	setChildAttrs(cmd)
-	c := &child{name: name, cmd: cmd, logs: &tailBuffer{max: 16 << 10}, done: make(chan struct{})}
-	cmd.Stderr = c.logs
-	cmd.Stdout = c.logs
-	if stdout != nil {
-		cmd.Stdout = stdout
+	p, err := proc.Start(proc.Spec{Name: name, Path: prog, Args: args})
+	if err != nil {
+		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	go func() {
-		c.err = cmd.Wait()
-		close(c.done)
-	}()
 	cs.mu.Lock()
-	cs.list = append(cs.list, c)
+	cs.list = append(cs.list, p)
 	cs.mu.Unlock()
-	return c, nil
-}
-
-// pid is the child's process ID (taskset execs the program, so it is the
-// program's).
-func (c *child) pid() int { return c.cmd.Process.Pid }
-
-func (c *child) exited() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
+	return p, nil
 }
 
 // stopAll sends SIGTERM to every child's process group, then SIGKILL to
@@ -94,41 +54,8 @@ func (cs *children) stopAll(grace time.Duration) {
 	cs.list = nil
 	cs.mu.Unlock()
 	for i := len(list) - 1; i >= 0; i-- {
-		c := list[i]
-		if c.exited() {
-			continue
-		}
-		_ = syscall.Kill(-c.pid(), syscall.SIGTERM)
-		select {
-		case <-c.done:
-		case <-time.After(grace):
-			_ = syscall.Kill(-c.pid(), syscall.SIGKILL)
-			<-c.done
-		}
+		list[i].Stop(grace)
 	}
-}
-
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	b   []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > t.max {
-		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.b)
 }
 
 // cpuTime is a process's user+system CPU time so far, all threads
@@ -167,78 +94,60 @@ func parseStatCPU(b []byte) (time.Duration, error) {
 	return time.Duration(ut+st) * clockTick, nil
 }
 
-// freeAddr returns a free loopback address (closed again at once).
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
-
-// waitReady polls until a chat request through url gets a 200, or the
-// deadline passes or the child exits.
-func waitReady(ctx context.Context, c *child, url string, body []byte, d time.Duration) error {
-	deadline := time.Now().Add(d)
+// chatCheck is a readiness check: a chat request through url gets a 200.
+func chatCheck(url string, body []byte) func(context.Context) error {
 	client := &http.Client{Timeout: 2 * time.Second}
-	var last string
-	for time.Now().Before(deadline) {
-		if c != nil && c.exited() {
-			return fmt.Errorf("%s exited: %v\n%s", c.name, c.err, c.logs)
-		}
+	return func(ctx context.Context) error {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := client.Do(req)
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return nil
-			}
-			last = resp.Status
-		} else {
-			last = err.Error()
+		if err != nil {
+			return err
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return errors.New(resp.Status)
 		}
+		return nil
 	}
-	name := url
-	if c != nil {
-		name = c.name + "\n" + c.logs.String()
-	}
-	return fmt.Errorf("not ready after %s (%s): %s", d, last, name)
 }
 
-// readListenLines reads "LISTEN addr" lines from r until n were seen.
-func readListenLines(r io.Reader, n int, timeout time.Duration) ([]string, error) {
-	type res struct {
-		addrs []string
-		err   error
+// waitReady polls until a chat request through url gets a 200, or the
+// deadline passes or p (when not nil) exits.
+func waitReady(ctx context.Context, p *proc.Process, url string, body []byte, d time.Duration) error {
+	check := chatCheck(url, body)
+	if p != nil {
+		return p.WaitReady(ctx, d, check)
 	}
-	ch := make(chan res, 1)
-	go func() {
-		sc := bufio.NewScanner(r)
-		var addrs []string
-		for len(addrs) < n && sc.Scan() {
-			if a, ok := strings.CutPrefix(sc.Text(), "LISTEN "); ok {
+	if _, err := proc.Poll(ctx, d, proc.PollInterval, func() (bool, error) {
+		err := check(ctx)
+		return err == nil, err
+	}); err != nil {
+		return fmt.Errorf("%s not ready: %w", url, err)
+	}
+	return nil
+}
+
+// listenAddrs waits until the stub process has printed n "LISTEN addr"
+// lines and returns the addresses.
+func listenAddrs(ctx context.Context, stubs *proc.Process, n int, timeout time.Duration) ([]string, error) {
+	var addrs []string
+	err := stubs.WaitReady(ctx, timeout, func(context.Context) error {
+		addrs = addrs[:0]
+		lines := strings.Split(stubs.Logs(), "\n")
+		for _, line := range lines[:len(lines)-1] { // whole lines only
+			if a, ok := strings.CutPrefix(line, "LISTEN "); ok {
 				addrs = append(addrs, a)
 			}
 		}
 		if len(addrs) < n {
-			ch <- res{addrs, fmt.Errorf("stub printed %d of %d addresses", len(addrs), n)}
-			return
+			return fmt.Errorf("stub printed %d of %d addresses", len(addrs), n)
 		}
-		ch <- res{addrs, nil}
-		_, _ = io.Copy(io.Discard, r)
-	}()
-	select {
-	case r := <-ch:
-		return r.addrs, r.err
-	case <-time.After(timeout):
-		return nil, errors.New("stub did not report its addresses in time")
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	return addrs[:n], nil
 }

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/warmroute/warmroute/loadtest/proc"
 )
 
 // wrkScript is a wrk Lua script that cycles through pre-formatted requests
@@ -138,7 +140,7 @@ func (w *wrkRunner) run(ctx context.Context, baseURL string, conns int, d time.D
 	cctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(cctx, prog, args...)
-	setChildAttrs(cmd)
+	proc.Prepare(cmd)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return wrkResult{}, fmt.Errorf("wrk %v: %w\n%s", args, err, out)
