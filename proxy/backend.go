@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+	"github.com/warmroute/warmroute/proxy/internal/rawio"
 )
 
 // Target is a backend's network address parsed from its base URL.
@@ -220,7 +221,7 @@ func newDialer(cfg *Config) fasthttp.DialFuncWithTimeout {
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true)
 		}
-		uc := &upstreamConn{Conn: c, first: first, idle: idle, d: newDeferredWrite(c, first)}
+		uc := &upstreamConn{Conn: c, first: first, idle: idle, d: rawio.NewDeferredWrite(c, first)}
 		uc.laddr = upstreamAddr{Addr: c.LocalAddr(), c: uc}
 		return uc, nil
 	}
@@ -256,15 +257,15 @@ func retryUnsent(hc *fasthttp.HostClient) fasthttp.RetryIfErrFunc {
 // request was written and the idle deadline to later reads. fasthttp uses
 // one connection for one request at a time, so the phases cannot mix.
 // The last write of a request is held back and made with the first read
-// of its response (see deferredWrite): a write and one read per exchange
-// instead of a write and two reads.
+// of its response (see rawio.DeferredWrite): a write and one read per
+// exchange instead of a write and two reads.
 type upstreamConn struct {
 	net.Conn
 	first, idle time.Duration
-	sending     bool           // a request is being written; no response byte read yet
-	waiting     bool           // a request was written and no byte came back yet
-	used        bool           // a response was read on this connection before
-	d           *deferredWrite // nil where raw I/O is not available
+	sending     bool                 // a request is being written; no response byte read yet
+	waiting     bool                 // a request was written and no byte came back yet
+	used        bool                 // a response was read on this connection before
+	d           *rawio.DeferredWrite // nil where raw I/O is not available
 	laddr       upstreamAddr
 	// outer is a read deadline fasthttp set for the current request
 	// (unix nanos, 0 for none): a request with its own timeout, such as a
@@ -312,7 +313,7 @@ func (c *upstreamConn) SetReadDeadline(t time.Time) error {
 	c.outer.Store(deadlineNanos(t))
 	err := c.Conn.SetReadDeadline(t)
 	if c.d != nil {
-		c.d.pollerChanged()
+		c.d.PollerChanged()
 	}
 	return err
 }
@@ -322,16 +323,16 @@ func (c *upstreamConn) SetDeadline(t time.Time) error {
 	c.outer.Store(deadlineNanos(t))
 	err := c.Conn.SetDeadline(t)
 	if c.d != nil {
-		c.d.pollerChanged()
+		c.d.PollerChanged()
 	}
 	return err
 }
 
 // setReadDeadline sets the read deadline dl (unix nanoseconds), lazily
-// where the connection does its own I/O (see rawSocket.setReadDeadline).
+// where the connection does its own I/O (see rawio.Socket.SetReadDeadline).
 func (c *upstreamConn) setReadDeadline(dl, now int64) error {
 	if c.d != nil {
-		return c.d.setReadDeadline(dl, now)
+		return c.d.SetReadDeadline(dl, now)
 	}
 	return c.Conn.SetReadDeadline(time.Unix(0, dl))
 }
@@ -366,15 +367,25 @@ func (c *upstreamConn) Write(p []byte) (int, error) {
 		// The backend may have closed this pooled connection while it sat
 		// idle (a restart, a crash, its keep-alive timeout). Writing would
 		// look like a request lost in flight; look first.
-		if c.used && c.d != nil && c.d.peerClosed() {
+		if c.used && c.peerClosed() {
 			return 0, errStaleConn
 		}
 	}
 	c.waiting = true
 	if c.d != nil {
-		return c.d.write(p)
+		return c.d.Write(p)
 	}
 	return c.Conn.Write(p)
+}
+
+// peerClosed reports whether the backend closed this idle connection:
+// through the connection's own raw socket where it has one, with the
+// portable check otherwise.
+func (c *upstreamConn) peerClosed() bool {
+	if c.d != nil {
+		return c.d.PeerClosed()
+	}
+	return rawio.PeerClosed(c.Conn)
 }
 
 func (c *upstreamConn) Read(p []byte) (int, error) {
@@ -396,7 +407,7 @@ func (c *upstreamConn) Read(p []byte) (int, error) {
 	var n int
 	var err error
 	if c.d != nil {
-		n, err = c.d.read(p)
+		n, err = c.d.Read(p)
 	} else {
 		n, err = c.Conn.Read(p)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/warmroute/warmroute/ring"
 )
 
-// Client read deadlines reach the poller lazily (rawSocket.setReadDeadline);
+// Client read deadlines reach the poller lazily (rawio.Socket.SetReadDeadline);
 // these tests pin down that the timeouts still hold, and that a deadline
 // left behind never fails a later read.
 

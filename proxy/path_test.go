@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -221,5 +222,70 @@ func TestPooledConnectionClosedAfterProbeDeadline(t *testing.T) {
 	resp, body := post(t, h.url+"/v1/chat/completions", chatReq("hello", ""))
 	if resp.StatusCode != 200 {
 		t.Fatalf("request after the backend closed the probe's pooled connection: %d %s", resp.StatusCode, body)
+	}
+}
+
+// An upstream connection notices that the backend closed it while it sat
+// idle after a request with its own short deadline (a health probe's),
+// both through its raw socket (Linux) and through the portable check the
+// other unix systems use (run here on whatever this is): the next request
+// is not written to it, and fasthttp may send it on a new one.
+func TestStaleUpstreamAfterLapsedDeadline(t *testing.T) {
+	for _, path := range []string{"raw", "portable"} {
+		t.Run(path, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			cfg := testProxyConfig()
+			c, err := newDialer(&cfg)(ln.Addr().String(), time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			srv, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Close()
+			uc := c.(*upstreamConn)
+			switch {
+			case path == "portable":
+				uc.d = nil
+			case uc.d == nil:
+				t.Skip("no raw socket I/O on this platform")
+			}
+
+			// The probe: a request, then its own deadline for the answer
+			// (as fasthttp sets it), and the answer.
+			req := "GET /health HTTP/1.1\r\nHost: b\r\n\r\n"
+			if _, err := io.WriteString(uc, req); err != nil {
+				t.Fatal(err)
+			}
+			probeEnd := time.Now().Add(100 * time.Millisecond)
+			if err := uc.SetReadDeadline(probeEnd); err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				buf := make([]byte, len(req))
+				if _, err := io.ReadFull(srv, buf); err == nil {
+					io.WriteString(srv, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+				}
+			}()
+			if _, err := uc.Read(make([]byte, 64)); err != nil {
+				t.Fatal(err)
+			}
+
+			time.Sleep(time.Until(probeEnd) + 20*time.Millisecond) // the probe's deadline lapses
+			if uc.peerClosed() {
+				t.Fatal("an open idle connection reported closed")
+			}
+			srv.Close() // the backend goes away
+			waitFor(t, uc.peerClosed, "the check to see the closed connection")
+			if _, err := io.WriteString(uc, req); !errors.Is(err, errStaleConn) {
+				t.Fatalf("write to the closed pooled connection: %v, want errStaleConn", err)
+			}
+		})
 	}
 }
