@@ -75,14 +75,14 @@ type peer struct {
 }
 
 // leftNode is a member that said it was leaving (memberlist's graceful
-// leave), kept for LeftRetention so that RecentlyLeft can report it.
+// leave), kept for leftRetention so that RecentlyLeft can report it.
 type leftNode struct {
 	peer
 	since time.Time
 }
 
-// LeftRetention is how long RecentlyLeft reports a member after it left.
-const LeftRetention = 10 * time.Minute
+// leftRetention is how long RecentlyLeft reports a member after it left.
+const leftRetention = 10 * time.Minute
 
 type failedNode struct {
 	addr  string
@@ -320,7 +320,7 @@ func (c *Cluster) Members() []Member {
 }
 
 // RecentlyLeft returns, sorted by name, the members that left the cluster
-// gracefully (they said so before shutting down) within LeftRetention and
+// gracefully (they said so before shutting down) within leftRetention and
 // have not come back, with State "left". Members does not include them; a
 // member that crashed is not among them either.
 func (c *Cluster) RecentlyLeft() []Member {
@@ -328,7 +328,7 @@ func (c *Cluster) RecentlyLeft() []Member {
 	c.peersMu.Lock()
 	out := make([]Member, 0, len(c.left))
 	for name, l := range c.left {
-		if now.Sub(l.since) > LeftRetention {
+		if now.Sub(l.since) > leftRetention {
 			delete(c.left, name)
 			continue
 		}

@@ -14,8 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// DefaultPort is the gossip port (TCP and UDP) used when none is given.
-const DefaultPort = 7946
+// defaultPort is the gossip port (TCP and UDP) used when none is given.
+const defaultPort = 7946
 
 // Errors returned by Validate and New.
 var (
@@ -24,7 +24,6 @@ var (
 	ErrKeyLength      = errors.New("gossip: secret key must be 16, 24 or 32 bytes (AES-128/192/256)")
 	ErrMetaTooLarge   = errors.New("gossip: node metadata exceeds 512 bytes")
 	ErrInvalidConfig  = errors.New("gossip: invalid config")
-	ErrClosed         = errors.New("gossip: cluster closed")
 	ErrBadMessage     = errors.New("gossip: malformed message")
 	ErrUnknownVersion = errors.New("gossip: unknown message version")
 )
@@ -39,7 +38,7 @@ type Config struct {
 
 	// BindAddr and BindPort are where the gossip TCP and UDP listeners bind
 	// (flag --gossip-listen host:port). Default 0.0.0.0:7946. Port 0 picks a
-	// free port (tests); Cluster.LocalAddr reports it.
+	// free port (tests); Cluster.Addr reports it.
 	BindAddr string
 	BindPort int
 
@@ -145,7 +144,7 @@ func DefaultConfig() Config {
 	return Config{
 		NodeName:                host,
 		BindAddr:                "0.0.0.0",
-		BindPort:                DefaultPort,
+		BindPort:                defaultPort,
 		PublishInterval:         50 * time.Millisecond,
 		RefreshInterval:         500 * time.Millisecond,
 		ResendCount:             3,
@@ -247,7 +246,7 @@ func (c *Config) seedPort() int {
 	if c.BindPort != 0 {
 		return c.BindPort
 	}
-	return DefaultPort
+	return defaultPort
 }
 
 // isLoopback reports whether addr (an IP address or "localhost") is a

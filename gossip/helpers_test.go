@@ -146,6 +146,16 @@ func (f *fakeSource) remove(backend string) {
 	f.mu.Unlock()
 }
 
+// remoteBackends returns, sorted, the backends that have remote figures.
+func (v *View) remoteBackends() []string {
+	out := make([]string, 0, len(v.index))
+	for k := range v.index {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // waitResendsDone waits until no node has a changed figure left to
 // resend: until the next change, only refreshes send figures.
 func waitResendsDone(t *testing.T, nodes []*testNode) {

@@ -25,7 +25,7 @@ func FuzzSplitSeed(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string, defPort uint16) {
 		if defPort == 0 {
-			defPort = DefaultPort
+			defPort = defaultPort
 		}
 		host, port, err := splitSeed(s, int(defPort))
 		if err != nil {

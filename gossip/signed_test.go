@@ -297,14 +297,14 @@ func TestSignedReplay(t *testing.T) {
 		return v.RemoteInFlight("x") == 1 && len(v.Health("x").Failing) == 0
 	}, "A sees x=1")
 	// "gone" was sent as 0, then dropped; wait until it expires on A.
-	waitFor(t, 10*time.Second, func() bool { return !slices.Contains(a.c.View().RemoteBackends(), "gone") }, "gone expires on A")
+	waitFor(t, 10*time.Second, func() bool { return !slices.Contains(a.c.View().remoteBackends(), "gone") }, "gone expires on A")
 	_, staleBefore := a.c.st.counters()
 	sendRaw(t, a.c.Addr(), old...)
 	waitFor(t, 10*time.Second, func() bool { _, s := a.c.st.counters(); return s >= staleBefore+uint64(len(old)) },
 		"A refuses %d replayed packets as stale", len(old))
 	v := a.c.View()
-	if v.RemoteInFlight("x") != 1 || len(v.Health("x").Failing) != 0 || slices.Contains(v.RemoteBackends(), "gone") {
-		t.Fatalf("replay changed A's view: x=%d health %+v backends %v", v.RemoteInFlight("x"), v.Health("x"), v.RemoteBackends())
+	if v.RemoteInFlight("x") != 1 || len(v.Health("x").Failing) != 0 || slices.Contains(v.remoteBackends(), "gone") {
+		t.Fatalf("replay changed A's view: x=%d health %+v backends %v", v.RemoteInFlight("x"), v.Health("x"), v.remoteBackends())
 	}
 	if n := rejected(a.c, rejBadSignature); n != 0 {
 		t.Fatalf("%d replayed packets reached the signature check", n)
@@ -350,7 +350,7 @@ func TestRangesDropped(t *testing.T) {
 			}, "A sees the figures in range")
 			waitRejected(t, a.c, rejRange, before, 4)
 			v := a.c.View()
-			if got := v.RemoteBackends(); !slices.Equal(got, []string{"ok"}) {
+			if got := v.remoteBackends(); !slices.Equal(got, []string{"ok"}) {
 				t.Fatalf("remote backends %v", got)
 			}
 			for _, id := range []string{"kv", "wait"} {
@@ -366,7 +366,7 @@ func TestStateRanges(t *testing.T) {
 	now := time.Now()
 	s := selfState("a")
 	mustHandle(t, s, publishMsg("a", 1, 1, map[string]int64{"ok": MaxInFlight, "neg": -5, "big": MaxInFlight + 1}), now)
-	if got := s.build(nil).RemoteBackends(); !slices.Equal(got, []string{"ok"}) {
+	if got := s.build(nil).remoteBackends(); !slices.Equal(got, []string{"ok"}) {
 		t.Fatalf("backends %v", got)
 	}
 	if n := s.rej[rejRange].Load(); n != 2 {

@@ -28,8 +28,8 @@ func TestStateSumsAndOrdering(t *testing.T) {
 	if got, y := remote(s, "x"), remote(s, "y"); got != 4 || y != 0 {
 		t.Fatalf("after leave x=%d y=%d, want 4 0", got, y)
 	}
-	if v := s.build(nil); len(v.RemoteBackends()) != 1 {
-		t.Fatalf("backends %v", v.RemoteBackends())
+	if v := s.build(nil); len(v.remoteBackends()) != 1 {
+		t.Fatalf("backends %v", v.remoteBackends())
 	}
 	checkSums(t, s)
 }
@@ -149,7 +149,7 @@ func TestStateBuildOnlyOnChange(t *testing.T) {
 	}
 	mustHandle(t, s, publishMsg("a", 1, 1, map[string]int64{"x": 3}), now)
 	v2 := s.build(v1)
-	if v2 == nil || v2.Version() != v1.Version()+1 || v2.RemoteInFlight("x") != 3 {
+	if v2 == nil || v2.version != v1.version+1 || v2.RemoteInFlight("x") != 3 {
 		t.Fatalf("v2 = %+v", v2)
 	}
 	// The same figure again (a refresh) changes nothing.
@@ -181,7 +181,7 @@ func TestStateViewsSurviveBackendChurn(t *testing.T) {
 			t.Errorf("new view: %s = %d, want %d", b, got, want)
 		}
 	}
-	if got := v2.RemoteBackends(); len(got) != 2 || got[0] != "w" || got[1] != "x" {
+	if got := v2.remoteBackends(); len(got) != 2 || got[0] != "w" || got[1] != "x" {
 		t.Errorf("backends %v", got)
 	}
 	if len(s.slots) != 2 {

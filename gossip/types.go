@@ -23,8 +23,11 @@ type BackendLoad struct {
 // EngineStats is what a backend's inference engine reports about itself,
 // as scraped from its Prometheus metrics by the node that owns the
 // backend. Known says which of the figures the engine exports (TGI, for
-// example, has no KV-cache figure); an unknown figure is zero. The layout
-// matches proxy/engine.Stats so one converts to the other directly.
+// example, has no KV-cache figure); an unknown figure is zero. Its fields
+// and the Engine* bits of Known mirror proxy/engine.Stats and its Known*
+// bits, which gossip does not import: the node copies a scrape into an
+// EngineStats field by field (node/loadshare.go, toGossip), so a figure
+// added to one type must be added to the other and to that copy.
 type EngineStats struct {
 	KVUsage       float64 // KV-cache blocks in use, 0..1
 	Running       float64 // requests being processed

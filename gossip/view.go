@@ -29,9 +29,6 @@ type BackendHealth struct {
 	Failing []string
 }
 
-// Version increases with every new View of one Cluster.
-func (v *View) Version() uint64 { return v.version }
-
 // RemoteInFlight is the sum of the latest unexpired in-flight figures for
 // backend from every other live node. Global in-flight is the local count
 // plus this.
@@ -48,16 +45,6 @@ func (v *View) Health(backend string) BackendHealth { return v.health[backend] }
 // HealthVersion changes whenever any node's view of any backend's health
 // changes, or a node starts or stops reporting on a backend.
 func (v *View) HealthVersion() uint64 { return v.healthVersion }
-
-// RemoteBackends returns, sorted, the backends that have remote figures.
-func (v *View) RemoteBackends() []string {
-	out := make([]string, 0, len(v.index))
-	for k := range v.index {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
-}
 
 // Engine returns the freshest unexpired engine metrics for backend,
 // whichever node scraped them (this one included).

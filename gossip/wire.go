@@ -125,7 +125,8 @@ const (
 	maxAge = time.Hour
 )
 
-// Engine metric bits in EngineStats.Known.
+// Engine metric bits in EngineStats.Known (the values of
+// proxy/engine's Known* bits, which the node copies unchanged).
 const (
 	EngineKVUsage uint8 = 1 << iota
 	EngineRunning

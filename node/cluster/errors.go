@@ -23,6 +23,9 @@ var (
 	ErrInvalidConfig = errors.New("cluster: invalid config")
 	// ErrDataDir: the data directory holds another node's Raft state.
 	ErrDataDir = errors.New("cluster: data directory belongs to another node")
+	// ErrForeignData: this node's data directory holds another cluster's
+	// state than the routers it joined (see Cluster.Fatal).
+	ErrForeignData = errors.New("cluster: the data directory belongs to another cluster")
 	// ErrClosed: the Cluster was closed.
 	ErrClosed = errors.New("cluster: closed")
 	// ErrHalted: this node stopped applying the Raft log (see

@@ -153,7 +153,7 @@ func (c *Cluster) establish(ctx context.Context) error {
 	switch st := c.fsm.load().state; {
 	case !st.Seeded:
 		cmd := Seed(c.cfg.SeedBackends, c.cfg.SeedRouting)
-		if cmd.ClusterID = c.ClusterID(); cmd.ClusterID == "" {
+		if cmd.ClusterID = c.currentClusterID(); cmd.ClusterID == "" {
 			cmd.ClusterID = newClusterID()
 		}
 		if _, err := c.write(ctx, cmd); err != nil {
@@ -162,7 +162,7 @@ func (c *Cluster) establish(ctx context.Context) error {
 		c.log.Info("state seeded", "backends", len(c.cfg.SeedBackends), "cluster_id", cmd.ClusterID)
 	case st.ClusterID == "":
 		// Seeded before cluster IDs existed.
-		id := c.ClusterID()
+		id := c.currentClusterID()
 		if id == "" {
 			id = newClusterID()
 		}

@@ -262,8 +262,8 @@ func (s *tcpStream) expectAt(addr string) func(string) error {
 	}
 }
 
-// ErrForeignCluster: the peer's data belong to another cluster.
-var ErrForeignCluster = errors.New("cluster: the peer belongs to another cluster")
+// errForeignCluster: the peer's data belong to another cluster.
+var errForeignCluster = errors.New("cluster: the peer belongs to another cluster")
 
 // dial connects, runs TLS (checking the peer's name with expect) and the
 // preamble in mode, all within timeout.
@@ -304,7 +304,7 @@ func (s *tcpStream) dial(addr string, timeout time.Duration, mode byte, expect f
 	foreign := status == statusForeign || !sameCluster(ours, theirs)
 	s.cfg.peer(name, addr, theirs, foreign, true)
 	if foreign {
-		return nil, fmt.Errorf("%w: %s (%s) holds cluster %s, this router's data belong to cluster %s", ErrForeignCluster, addr, name, theirs, ours)
+		return nil, fmt.Errorf("%w: %s (%s) holds cluster %s, this router's data belong to cluster %s", errForeignCluster, addr, name, theirs, ours)
 	}
 	_ = c.SetDeadline(time.Time{})
 	ok = true
@@ -474,7 +474,7 @@ func (c *Cluster) tcpTransport(hl hclog.Logger) (*raft.NetworkTransport, *tcpStr
 	}
 	s := newStream(ln, adv, streamConfig{
 		identity:         c.cfg.Identity,
-		clusterID:        c.ClusterID,
+		clusterID:        c.currentClusterID,
 		expect:           c.expectedAt,
 		peer:             c.notePeer,
 		maxConns:         c.cfg.RaftMaxConns,

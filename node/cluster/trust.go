@@ -21,10 +21,6 @@ import (
 // transport knows it before the log is replayed.
 const clusterIDFile = "cluster-id"
 
-// ErrForeignData: this node's data directory holds another cluster's
-// state than the routers it joined.
-var ErrForeignData = errors.New("cluster: the data directory belongs to another cluster")
-
 // newClusterID returns a random cluster ID: 32 lowercase hex digits.
 func newClusterID() string {
 	var b [16]byte
@@ -32,9 +28,10 @@ func newClusterID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// ClusterID is the ID of the cluster this node's data belong to, or ""
-// before it learnt one (a new node that has not applied the seed yet).
-func (c *Cluster) ClusterID() string {
+// currentClusterID is the ID of the cluster this node's data belong to,
+// or "" before it learnt one (a new node that has not applied the seed
+// yet).
+func (c *Cluster) currentClusterID() string {
 	c.trustMu.Lock()
 	defer c.trustMu.Unlock()
 	return c.clusterID
@@ -144,7 +141,7 @@ const tallyWindow = 2 * time.Minute
 func (c *Cluster) notePeer(name, addr, clusterID string, foreign, dialed bool) {
 	if foreign {
 		c.met.raftForeign.Inc()
-		c.log.Error("a router of another cluster", "peer", name, "addr", addr, "peer_cluster", clusterID, "cluster", c.ClusterID())
+		c.log.Error("a router of another cluster", "peer", name, "addr", addr, "peer_cluster", clusterID, "cluster", c.currentClusterID())
 	}
 	key := name
 	if key == "" {

@@ -70,7 +70,7 @@ func TestTCPMutualTLS(t *testing.T) {
 		t.Fatalf("cluster ID %q", st.ClusterID)
 	}
 	for _, n := range nodes {
-		if got := n.c.ClusterID(); got != st.ClusterID {
+		if got := n.c.currentClusterID(); got != st.ClusterID {
 			t.Fatalf("%s: cluster ID %q, state %q", n.id, got, st.ClusterID)
 		}
 	}
