@@ -212,7 +212,7 @@ func (n *Node) applyView() {
 	r, _ := n.proxy.Ring()
 	for _, b := range r.Backends() {
 		es, _ := v.Engine(b.ID)
-		n.proxy.SetRemote(b.ID, v.RemoteInFlight(b.ID), es.OK && es.Known&gossip.EngineWaiting != 0 && es.Waiting > 0)
+		n.proxy.SetRemote(b.ID, v.RemoteInFlight(b.ID), es.Has(gossip.EngineWaiting) && es.Waiting > 0)
 	}
 }
 

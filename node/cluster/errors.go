@@ -28,6 +28,10 @@ var (
 	ErrForeignData = errors.New("cluster: the data directory belongs to another cluster")
 	// ErrClosed: the Cluster was closed.
 	ErrClosed = errors.New("cluster: closed")
+	// ErrCorrupt: a log entry fails its checksum or does not decode. The
+	// entry was committed, so the other nodes applied their own copy of
+	// it: this node's copy is damaged.
+	ErrCorrupt = errors.New("cluster: corrupt log entry")
 	// ErrHalted: this node stopped applying the Raft log (see
 	// Cluster.Halted).
 	ErrHalted = errors.New("cluster: state machine halted")

@@ -3,7 +3,6 @@ package cluster
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"net/url"
@@ -206,11 +205,6 @@ const (
 	sumLen    = 16
 	sumEnd    = len(sumPrefix) + sumLen // index of the '"' closing the sum
 )
-
-// ErrCorrupt: a log entry fails its checksum or does not decode. The
-// entry was committed, so the other nodes applied their own copy of it:
-// this node's copy is damaged.
-var ErrCorrupt = errors.New("cluster: corrupt log entry")
 
 func encodeCommand(c Command) ([]byte, error) {
 	body, err := json.Marshal(c)
