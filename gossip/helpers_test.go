@@ -2,7 +2,6 @@ package gossip
 
 import (
 	"bytes"
-	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"log/slog"
@@ -220,15 +219,7 @@ func (ca *testCA) bundle(t testing.TB, name string) *identity.Bundle {
 
 func (ca *testCA) bundleFor(t testing.TB, name string, validity time.Duration) *identity.Bundle {
 	t.Helper()
-	certPEM, keyPEM, err := ca.ca.Issue(identity.Request{Name: name, Validity: validity})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := identity.NewBundle(cert, ca.pool)
+	b, err := ca.ca.Bundle(identity.Request{Name: name, Validity: validity})
 	if err != nil {
 		t.Fatal(err)
 	}

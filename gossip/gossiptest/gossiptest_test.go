@@ -1,7 +1,6 @@
 package gossiptest_test
 
 import (
-	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"sync"
@@ -102,15 +101,7 @@ func newCA(t *testing.T) *testCA {
 }
 
 func (ca *testCA) bundle(t *testing.T, name string) *identity.Bundle {
-	certPEM, keyPEM, err := ca.ca.Issue(identity.Request{Name: name, Validity: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := identity.NewBundle(cert, ca.pool)
+	b, err := ca.ca.Bundle(identity.Request{Name: name, Validity: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -22,17 +21,7 @@ import (
 // testIdentity issues a router certificate for name from ca.
 func testIdentity(t testing.TB, ca *identity.CA, name string) *identity.Bundle {
 	t.Helper()
-	certPEM, keyPEM, err := ca.Issue(identity.Request{Name: name, Validity: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AddCert(ca.Cert)
-	b, err := identity.NewBundle(cert, roots)
+	b, err := ca.Bundle(identity.Request{Name: name, Validity: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

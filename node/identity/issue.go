@@ -6,6 +6,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -206,4 +207,21 @@ func keyID(pub crypto.PublicKey) []byte {
 	}
 	h := sha256.Sum256(b)
 	return h[:20]
+}
+
+// Bundle issues a router certificate (as Issue) and returns it as a
+// Bundle that trusts this CA alone: for tests and tools that run routers
+// of their own.
+func (ca *CA) Bundle(r Request) (*Bundle, error) {
+	certPEM, keyPEM, err := ca.Issue(r)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	return NewBundle(cert, roots)
 }
