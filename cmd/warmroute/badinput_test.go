@@ -8,71 +8,19 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/loadtest/proc"
 )
 
 // The bad-input matrix and the limits, end to end: the real binary in front
 // of real gpusim instances (`warmroute gpusim`), spoken to over raw
 // sockets so that every byte on the wire is the test's. docs/hardening.md
 // holds the same matrix as a table.
-
-// gpusimModel is the model gpusim serves by default.
-const gpusimModel = "meta-llama/Llama-3.1-70B-Instruct"
-
-// startGpusim runs `warmroute gpusim` on a free loopback port, fast (time
-// scale 0.01), and returns its base URL.
-func startGpusim(t *testing.T, extra ...string) string {
-	t.Helper()
-	args := append([]string{"gpusim", "--listen", "127.0.0.1:0", "--time-scale", "0.01"}, extra...)
-	cmd := exec.Command(binPath, args...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = io.Discard
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	urlc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		re := regexp.MustCompile(`at (http://\S+)`)
-		for sc.Scan() {
-			if m := re.FindStringSubmatch(sc.Text()); m != nil {
-				select {
-				case urlc <- m[1]:
-				default:
-				}
-			}
-		}
-	}()
-	select {
-	case u := <-urlc:
-		return u
-	case <-time.After(15 * time.Second):
-		t.Fatal("gpusim did not start")
-	}
-	return ""
-}
 
 // exchange is one raw HTTP exchange's outcome.
 type exchange struct {
@@ -195,41 +143,14 @@ func chatJSON(model, content string) []byte {
 	return b
 }
 
-// metric reads one unlabelled sample from the router's admin /metrics.
+// metric reads one sample from the router's admin /metrics.
 func metric(t *testing.T, r *router, name string) float64 {
 	t.Helper()
-	resp, err := http.Get(r.admin + "/metrics")
+	v, err := adminMetric(http.DefaultClient, r.admin, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == name {
-			v, _ := strconv.ParseFloat(f[1], 64)
-			return v
-		}
-	}
-	t.Fatalf("no %s in /metrics", name)
-	return 0
-}
-
-// waitGoroutines polls the router's go_goroutines until it is at most
-// want, and fails after a generous deadline.
-func waitGoroutines(t *testing.T, r *router, want float64) float64 {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		n := metric(t, r, "go_goroutines")
-		if n <= want {
-			return n
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("router goroutines %v, want at most %v (a leak)", n, want)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return v
 }
 
 // secret is sent inside malformed requests; it must never appear in the
@@ -312,11 +233,17 @@ func TestE2EBadInputMatrix(t *testing.T) {
 	// after startRouter's, which waits for the process and its output.
 	var r *router
 	t.Cleanup(func() {
-		if r != nil && strings.Contains(r.logs.String(), secret) {
-			t.Errorf("request bytes reached the router's logs:\n%s", r.logs.String())
+		if r == nil {
+			return
+		}
+		if n := r.Output().Dropped(); n > 0 {
+			t.Errorf("%d bytes of the router's logs were not kept, so not searched", n)
+		}
+		if strings.Contains(r.Logs(), secret) {
+			t.Errorf("request bytes reached the router's logs:\n%s", r.Logs())
 		}
 	})
-	r = startRouter(t, []string{be})
+	r = startRouter(t, proc.ServeArgs{Backends: []string{be}})
 	addr := strings.TrimPrefix(r.url, "http://")
 	ok := chatJSON(gpusimModel, "warm up")
 	if ex := rawDo(t, addr, httpReq("POST", "/v1/chat/completions", nil, ok), 1, "POST"); ex.status() != 200 {
@@ -366,7 +293,13 @@ func TestE2EBadInputMatrix(t *testing.T) {
 	if ex := rawDo(t, addr, httpReq("POST", "/v1/chat/completions", nil, ok), 1, "POST"); ex.status() != 200 {
 		t.Fatalf("after the matrix: %d %v", ex.status(), ex.err)
 	}
-	n := waitGoroutines(t, r, base+2)
+	var n float64
+	if _, err := pollUntil(20*time.Second, func() (bool, error) {
+		n = metric(t, r, "go_goroutines")
+		return n <= base+2, nil
+	}); err != nil {
+		t.Fatalf("router goroutines %v, want at most %v (a leak): %v", n, base+2, err)
+	}
 	t.Logf("router goroutines: %v before the matrix, %v after", base, n)
 }
 
@@ -413,7 +346,7 @@ func readAnswer(c net.Conn) (<-chan struct{}, *exchange) {
 func TestE2ESlowClientsCut(t *testing.T) {
 	needBinary(t)
 	e := newEngine(t, 0, 0, 1)
-	r := startRouter(t, []string{e.srv.URL}, "--read-timeout", "1s", "--idle-timeout", "1s")
+	r := startRouter(t, proc.ServeArgs{Backends: []string{e.srv.URL}, ReadTimeout: time.Second, IdleTimeout: time.Second})
 	addr := strings.TrimPrefix(r.url, "http://")
 	body := []byte(chatBody("slow", false))
 	head := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", len(body))
@@ -466,16 +399,14 @@ func TestE2ESlowClientsCut(t *testing.T) {
 func TestE2EMaxConns(t *testing.T) {
 	needBinary(t)
 	e := newEngine(t, 0, 0, 1)
-	r := startRouter(t, []string{e.srv.URL}, "--max-conns", "3")
+	r := startRouter(t, proc.ServeArgs{Backends: []string{e.srv.URL}, MaxConns: 3})
 	addr := strings.TrimPrefix(r.url, "http://")
-	// The readiness checks' keep-alive connection counts too: close it.
-	http.DefaultClient.CloseIdleConnections()
-	deadline := time.Now().Add(10 * time.Second)
-	for metric(t, r, "warmroute_client_connections") != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("client connections still open")
-		}
-		time.Sleep(10 * time.Millisecond)
+	// The readiness checks' connections count until the router sees them
+	// closed.
+	if _, err := pollUntil(10*time.Second, func() (bool, error) {
+		return metric(t, r, "warmroute_client_connections") == 0, nil
+	}); err != nil {
+		t.Fatalf("client connections still open: %v", err)
 	}
 	req := httpReq("POST", "/v1/chat/completions", nil, []byte(chatBody("x", false)))
 	var held []net.Conn
@@ -545,7 +476,7 @@ func blackhole(t *testing.T) string {
 func TestE2EUpstreamLimits(t *testing.T) {
 	needBinary(t)
 	t.Run("connect timeout", func(t *testing.T) {
-		r := startRouterNoWait(t, []string{"http://" + blackhole(t)}, "--connect-timeout", "200ms", "--probe-path", "")
+		r := startRouterNoWait(t, proc.ServeArgs{Backends: []string{"http://" + blackhole(t)}, ConnectTimeout: 200 * time.Millisecond, NoProbes: true})
 		start := time.Now()
 		resp, b := postChat(t, r.url, chatBody("x", false))
 		// The default connect timeout is 2 s: well above what is allowed.
@@ -558,7 +489,7 @@ func TestE2EUpstreamLimits(t *testing.T) {
 		h := make(chan struct{})
 		e.hold.Store(&h)
 		defer close(h)
-		r := startRouter(t, []string{e.srv.URL}, "--first-byte-timeout", "300ms")
+		r := startRouter(t, proc.ServeArgs{Backends: []string{e.srv.URL}, FirstByteTimeout: 300 * time.Millisecond})
 		resp, b := postChat(t, r.url, chatBody("x", false))
 		if resp.StatusCode != 504 || !strings.Contains(string(b), "upstream_timeout") {
 			t.Fatalf("%d %s", resp.StatusCode, b)
@@ -566,7 +497,7 @@ func TestE2EUpstreamLimits(t *testing.T) {
 	})
 	t.Run("stream idle timeout", func(t *testing.T) {
 		e := newEngine(t, 0, 5*time.Second, 3)
-		r := startRouter(t, []string{e.srv.URL}, "--stream-idle-timeout", "300ms")
+		r := startRouter(t, proc.ServeArgs{Backends: []string{e.srv.URL}, StreamIdleTimeout: 300 * time.Millisecond})
 		start := time.Now()
 		resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("s", true)))
 		if err != nil {
@@ -581,19 +512,13 @@ func TestE2EUpstreamLimits(t *testing.T) {
 			time.Since(start) > 4*time.Second {
 			t.Fatalf("%d %q %v after %v", resp.StatusCode, b, err, time.Since(start))
 		}
-		deadline := time.Now().Add(10 * time.Second)
-		for e.aborted.Load() == 0 && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if e.aborted.Load() == 0 {
-			t.Fatal("the engine was not told the stream was cut")
-		}
+		waitAborted(t, e, "the engine was not told the stream was cut")
 	})
 	t.Run("connections per backend", func(t *testing.T) {
 		e := newEngine(t, 0, 0, 1)
 		h := make(chan struct{})
 		e.hold.Store(&h)
-		r := startRouter(t, []string{e.srv.URL}, "--max-conns-per-backend", "1", "--max-conn-wait", "300ms")
+		r := startRouter(t, proc.ServeArgs{Backends: []string{e.srv.URL}, MaxConnsPerBackend: 1, MaxConnWait: 300 * time.Millisecond})
 		heldDone := make(chan struct{})
 		go func() {
 			defer close(heldDone)
@@ -603,10 +528,7 @@ func TestE2EUpstreamLimits(t *testing.T) {
 			}
 		}()
 		defer func() { close(h); <-heldDone }()
-		deadline := time.Now().Add(10 * time.Second)
-		for e.cur.Load() == 0 && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
+		waitHeld(t, []*sseEngine{e}, 1)
 		start := time.Now()
 		resp, b := postChat(t, r.url, chatBody("b", false))
 		if took := time.Since(start); resp.StatusCode != 503 || !strings.Contains(string(b), "backends_saturated") || took < 300*time.Millisecond {
@@ -626,89 +548,19 @@ func postChat(t *testing.T, url, body string) (*http.Response, []byte) {
 	return resp, b
 }
 
-// startRouterNoWait is startRouter for a router that cannot become ready
-// (its backends are unreachable): it waits for /healthz and a ring with
-// the first backend in it instead.
-func startRouterNoWait(t *testing.T, backends []string, extra ...string) *router {
-	t.Helper()
-	return launchRouter(t, freeAddr(t), backends, func(r *router) bool {
-		resp, err := http.Get(r.url + "/healthz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return statusContains(r, strings.TrimPrefix(backends[0], "http://"))
-	}, extra...)
-}
-
-// statusContains reports whether the router's /status mentions s.
-func statusContains(r *router, s string) bool {
-	resp, err := http.Get(r.admin + "/status")
-	if err != nil {
-		return false
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	return strings.Contains(string(b), s)
-}
-
-// launchRouter runs `warmroute serve` listening on listen and polls up
-// until it holds. The router is stopped with SIGTERM at the end of the
-// test.
-func launchRouter(t *testing.T, listen string, backends []string, up func(*router) bool, extra ...string) *router {
-	t.Helper()
-	admin := freeAddr(t)
-	args := append([]string{"serve", "--listen", listen, "--admin-listen", admin,
-		"--backends", strings.Join(backends, ","), "--shutdown-timeout", "2s"}, extra...)
-	cmd := exec.Command(binPath, args...)
-	logs := &strings.Builder{}
-	var mu sync.Mutex
-	cmd.Stderr = writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return logs.Write(p) })
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	r := &router{url: "http://" + listen, admin: "http://" + admin, cmd: cmd, logs: logs}
-	deadline := time.Now().Add(15 * time.Second)
-	for !up(r) {
-		if time.Now().After(deadline) {
-			mu.Lock()
-			t.Fatalf("router not up\n%s", logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return r
-}
-
 // A client that stops reading a stream is cut at --write-timeout and the
 // engine is told.
 func TestE2EClientStopsReading(t *testing.T) {
 	needBinary(t)
 	e := newEngine(t, 0, 0, 1<<30)
-	r := startRouter(t, []string{e.srv.URL}, "--write-timeout", "500ms")
+	r := startRouter(t, proc.ServeArgs{Backends: []string{e.srv.URL}, WriteTimeout: 500 * time.Millisecond})
 	c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	c.Write(httpReq("POST", "/v1/chat/completions", nil, []byte(chatBody("s", true))))
-	deadline := time.Now().Add(30 * time.Second)
-	for e.aborted.Load() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the engine still streams to a client that stopped reading")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitAborted(t, e, "the engine still streams to a client that stopped reading")
 }
 
 // Two tenants with the same prompt get different routing keys, whether the
@@ -717,7 +569,7 @@ func TestE2EClientStopsReading(t *testing.T) {
 func TestE2ETenantsRoutedIndependently(t *testing.T) {
 	needBinary(t)
 	be := startGpusim(t)
-	r := startRouter(t, []string{be})
+	r := startRouter(t, proc.ServeArgs{Backends: []string{be}})
 	prompt := strings.Repeat("The same long system prompt for every tenant. ", 50)
 	explain := func(body, tenant string) string {
 		t.Helper()

@@ -9,15 +9,14 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/http"
-	"os/exec"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/loadtest/proc"
 )
 
 // The cluster tests run three (or four) `warmroute serve` processes that
@@ -28,133 +27,6 @@ import (
 // soon a late joiner converges, and that every router routes every prompt
 // alike. The figures are in docs/gossip.md ("Real processes") and
 // docs/cluster.md. They are skipped under -short.
-
-// lockedBuf collects a process's output; it may be read while written.
-type lockedBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// proc is a clustered router process the test may SIGKILL.
-type rproc struct {
-	name, url, admin, gossip string
-	cmd                      *exec.Cmd
-	logs                     *lockedBuf
-	started                  time.Time
-	exited                   chan struct{} // closed when the process is gone
-	exitErr                  error         // set before exited is closed
-	stopped                  bool          // killed on purpose
-}
-
-// spawnRouter starts `warmroute serve` in cluster mode without waiting for
-// it. It is stopped with SIGTERM at the end of the test unless killed.
-func spawnRouter(t *testing.T, name string, backends []string, extra ...string) *rproc {
-	t.Helper()
-	listen, admin := freeAddr(t), freeAddr(t)
-	p := &rproc{name: name, url: "http://" + listen, admin: "http://" + admin, gossip: freeAddr(t),
-		logs: &lockedBuf{}, exited: make(chan struct{})}
-	args := append([]string{"serve", "--listen", listen, "--admin-listen", admin,
-		"--backends", strings.Join(backends, ","), "--probe-interval", "100ms", "--shutdown-timeout", "2s",
-		"--node-name", name, "--gossip-listen", p.gossip, "--raft-listen", freeAddr(t),
-		"--raft-timeout", "200ms", "--data-dir", t.TempDir(),
-		// The stub engines export no metrics; a scrape would be held like
-		// a request and counted in their concurrency.
-		"--engine-metrics-path", ""}, extra...)
-	p.cmd = exec.Command(binPath, args...)
-	p.cmd.Stderr = p.logs
-	p.started = time.Now()
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		p.exitErr = p.cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		if p.stopped {
-			return
-		}
-		select {
-		case <-p.exited:
-			t.Errorf("router %s exited early with %v\n%s", name, p.exitErr, p.logs)
-			return
-		default:
-		}
-		p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.exited:
-			if p.exitErr != nil {
-				t.Errorf("router %s exited with %v\n%s", name, p.exitErr, p.logs)
-			}
-		case <-time.After(10 * time.Second):
-			p.cmd.Process.Kill()
-			<-p.exited
-			t.Errorf("router %s did not stop on SIGTERM\n%s", name, p.logs)
-		}
-	})
-	return p
-}
-
-// kill SIGKILLs the router: no goodbye, no graceful leave.
-func (p *rproc) kill() {
-	p.stopped = true
-	p.cmd.Process.Kill()
-	<-p.exited
-}
-
-// portTaken reports whether the router exited because a port freeAddr
-// chose was taken meanwhile (other tests on the machine bind ports too;
-// gossip also needs the UDP port that freeAddr did not check).
-func (p *rproc) portTaken() bool {
-	select {
-	case <-p.exited:
-		return strings.Contains(p.logs.String(), "address already in use")
-	default:
-		return false
-	}
-}
-
-// errExited stops pollUntil: the router polled is gone.
-var errExited = errors.New("router exited")
-
-func (p *rproc) checkAlive() error {
-	select {
-	case <-p.exited:
-		return fmt.Errorf("%w: %s: %v\n%s", errExited, p.name, p.exitErr, p.logs)
-	default:
-		return nil
-	}
-}
-
-func waitReady(p *rproc) error {
-	_, err := pollUntil(15*time.Second, func() (bool, error) {
-		if err := p.checkAlive(); err != nil {
-			return false, err
-		}
-		resp, err := http.Get(p.url + "/readyz")
-		if err != nil {
-			return false, err
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200, nil
-	})
-	if err != nil {
-		return fmt.Errorf("router %s not ready: %w\n%s", p.name, err, p.logs)
-	}
-	return nil
-}
 
 func needCluster(t *testing.T) {
 	t.Helper()
@@ -202,54 +74,55 @@ func memberNames(d clusterDoc) []string {
 // startProcCluster starts n routers that bootstrap Raft together
 // (--bootstrap-expect n) and waits until every one is ready, sees all n
 // members and routes on the same agreed epoch under one leader.
-func startProcCluster(t *testing.T, backends []string, n int) []*rproc {
+func startProcCluster(t *testing.T, backends []string, n int) []*router {
 	t.Helper()
-	var ps []*rproc
+	var ps []*router
 	for attempt := 1; ; attempt++ {
 		ps = nil
 		for i := 0; i < n; i++ {
-			extra := []string{"--bootstrap-expect", strconv.Itoa(n)}
+			a := proc.ServeArgs{NodeName: fmt.Sprintf("r%d", i), Backends: backends, BootstrapExpect: n}
 			if i > 0 {
-				extra = append(extra, "--join", ps[0].gossip)
+				a.Join = []string{ps[0].gossip}
 			}
-			ps = append(ps, spawnRouter(t, fmt.Sprintf("r%d", i), backends, extra...))
+			ps = append(ps, spawnRouter(t, a))
 		}
 		var errs []error
 		for _, p := range ps {
-			errs = append(errs, waitReady(p))
+			errs = append(errs, p.waitReady())
 		}
 		err := errors.Join(errs...)
 		if err == nil {
 			break
 		}
-		if attempt == 3 || !slices.ContainsFunc(ps, (*rproc).portTaken) {
+		if attempt == 3 || !slices.ContainsFunc(ps, (*router).portTaken) {
 			t.Fatal(err)
 		}
 		t.Logf("a port was taken meanwhile; starting the cluster again: %v", err)
 		for _, p := range ps {
-			p.kill()
+			p.Kill()
 		}
 	}
-	c := &http.Client{Timeout: 5 * time.Second}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		leaders, epochs, sizes := map[string]bool{}, map[uint64]bool{}, map[int]bool{}
+	waitAgreed(t, &http.Client{Timeout: 5 * time.Second}, ps, 30*time.Second)
+	return ps
+}
+
+// waitAgreed waits until every router lists all of them as members and
+// they route on the same agreed epoch under one leader.
+func waitAgreed(t *testing.T, c *http.Client, ps []*router, limit time.Duration) {
+	t.Helper()
+	var leaders, epochs, sizes map[any]bool
+	if _, err := pollUntil(limit, func() (bool, error) {
+		leaders, epochs, sizes = map[any]bool{}, map[any]bool{}, map[any]bool{}
 		for _, p := range ps {
 			var d clusterDoc
 			if err := getJSON(c, p.admin+"/v1/cluster", &d); err != nil {
-				continue
+				return false, err
 			}
-			leaders[d.Raft.LeaderID] = true
-			epochs[d.Epoch] = true
-			sizes[len(d.Members)] = true
+			leaders[d.Raft.LeaderID], epochs[d.Epoch], sizes[len(d.Members)] = true, true, true
 		}
-		if len(leaders) == 1 && !leaders[""] && len(epochs) == 1 && !epochs[0] && len(sizes) == 1 && sizes[n] {
-			return ps
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no agreed leader and epoch: leaders %v epochs %v member counts %v\n%s", leaders, epochs, sizes, ps[0].logs)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return len(leaders) == 1 && !leaders[""] && len(epochs) == 1 && !epochs[uint64(0)] && len(sizes) == 1 && sizes[len(ps)], nil
+	}); err != nil {
+		t.Fatalf("no agreed leader and epoch: leaders %v epochs %v member counts %v: %v\n%s", leaders, epochs, sizes, err, ps[0].Logs())
 	}
 }
 
@@ -289,12 +162,8 @@ func heldCount(es []*sseEngine) int64 {
 
 func waitHeld(t *testing.T, es []*sseEngine, n int64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for heldCount(es) != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("engines hold %d requests, want %d", heldCount(es), n)
-		}
-		time.Sleep(2 * time.Millisecond)
+	if _, err := pollUntil(10*time.Second, func() (bool, error) { return heldCount(es) == n, nil }); err != nil {
+		t.Fatalf("engines hold %d requests, want %d: %v", heldCount(es), n, err)
 	}
 }
 
@@ -358,7 +227,7 @@ func addLoads(ls ...loads) loads {
 // GET /status: the counts its proxy routes on. (GET /v1/backends lists the
 // agreed backends, which a router that just joined does not have until
 // Raft has replicated them to it, although it routes and counts already.)
-func liveLoads(c *http.Client, p *rproc) (own, remote loads, err error) {
+func liveLoads(c *http.Client, p *router) (own, remote loads, err error) {
 	var doc struct {
 		Backends []struct {
 			ID             string `json:"id"`
@@ -378,7 +247,7 @@ func liveLoads(c *http.Client, p *rproc) (own, remote loads, err error) {
 
 // remoteOf reads one backend's remote in-flight on a router from
 // GET /v1/backends/{id} ("live.remote_in_flight").
-func remoteOf(c *http.Client, p *rproc, id string) (int64, error) {
+func remoteOf(c *http.Client, p *router, id string) (int64, error) {
 	var doc struct {
 		Backend struct {
 			Live *struct {
@@ -395,31 +264,6 @@ func remoteOf(c *http.Client, p *rproc, id string) (int64, error) {
 	return doc.Backend.Live.RemoteInFlight, nil
 }
 
-// pollUntil calls cond every 2 ms until it holds and returns the time it
-// took (measured after the answer that satisfied it, so a figure is never
-// flattered by the polling). It fails after limit.
-func pollUntil(limit time.Duration, cond func() (bool, error)) (time.Duration, error) {
-	start := time.Now()
-	var lastErr error
-	for {
-		ok, err := cond()
-		d := time.Since(start)
-		if ok && err == nil {
-			return d, nil
-		}
-		if errors.Is(err, errExited) {
-			return d, err
-		}
-		if err != nil {
-			lastErr = err
-		}
-		if d > limit {
-			return d, fmt.Errorf("not within %v (last error: %v)", limit, lastErr)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // explained is the part of a /debug/route answer the tests compare.
 type explained struct {
 	Node    string `json:"node"`
@@ -428,7 +272,7 @@ type explained struct {
 	Reason  string `json:"reason"`
 }
 
-func explain(c *http.Client, p *rproc, body []byte) (explained, error) {
+func explain(c *http.Client, p *router, body []byte) (explained, error) {
 	resp, err := c.Post(p.admin+"/debug/route/v1/chat/completions", "application/json", bytes.NewReader(body))
 	if err != nil {
 		return explained{}, err
@@ -571,7 +415,7 @@ func TestClusterProcessesKilledRouter(t *testing.T) {
 	t.Logf("before the kill: A's remote in-flight %v = B's own %v + C's own %v", remoteA, ownB, ownC)
 
 	start := time.Now()
-	cr.kill()
+	cr.Kill()
 	var ownBNow loads
 	_, err := pollUntil(10*time.Second, func() (bool, error) {
 		var err1, err2 error
@@ -640,15 +484,15 @@ func TestClusterProcessesLateJoiner(t *testing.T) {
 	// next periodic refresh (every 500 ms) can bring them to D.
 	time.Sleep(300 * time.Millisecond)
 
-	var d *rproc
+	var d *router
 	var firstAnswer time.Duration
 	var answers int
 	var remoteD loads
 	var err error
 	for attempt := 1; ; attempt++ {
-		d, firstAnswer, answers = spawnRouter(t, "r3", urls, "--join", a.gossip), 0, 0
+		d, firstAnswer, answers = spawnRouter(t, proc.ServeArgs{NodeName: "r3", Backends: urls, Join: []string{a.gossip}}), 0, 0
 		_, err = pollUntil(10*time.Second, func() (bool, error) {
-			if err := d.checkAlive(); err != nil {
+			if err := d.Alive(); err != nil {
 				return false, err
 			}
 			_, rd, err := liveLoads(c, d)
@@ -668,7 +512,7 @@ func TestClusterProcessesLateJoiner(t *testing.T) {
 			break
 		}
 		t.Logf("a port was taken meanwhile; starting router D again: %v", err)
-		d.kill()
+		d.Kill()
 	}
 	sinceExec := time.Since(d.started)
 	if err != nil {
@@ -677,7 +521,7 @@ func TestClusterProcessesLateJoiner(t *testing.T) {
 	t.Logf("late joiner D: remote in-flight %v matched %v after exec; its admin API first answered %v after exec, and %d answers (2 ms apart) were needed",
 		want, sinceExec, firstAnswer, answers)
 	if sinceExec > time.Second {
-		t.Logf("router D's log:\n%s", d.logs)
+		t.Logf("router D's log:\n%s", d.Logs())
 	}
 	if sinceExec > 5*time.Second {
 		t.Errorf("router D converged %v after it was started, want under 5 s", sinceExec)

@@ -17,9 +17,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/loadtest/proc"
 )
 
 // The end-to-end tests run the real binary against stub engines on
@@ -45,10 +46,8 @@ func TestMain(m *testing.M) {
 		}
 		defer os.RemoveAll(dir)
 		binPath = filepath.Join(dir, "warmroute")
-		cmd := exec.Command("go", "build", "-o", binPath, ".")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "building warmroute: %v\n%s", err, out)
+		if err := proc.Build(".", binPath); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
 		return m.Run()
@@ -72,60 +71,6 @@ func freeAddr(t *testing.T) string {
 	defer ln.Close()
 	return ln.Addr().String()
 }
-
-type router struct {
-	url, admin string
-	cmd        *exec.Cmd
-	logs       *strings.Builder
-}
-
-// startRouter runs `warmroute serve` and waits until it is ready.
-func startRouter(t *testing.T, backends []string, extra ...string) *router {
-	t.Helper()
-	listen, admin := freeAddr(t), freeAddr(t)
-	args := append([]string{"serve", "--listen", listen, "--admin-listen", admin,
-		"--backends", strings.Join(backends, ","), "--probe-interval", "100ms", "--shutdown-timeout", "2s"}, extra...)
-	cmd := exec.Command(binPath, args...)
-	logs := &strings.Builder{}
-	var mu sync.Mutex
-	cmd.Stderr = writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return logs.Write(p) })
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	r := &router{url: "http://" + listen, admin: "http://" + admin, cmd: cmd, logs: logs}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("router exited with %v\n%s", err, logs.String())
-			}
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			t.Errorf("router did not stop on SIGTERM")
-		}
-	})
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		resp, err := http.Get(r.url + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return r
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("router not ready: %v\n%s", err, logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 // sseEngine is a stub engine: after firstDelay it streams n SSE events gap
 // apart. It reports finished and cancelled streams.
@@ -200,6 +145,15 @@ func (e *sseEngine) serve(w http.ResponseWriter, r *http.Request) {
 	e.done.Add(1)
 }
 
+// waitAborted waits until the engine saw a stream cut off, and fails the
+// test with msg if it does not within 30 s.
+func waitAborted(t *testing.T, e *sseEngine, msg string) {
+	t.Helper()
+	if _, err := pollUntil(30*time.Second, func() (bool, error) { return e.aborted.Load() > 0, nil }); err != nil {
+		t.Fatalf("%s: %v", msg, err)
+	}
+}
+
 func chatBody(prompt string, stream bool) string {
 	return fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":%q}]}`, stream, prompt)
 }
@@ -237,7 +191,7 @@ func median(ds []time.Duration) time.Duration {
 func TestE2EStreamingThroughRouter(t *testing.T) {
 	needBinary(t)
 	e := newEngine(t, 40*time.Millisecond, 20*time.Millisecond, 10)
-	r := startRouter(t, []string{e.srv.URL})
+	r := startRouter(t, proc.ServeArgs{Backends: []string{e.srv.URL}})
 	var direct, routed []time.Duration
 	for i := 0; i < 15; i++ {
 		d, _, _ := firstChunk(t, e.srv.URL, fmt.Sprintf("prompt %d", i))
@@ -268,7 +222,7 @@ func TestE2EAffinityOverflowAndFailover(t *testing.T) {
 		engines = append(engines, e)
 		urls = append(urls, e.srv.URL)
 	}
-	r := startRouter(t, urls, "--concurrency-threshold", "3")
+	r := startRouter(t, proc.ServeArgs{Backends: urls, ConcurrencyThreshold: 3})
 
 	// Affinity: each prompt always lands on the same backend, whatever the
 	// sampling fields.
@@ -317,21 +271,7 @@ func TestE2EAffinityOverflowAndFailover(t *testing.T) {
 			resp.Body.Close()
 			results <- res{resp.Header.Get("X-Warmroute-Backend"), resp.Header.Get("X-Warmroute-Decision")}
 		}()
-		// wait until this request is held by an engine
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			var n int64
-			for _, e := range engines {
-				n += e.cur.Load()
-			}
-			if n == int64(i+1) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("request not held")
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
+		waitHeld(t, engines, int64(i+1)) // this request is held by an engine
 	}
 	for _, e := range engines {
 		if e.addr() == owner && e.cur.Load() != 3 {
@@ -384,7 +324,7 @@ func TestE2EAffinityOverflowAndFailover(t *testing.T) {
 func TestE2EClientDisconnectStopsUpstream(t *testing.T) {
 	needBinary(t)
 	e := newEngine(t, 0, 20*time.Millisecond, 100000)
-	r := startRouter(t, []string{e.srv.URL})
+	r := startRouter(t, proc.ServeArgs{Backends: []string{e.srv.URL}})
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, "POST", r.url+"/v1/chat/completions", strings.NewReader(chatBody("endless", true)))
 	resp, err := http.DefaultClient.Do(req)
@@ -399,29 +339,13 @@ func TestE2EClientDisconnectStopsUpstream(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for e.aborted.Load() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the engine kept streaming after the client left")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitAborted(t, e, "the engine kept streaming after the client left")
 	// The router counted it.
-	deadline = time.Now().Add(10 * time.Second)
-	for {
-		m, err := http.Get(r.admin + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(m.Body)
-		m.Body.Close()
-		if strings.Contains(string(b), fmt.Sprintf(`warmroute_client_aborts_total{backend=%q} 1`, e.addr())) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("abort not counted:\n%s", b)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if _, err := pollUntil(10*time.Second, func() (bool, error) {
+		n, err := adminMetric(http.DefaultClient, r.admin, fmt.Sprintf(`warmroute_client_aborts_total{backend=%q}`, e.addr()))
+		return n == 1, err
+	}); err != nil {
+		t.Fatalf("abort not counted: %v", err)
 	}
 }
 
@@ -434,7 +358,7 @@ func runCLI(t *testing.T, args ...string) (string, error) {
 func TestE2EAdminCLI(t *testing.T) {
 	needBinary(t)
 	a, b := newEngine(t, 0, 0, 1), newEngine(t, 0, 0, 1)
-	r := startRouter(t, []string{a.srv.URL})
+	r := startRouter(t, proc.ServeArgs{Backends: []string{a.srv.URL}})
 	admin := strings.TrimPrefix(r.admin, "http://")
 	out, err := runCLI(t, "backends", "--admin", admin, "--zone", "z2", "add", b.srv.URL)
 	if err != nil || !strings.Contains(out, `"epoch"`) {
@@ -485,71 +409,31 @@ func TestE2EThreeProcessCluster(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		g := freeAddr(t)
 		gossipAddrs = append(gossipAddrs, g)
-		args := []string{"--node-name", fmt.Sprintf("r%d", i), "--gossip-listen", g, "--raft-listen", freeAddr(t),
-			"--bootstrap-expect", "3", "--raft-timeout", "200ms", "--data-dir", t.TempDir()}
+		a := proc.ServeArgs{Backends: []string{hold.srv.URL}, NodeName: fmt.Sprintf("r%d", i), GossipListen: g, RaftListen: freeAddr(t),
+			BootstrapExpect: 3, RaftTimeout: 200 * time.Millisecond, DataDir: t.TempDir()}
 		if i > 0 {
-			args = append(args, "--join", gossipAddrs[0])
+			a.Join = gossipAddrs[:1]
 		}
-		routers = append(routers, startRouter(t, []string{hold.srv.URL}, args...))
+		routers = append(routers, startRouter(t, a))
 	}
 	// A leader is elected and every router routes on the agreed ring.
-	statusOf := func(r *router) map[string]any {
-		resp, err := http.Get(r.admin + "/v1/cluster")
-		if err != nil {
-			return nil
-		}
-		defer resp.Body.Close()
-		var v map[string]any
-		json.NewDecoder(resp.Body).Decode(&v)
-		return v
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		leaders, epochs := map[any]bool{}, map[any]bool{}
-		for _, r := range routers {
-			s := statusOf(r)
-			if s == nil {
-				continue
-			}
-			raft, _ := s["raft"].(map[string]any)
-			leaders[raft["leader_id"]] = true
-			epochs[s["epoch"]] = true
-		}
-		if len(leaders) == 1 && !leaders[nil] && !leaders[""] && len(epochs) == 1 && !epochs[float64(0)] {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no agreed leader and epoch: leaders %v epochs %v\n%s", leaders, epochs, routers[0].logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitAgreed(t, &http.Client{Timeout: 5 * time.Second}, routers, 20*time.Second)
 
 	// In-flight opened through router 0 shows in router 2's global count.
-	go http.Post(routers[0].url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("held", false)))
-	start := time.Now()
-	for {
-		resp, err := http.Get(routers[2].admin + "/status")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var st struct {
-			Backends []struct {
-				ID             string `json:"id"`
-				RemoteInFlight int64  `json:"remote_in_flight"`
-			} `json:"backends"`
-		}
-		json.NewDecoder(resp.Body).Decode(&st)
-		resp.Body.Close()
-		if len(st.Backends) == 1 && st.Backends[0].RemoteInFlight == 1 {
-			break
-		}
-		if time.Since(start) > 10*time.Second {
-			t.Fatalf("router 2 never saw router 0's request: %+v", st)
-		}
-		time.Sleep(5 * time.Millisecond)
+	var cl clients
+	cl.open(routers[0].url, "held")
+	var remote loads
+	d, err := pollUntil(10*time.Second, func() (bool, error) {
+		var err error
+		_, remote, err = liveLoads(http.DefaultClient, routers[2])
+		return len(remote) == 1 && remote[hold.addr()] == 1, err
+	})
+	if err != nil {
+		t.Fatalf("router 2 never saw router 0's request: remote in-flight %v: %v", remote, err)
 	}
-	t.Logf("in-flight from router 0 visible on router 2 after %v (polling every 5 ms)", time.Since(start))
+	t.Logf("in-flight from router 0 visible on router 2 after %v (polling every 2 ms)", d)
 	close(held)
+	cl.wg.Wait()
 
 	// A change made through router 1 reaches every router at one epoch.
 	out, err := runCLI(t, "backends", "--admin", strings.TrimPrefix(routers[1].admin, "http://"), "add", other.srv.URL)
@@ -559,20 +443,18 @@ func TestE2EThreeProcessCluster(t *testing.T) {
 	var ack struct{ Epoch float64 }
 	json.Unmarshal([]byte(out), &ack)
 	for _, r := range routers {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		var epoch string
+		if _, err := pollUntil(10*time.Second, func() (bool, error) {
 			resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("after", false)))
 			if err != nil {
-				t.Fatal(err)
+				return false, err
 			}
 			resp.Body.Close()
-			if e, _ := strconv.ParseFloat(resp.Header.Get("X-Warmroute-Epoch"), 64); e >= ack.Epoch {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("router %s still at epoch %s, want %v", r.url, resp.Header.Get("X-Warmroute-Epoch"), ack.Epoch)
-			}
-			time.Sleep(20 * time.Millisecond)
+			epoch = resp.Header.Get("X-Warmroute-Epoch")
+			e, _ := strconv.ParseFloat(epoch, 64)
+			return e >= ack.Epoch, nil
+		}); err != nil {
+			t.Fatalf("router %s still at epoch %s, want %v: %v", r.url, epoch, ack.Epoch, err)
 		}
 	}
 }

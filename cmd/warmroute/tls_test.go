@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/loadtest/proc"
 	"github.com/warmroute/warmroute/node/identity"
 )
 
@@ -601,20 +602,18 @@ func TestE2ETLSCluster(t *testing.T) {
 	}
 	caFile := filepath.Join(dir, "warmroute-ca.pem")
 	e := newEngine(t, 0, 0, 1)
-	var ps []*rproc
+	var ps []*router
 	for i := 0; i < 3; i++ {
 		name := fmt.Sprintf("r%d", i)
-		extra := []string{"--bootstrap-expect", "3",
-			"--cluster-tls-cert-file", filepath.Join(dir, name+".pem"),
-			"--cluster-tls-key-file", filepath.Join(dir, name+"-key.pem"),
-			"--cluster-tls-ca-file", caFile}
+		a := proc.ServeArgs{NodeName: name, Backends: []string{e.srv.URL}, BootstrapExpect: 3, ClusterTLS: proc.ClusterTLS{
+			CertFile: filepath.Join(dir, name+".pem"), KeyFile: filepath.Join(dir, name+"-key.pem"), CAFile: caFile}}
 		if i > 0 {
-			extra = append(extra, "--join", ps[0].gossip)
+			a.Join = []string{ps[0].gossip}
 		}
-		ps = append(ps, spawnRouter(t, name, []string{e.srv.URL}, extra...))
+		ps = append(ps, spawnRouter(t, a))
 	}
 	for _, p := range ps {
-		if err := waitReady(p); err != nil {
+		if err := p.waitReady(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -624,33 +623,16 @@ func TestE2ETLSCluster(t *testing.T) {
 	}
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
 	defer hc.CloseIdleConnections()
-	https := func(p *rproc) string { return "https://" + strings.TrimPrefix(p.admin, "http://") }
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		leaders, epochs := map[string]bool{}, map[uint64]bool{}
-		for _, p := range ps {
-			var d clusterDoc
-			if err := getJSON(hc, https(p)+"/v1/cluster", &d); err == nil && len(d.Members) == 3 {
-				leaders[d.Raft.LeaderID] = true
-				epochs[d.Epoch] = true
-			}
-		}
-		if len(leaders) == 1 && !leaders[""] && len(epochs) == 1 && !epochs[0] {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no agreed leader over TLS: leaders %v epochs %v\n%s", leaders, epochs, ps[0].logs)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitAgreed(t, hc, ps, 60*time.Second)
 	// The admin listener speaks TLS only, with the router's certificate.
-	if resp, err := http.Get(ps[1].admin + "/v1/cluster"); err == nil {
+	adminAddr := strings.TrimPrefix(ps[1].admin, "https://")
+	if resp, err := http.Get("http://" + adminAddr + "/v1/cluster"); err == nil {
 		resp.Body.Close()
 		if resp.StatusCode == 200 {
 			t.Fatal("the admin API answered plain HTTP")
 		}
 	}
-	conn, err := tls.Dial("tcp", strings.TrimPrefix(ps[1].admin, "http://"), tc)
+	conn, err := tls.Dial("tcp", adminAddr, tc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -661,7 +643,7 @@ func TestE2ETLSCluster(t *testing.T) {
 	}
 	// A write through any router (a follower forwards it to the leader over
 	// mutual TLS).
-	out, err := runCLI(t, "config", "--admin", https(ps[2]), "--ca-file", caFile, "set", "prefix_length=2048")
+	out, err := runCLI(t, "config", "--admin", ps[2].admin, "--ca-file", caFile, "set", "prefix_length=2048")
 	if err != nil {
 		t.Fatalf("config set over HTTPS: %v\n%s", err, out)
 	}
@@ -669,12 +651,12 @@ func TestE2ETLSCluster(t *testing.T) {
 	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &cfg); err != nil {
 		t.Fatalf("config set answer: %v\n%s", err, out)
 	}
-	out, err = runCLI(t, "status", "--admin", https(ps[0]), "--ca-file", caFile)
+	out, err = runCLI(t, "status", "--admin", ps[0].admin, "--ca-file", caFile)
 	if err != nil || !strings.Contains(out, "r2") {
 		t.Fatalf("status over HTTPS: %v\n%s", err, out)
 	}
 	// Without the CA the CLI refuses the routers' certificate.
-	out, err = runCLI(t, "status", "--admin", https(ps[0]))
+	out, err = runCLI(t, "status", "--admin", ps[0].admin)
 	if err == nil {
 		t.Fatalf("status without --ca-file trusted the cluster certificate:\n%s", out)
 	}

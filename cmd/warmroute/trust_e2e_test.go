@@ -19,7 +19,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,6 +29,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/gossip/gossiptest"
+	"github.com/warmroute/warmroute/loadtest/proc"
 	"github.com/warmroute/warmroute/node/identity"
 )
 
@@ -59,9 +59,9 @@ func newClusterPKI(t *testing.T) *clusterPKI {
 	return p
 }
 
-// flags issues a certificate for router name and returns the serve flags
-// that use it.
-func (p *clusterPKI) flags(t *testing.T, name string) []string {
+// files issues a certificate for router name and returns the files a
+// router needs for cluster TLS.
+func (p *clusterPKI) files(t *testing.T, name string) proc.ClusterTLS {
 	t.Helper()
 	cert, key, err := p.auth.Issue(identity.Request{Name: name, Validity: time.Hour})
 	if err != nil {
@@ -74,7 +74,7 @@ func (p *clusterPKI) flags(t *testing.T, name string) []string {
 	if err := os.WriteFile(kf, key, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return []string{"--cluster-tls-cert-file", cf, "--cluster-tls-key-file", kf, "--cluster-tls-ca-file", p.ca}
+	return proc.ClusterTLS{CertFile: cf, KeyFile: kf, CAFile: p.ca}
 }
 
 // client is an HTTP client for the admin API of routers with this PKI
@@ -211,26 +211,26 @@ func TestE2ERaftRefusesUnauthenticated(t *testing.T) {
 	e := newEngine(t, 0, 0, 1)
 	key := writeSecret(t, "gossip.key", base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32)))
 	token := writeSecret(t, "admin.token", "secret-token")
-	exposed := func(extra ...string) []string {
+	exposed := func(name string, tls proc.ClusterTLS) proc.ServeArgs {
 		g, r := freePort(t), freePort(t)
-		return append([]string{"--bootstrap-expect", "1",
-			"--gossip-listen", "0.0.0.0:" + g, "--gossip-advertise", "127.0.0.1:" + g,
-			"--raft-listen", "0.0.0.0:" + r, "--raft-advertise", "127.0.0.1:" + r,
-			"--gossip-key-file", key, "--admin-token-file", token}, extra...)
+		return proc.ServeArgs{NodeName: name, Backends: []string{e.addr()}, BootstrapExpect: 1,
+			GossipListen: "0.0.0.0:" + g, GossipAdvertise: "127.0.0.1:" + g,
+			RaftListen: "0.0.0.0:" + r, RaftAdvertise: "127.0.0.1:" + r,
+			GossipKeyFile: key, AdminTokenFile: token, ClusterTLS: tls}
 	}
 
 	// No cluster TLS: refused at start, naming the fix.
-	p := spawnRouter(t, "r0", []string{e.addr()}, exposed()...)
+	p := spawnRouter(t, exposed("r0", proc.ClusterTLS{}))
 	select {
-	case <-p.exited:
-		p.stopped = true
-		out := p.logs.String()
-		if p.exitErr == nil || !strings.Contains(out, "cluster TLS is off") || !strings.Contains(out, "warmroute tls") || !strings.Contains(out, "--allow-insecure-cluster") {
-			t.Fatalf("exit %v; want a refusal naming cluster TLS and the way out:\n%s", p.exitErr, out)
+	case <-p.Done():
+		p.Kill() // gone, as it should be: nothing for the cleanup to stop
+		out := p.Logs()
+		if p.Err() == nil || !strings.Contains(out, "cluster TLS is off") || !strings.Contains(out, "warmroute tls") || !strings.Contains(out, "--allow-insecure-cluster") {
+			t.Fatalf("exit %v; want a refusal naming cluster TLS and the way out:\n%s", p.Err(), out)
 		}
 	case <-time.After(15 * time.Second):
 		// The earlier build: it runs. Show what that allows.
-		if err := waitReady(p); err != nil {
+		if err := p.waitReady(); err != nil {
 			t.Fatal(err)
 		}
 		c := &http.Client{Timeout: 5 * time.Second}
@@ -245,11 +245,10 @@ func TestE2ERaftRefusesUnauthenticated(t *testing.T) {
 	// With cluster TLS the router starts, and nobody without a router
 	// certificate of its CA gets a Raft message through.
 	pki := newClusterPKI(t)
-	p = spawnRouter(t, "r1", []string{e.addr()}, exposed(pki.flags(t, "r1")...)...)
-	if err := waitReady(p); err != nil {
+	p = spawnRouter(t, exposed("r1", pki.files(t, "r1")))
+	if err := p.waitReady(); err != nil {
 		t.Fatal(err)
 	}
-	p.admin = strings.Replace(p.admin, "http://", "https://", 1)
 	c := pki.client()
 	var st raftStatus
 	if _, err := pollUntil(10*time.Second, func() (bool, error) {
@@ -332,20 +331,6 @@ func adminMetric(c *http.Client, admin, name string) (float64, error) {
 	return 0, fmt.Errorf("no %s in /metrics", name)
 }
 
-// vmRSS is a process's resident memory in bytes.
-func vmRSS(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	m := regexp.MustCompile(`(?m)^VmRSS:\s+(\d+) kB`).FindSubmatch(b)
-	if m == nil {
-		return 0, errors.New("no VmRSS")
-	}
-	kb, err := strconv.ParseInt(string(m[1]), 10, 64)
-	return kb << 10, err
-}
-
 // TestE2ERaftListenerBounded: the Raft listener took any number of
 // connections, never timed out an idle one, and each cost 100-145 KB that
 // were not given back; about 15,000 of them OOM-killed a router. Now a
@@ -361,11 +346,10 @@ func TestE2ERaftListenerBounded(t *testing.T) {
 	}
 	e := newEngine(t, 0, 0, 1)
 	pki := newClusterPKI(t)
-	p := spawnRouter(t, "r0", []string{e.addr()}, append([]string{"--bootstrap-expect", "1"}, pki.flags(t, "r0")...)...)
-	if err := waitReady(p); err != nil {
+	p := spawnRouter(t, proc.ServeArgs{NodeName: "r0", Backends: []string{e.addr()}, BootstrapExpect: 1, ClusterTLS: pki.files(t, "r0")})
+	if err := p.waitReady(); err != nil {
 		t.Fatal(err)
 	}
-	p.admin = strings.Replace(p.admin, "http://", "https://", 1)
 	c := pki.client()
 	var st raftStatus
 	if _, err := pollUntil(10*time.Second, func() (bool, error) {
@@ -374,10 +358,7 @@ func TestE2ERaftListenerBounded(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	before, err := vmRSS(p.cmd.Process.Pid)
-	if err != nil {
-		t.Skip("no /proc: ", err)
-	}
+	before := procStatus(t, p.Pid(), "VmRSS") << 10
 
 	const flood = 3000
 	conns := make([]net.Conn, 0, flood)
@@ -395,7 +376,7 @@ func TestE2ERaftListenerBounded(t *testing.T) {
 	}
 	t.Logf("opened %d connections", len(conns))
 	time.Sleep(500 * time.Millisecond) // let the router accept what it will
-	peak, _ := vmRSS(p.cmd.Process.Pid)
+	peak := procStatus(t, p.Pid(), "VmRSS") << 10
 
 	// Every connection ends: at once over the caps, after the handshake
 	// timeout (5 s) for the ones held.
@@ -461,25 +442,25 @@ func TestE2EForeignDataDirRefused(t *testing.T) {
 
 	// Cluster B: one router r0 with a backend only it has.
 	dirB := t.TempDir()
-	b := spawnRouter(t, "r0", backends, "--bootstrap-expect", "1", "--data-dir", dirB)
-	if err := waitReady(b); err != nil {
+	b := spawnRouter(t, proc.ServeArgs{NodeName: "r0", Backends: backends, BootstrapExpect: 1, DataDir: dirB})
+	if err := b.waitReady(); err != nil {
 		t.Fatal(err)
 	}
 	addBackend(t, c, b.admin, `{"id":"only-in-b","url":"http://127.0.0.1:9"}`, 10*time.Second)
-	stopProc(t, b)
+	b.Stop(10 * time.Second)
 
 	// Cluster A: three routers, a write acknowledged.
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
-	var ps []*rproc
+	var ps []*router
 	for i := range 3 {
-		extra := []string{"--bootstrap-expect", "3", "--data-dir", dirs[i]}
+		a := proc.ServeArgs{NodeName: fmt.Sprintf("r%d", i), Backends: backends, BootstrapExpect: 3, DataDir: dirs[i]}
 		if i > 0 {
-			extra = append(extra, "--join", ps[0].gossip)
+			a.Join = []string{ps[0].gossip}
 		}
-		ps = append(ps, spawnRouter(t, fmt.Sprintf("r%d", i), backends, extra...))
+		ps = append(ps, spawnRouter(t, a))
 	}
 	for _, p := range ps {
-		if err := waitReady(p); err != nil {
+		if err := p.waitReady(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -493,19 +474,19 @@ func TestE2EForeignDataDirRefused(t *testing.T) {
 	idB, _ := os.ReadFile(filepath.Join(dirB, "cluster-id"))
 
 	// r0 of A restarts on B's data directory.
-	stopProc(t, ps[0])
-	intruder := spawnRouter(t, "r0", backends, "--data-dir", dirB, "--join", ps[1].gossip)
+	ps[0].Stop(10 * time.Second)
+	intruder := spawnRouter(t, proc.ServeArgs{NodeName: "r0", Backends: backends, DataDir: dirB, Join: []string{ps[1].gossip}})
 	select {
-	case <-intruder.exited:
-		intruder.stopped = true
-		out := intruder.logs.String()
-		if intruder.exitErr == nil || !strings.Contains(out, "another cluster") ||
+	case <-intruder.Done():
+		intruder.Kill() // gone, as it should be: nothing for the cleanup to stop
+		out := intruder.Logs()
+		if intruder.Err() == nil || !strings.Contains(out, "another cluster") ||
 			len(idA) == 0 || len(idB) == 0 ||
 			!strings.Contains(out, strings.TrimSpace(string(idA))) || !strings.Contains(out, strings.TrimSpace(string(idB))) {
-			t.Fatalf("exit %v; want an error naming clusters %s and %s:\n%s", intruder.exitErr, idA, idB, out)
+			t.Fatalf("exit %v; want an error naming clusters %s and %s:\n%s", intruder.Err(), idA, idB, out)
 		}
 	case <-time.After(30 * time.Second):
-		t.Errorf("the router on another cluster's data directory still runs after 30 s\n%s", intruder.logs)
+		t.Errorf("the router on another cluster's data directory still runs after 30 s\n%s", intruder.Logs())
 	}
 	// A is untouched: its write stands, nothing of B entered it.
 	for _, p := range ps[1:] {
@@ -535,19 +516,6 @@ func addBackend(t *testing.T, c *http.Client, admin, body string, within time.Du
 	}
 }
 
-// stopProc stops a router with SIGTERM and waits.
-func stopProc(t *testing.T, p *rproc) {
-	t.Helper()
-	p.stopped = true
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(10 * time.Second):
-		p.cmd.Process.Kill()
-		<-p.exited
-	}
-}
-
 // TestE2EStateCacheNeverAheadOfRaft: a state cache with a higher epoch
 // (damaged or another cluster's) was routed on for over a minute, across
 // a cluster write and a restart, while Raft had applied far less. Now the
@@ -558,12 +526,12 @@ func TestE2EStateCacheNeverAheadOfRaft(t *testing.T) {
 	e := newEngine(t, 0, 0, 1)
 	c := &http.Client{Timeout: 5 * time.Second}
 	dir := t.TempDir()
-	p := spawnRouter(t, "r0", []string{e.addr()}, "--bootstrap-expect", "1", "--data-dir", dir)
-	if err := waitReady(p); err != nil {
+	p := spawnRouter(t, proc.ServeArgs{NodeName: "r0", Backends: []string{e.addr()}, BootstrapExpect: 1, DataDir: dir})
+	if err := p.waitReady(); err != nil {
 		t.Fatal(err)
 	}
 	addBackend(t, c, p.admin, `{"id":"real","url":"http://127.0.0.1:9"}`, 10*time.Second)
-	stopProc(t, p)
+	p.Stop(10 * time.Second)
 
 	// Forge the cache: far ahead, with a backend of the attacker's (its
 	// id sorts last: the state keeps backends sorted, and an unsorted one
@@ -587,8 +555,8 @@ func TestE2EStateCacheNeverAheadOfRaft(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	p = spawnRouter(t, "r0", []string{e.addr()}, "--data-dir", dir)
-	if err := waitReady(p); err != nil {
+	p = spawnRouter(t, proc.ServeArgs{NodeName: "r0", Backends: []string{e.addr()}, DataDir: dir})
+	if err := p.waitReady(); err != nil {
 		t.Fatal(err)
 	}
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
@@ -613,8 +581,8 @@ func TestE2EStateCacheNeverAheadOfRaft(t *testing.T) {
 	if ok, err := hasBackend(c, p.admin, "real"); err != nil || !ok {
 		t.Fatalf("the real state is gone: %v %v", ok, err)
 	}
-	if !strings.Contains(p.logs.String(), "ignoring the cached state") {
-		t.Errorf("the forged cache was not reported:\n%s", p.logs)
+	if !strings.Contains(p.Logs(), "ignoring the cached state") {
+		t.Errorf("the forged cache was not reported:\n%s", p.Logs())
 	}
 }
 
@@ -629,15 +597,15 @@ func TestE2ECorruptEntryHalts(t *testing.T) {
 	e := newEngine(t, 0, 0, 1)
 	c := &http.Client{Timeout: 5 * time.Second}
 	dir := t.TempDir()
-	p := spawnRouter(t, "r0", []string{e.addr()}, "--bootstrap-expect", "1", "--data-dir", dir)
-	if err := waitReady(p); err != nil {
+	p := spawnRouter(t, proc.ServeArgs{NodeName: "r0", Backends: []string{e.addr()}, BootstrapExpect: 1, DataDir: dir})
+	if err := p.waitReady(); err != nil {
 		t.Fatal(err)
 	}
 	// The target entry, then more so that it is not in the last batch.
 	for _, id := range []string{"target-aaaa", "later-1", "later-2", "later-3"} {
 		addBackend(t, c, p.admin, fmt.Sprintf(`{"id":%q,"url":"http://127.0.0.1:9"}`, id), 10*time.Second)
 	}
-	stopProc(t, p)
+	p.Stop(10 * time.Second)
 
 	// Change one byte: the JSON stays valid, the backend's id changes.
 	segs, _ := filepath.Glob(filepath.Join(dir, "wal", "*.wal"))
@@ -660,15 +628,15 @@ func TestE2ECorruptEntryHalts(t *testing.T) {
 	}
 	os.Remove(filepath.Join(dir, "state.json"))
 
-	p = spawnRouter(t, "r0", []string{e.addr()}, "--data-dir", dir)
+	p = spawnRouter(t, proc.ServeArgs{NodeName: "r0", Backends: []string{e.addr()}, DataDir: dir})
 	if _, err := pollUntil(15*time.Second, func() (bool, error) {
-		if err := p.checkAlive(); err != nil {
+		if err := p.Alive(); err != nil {
 			return false, err
 		}
 		v, err := adminMetric(c, p.admin, "warmroute_raft_fsm_halted")
 		return err == nil && v == 1, nil
 	}); err != nil {
-		t.Fatalf("the router did not halt on the damaged entry: %v\n%s", err, p.logs)
+		t.Fatalf("the router did not halt on the damaged entry: %v\n%s", err, p.Logs())
 	}
 	resp, err := http.Get(p.url + "/readyz")
 	if err != nil {
@@ -688,8 +656,8 @@ func TestE2ECorruptEntryHalts(t *testing.T) {
 	if ok, _ := hasBackend(c, p.admin, "target-aaab"); ok {
 		t.Error("the damaged entry was applied")
 	}
-	if !strings.Contains(p.logs.String(), "level=ERROR") {
-		t.Errorf("nothing logged as an error:\n%s", p.logs)
+	if !strings.Contains(p.Logs(), "level=ERROR") {
+		t.Errorf("nothing logged as an error:\n%s", p.Logs())
 	}
 }
 
@@ -725,7 +693,7 @@ func TestE2EAdminInput(t *testing.T) {
 	if err := getJSON(c, ps[0].admin+"/v1/cluster", &d); err != nil {
 		t.Fatal(err)
 	}
-	var leader, follower *rproc
+	var leader, follower *router
 	for _, p := range ps {
 		if p.name == d.Raft.LeaderID {
 			leader = p
@@ -733,8 +701,10 @@ func TestE2EAdminInput(t *testing.T) {
 			follower = p
 		}
 	}
-	leader.cmd.Process.Signal(syscall.SIGSTOP)
-	defer leader.cmd.Process.Signal(syscall.SIGCONT)
+	if err := leader.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer leader.Continue()
 	start := time.Now()
 	code, out := adminDo(t, c, "POST", follower.admin+"/v1/backends", `{"id":"while-paused","url":"http://127.0.0.1:9"}`)
 	took := time.Since(start)
@@ -750,38 +720,23 @@ func TestE2EAdminInput(t *testing.T) {
 // startTLSProcCluster starts n routers with cluster TLS (and the extra
 // flags) that bootstrap together, and waits until they agree on a leader
 // and an epoch. Their admin URLs are HTTPS; pki.client() reads them.
-func startTLSProcCluster(t *testing.T, pki *clusterPKI, backends []string, n int, extra ...string) []*rproc {
+func startTLSProcCluster(t *testing.T, pki *clusterPKI, backends []string, n int, a proc.ServeArgs) []*router {
 	t.Helper()
-	var ps []*rproc
+	var ps []*router
 	for i := range n {
-		name := fmt.Sprintf("r%d", i)
-		args := append([]string{"--bootstrap-expect", strconv.Itoa(n)}, pki.flags(t, name)...)
+		a.NodeName = fmt.Sprintf("r%d", i)
+		a.Backends, a.BootstrapExpect, a.ClusterTLS = backends, n, pki.files(t, a.NodeName)
 		if i > 0 {
-			args = append(args, "--join", ps[0].gossip)
+			a.Join = []string{ps[0].gossip}
 		}
-		p := spawnRouter(t, name, backends, append(args, extra...)...)
-		ps = append(ps, p)
+		ps = append(ps, spawnRouter(t, a))
 	}
 	for _, p := range ps {
-		if err := waitReady(p); err != nil {
+		if err := p.waitReady(); err != nil {
 			t.Fatal(err)
 		}
-		p.admin = strings.Replace(p.admin, "http://", "https://", 1)
 	}
-	c := pki.client()
-	if _, err := pollUntil(30*time.Second, func() (bool, error) {
-		leaders, epochs := map[string]bool{}, map[uint64]bool{}
-		for _, p := range ps {
-			var d clusterDoc
-			if err := getJSON(c, p.admin+"/v1/cluster", &d); err != nil || len(d.Members) != n {
-				return false, nil
-			}
-			leaders[d.Raft.LeaderID], epochs[d.Epoch] = true, true
-		}
-		return len(leaders) == 1 && !leaders[""] && len(epochs) == 1 && !epochs[0], nil
-	}); err != nil {
-		t.Fatalf("no agreed leader: %v\n%s", err, ps[0].logs)
-	}
+	waitAgreed(t, pki.client(), ps, 30*time.Second)
 	return ps
 }
 
@@ -797,7 +752,7 @@ func TestE2EGossipFiguresTiedToSender(t *testing.T) {
 	key := bytes.Repeat([]byte{9}, 32)
 	keyFile := writeSecret(t, "gossip.key", base64.StdEncoding.EncodeToString(key))
 	pki := newClusterPKI(t)
-	ps := startTLSProcCluster(t, pki, []string{e1.addr(), e2.addr()}, 3, "--gossip-key-file", keyFile)
+	ps := startTLSProcCluster(t, pki, []string{e1.addr(), e2.addr()}, 3, proc.ServeArgs{GossipKeyFile: keyFile})
 	c := pki.client()
 	ids := []string{e1.addr(), e2.addr()}
 
@@ -897,18 +852,15 @@ func TestE2ESeedsOnSharedPort(t *testing.T) {
 		for _, ip := range ips {
 			seeds = append(seeds, net.JoinHostPort(ip, port))
 		}
-		var ps []*rproc
+		var ps []*router
 		for i, ip := range ips {
-			p := spawnRouter(t, fmt.Sprintf("r%d", i), []string{e.addr()},
-				"--gossip-listen", net.JoinHostPort(ip, port), "--raft-listen", net.JoinHostPort(ip, "0"), "--join", strings.Join(seeds, ","),
-				"--bootstrap-expect", "3")
-			p.gossip = net.JoinHostPort(ip, port)
-			ps = append(ps, p)
+			ps = append(ps, spawnRouter(t, proc.ServeArgs{NodeName: fmt.Sprintf("r%d", i), Backends: []string{e.addr()},
+				GossipListen: net.JoinHostPort(ip, port), RaftListen: net.JoinHostPort(ip, "0"), Join: seeds, BootstrapExpect: 3}))
 		}
 		c := &http.Client{Timeout: 5 * time.Second}
 		_, err := pollUntil(20*time.Second, func() (bool, error) {
 			for _, p := range ps {
-				if err := p.checkAlive(); err != nil {
+				if err := p.Alive(); err != nil {
 					return false, err
 				}
 				var d clusterDoc
@@ -921,15 +873,15 @@ func TestE2ESeedsOnSharedPort(t *testing.T) {
 		if err == nil {
 			return
 		}
-		if attempt < 3 && slices.ContainsFunc(ps, (*rproc).portTaken) {
+		if attempt < 3 && slices.ContainsFunc(ps, (*router).portTaken) {
 			for _, p := range ps {
-				p.kill()
+				p.Kill()
 			}
 			continue
 		}
 		var d clusterDoc
 		_ = getJSON(c, ps[0].admin+"/v1/cluster", &d)
-		t.Fatalf("routers on %v sharing port %s did not form one cluster: %v (r0 sees %v)\n%s", ips, port, err, memberNames(d), ps[0].logs)
+		t.Fatalf("routers on %v sharing port %s did not form one cluster: %v (r0 sees %v)\n%s", ips, port, err, memberNames(d), ps[0].Logs())
 	}
 }
 
@@ -978,11 +930,8 @@ func TestE2EMetricsNeedToken(t *testing.T) {
 	}
 	for _, public := range []bool{false, true} {
 		port := freePort(t)
-		extra := []string{"--admin-token-file", token, "--admin-listen", "0.0.0.0:" + port}
-		if public {
-			extra = append(extra, "--admin-public-metrics")
-		}
-		startRouter(t, []string{e.addr()}, extra...)
+		startRouter(t, proc.ServeArgs{Backends: []string{e.addr()}, AdminTokenFile: token, AdminListen: "0.0.0.0:" + port,
+			AdminPublicMetrics: public})
 		base := "http://" + net.JoinHostPort(ip, port)
 		want := map[string][2]int{ // without, with the token
 			"/metrics": {401, 200},

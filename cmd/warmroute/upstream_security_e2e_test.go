@@ -8,14 +8,14 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/loadtest/proc"
 )
 
 // The router against hostile backends and malformed framing, end to end:
@@ -149,36 +149,6 @@ func fieldOf(head, k string) (string, bool) {
 const healthyAnswer = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 const jsonAnswer = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}"
 
-// procStatus reads a field of /proc/<pid>/status in KiB.
-func procStatus(t *testing.T, r *router, field string) int64 {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", r.cmd.Process.Pid))
-	if err != nil {
-		t.Skip("no /proc:", err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb
-		}
-	}
-	t.Fatalf("no %s in /proc/%d/status", field, r.cmd.Process.Pid)
-	return 0
-}
-
-// alive fails the test if the router process has exited.
-func alive(t *testing.T, r *router) {
-	t.Helper()
-	if err := r.cmd.Process.Signal(syscall.Signal(0)); err != nil {
-		t.Fatalf("the router died: %v\n%s", err, r.logs.String())
-	}
-	resp, err := http.Get(r.url + "/healthz")
-	if err != nil {
-		t.Fatalf("the router does not answer: %v\n%s", err, r.logs.String())
-	}
-	resp.Body.Close()
-}
-
 // codeOf returns the OpenAI error code of a JSON error body.
 func codeOf(body []byte) string {
 	var v struct {
@@ -202,25 +172,21 @@ func TestE2EAbsurdContentLength(t *testing.T) {
 		return false
 	})
 	// The probe alone.
-	probed := startRouterNoWait(t, []string{be.url()}, "--probe-interval", "100ms")
-	deadline := time.Now().Add(15 * time.Second)
-	for be.count("/health") < 5 {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d health checks in 15 s", be.count("/health"))
-		}
-		time.Sleep(20 * time.Millisecond)
+	probed := startRouterNoWait(t, proc.ServeArgs{Backends: []string{be.url()}, ProbeInterval: 100 * time.Millisecond})
+	if _, err := pollUntil(15*time.Second, func() (bool, error) { return be.count("/health") >= 5, probed.Alive() }); err != nil {
+		t.Fatalf("only %d health checks in 15 s: %v", be.count("/health"), err)
 	}
 	alive(t, probed)
 
 	// A request.
-	r := startRouterNoWait(t, []string{be.url()}, "--probe-path", "")
+	r := startRouterNoWait(t, proc.ServeArgs{Backends: []string{be.url()}, NoProbes: true})
 	resp, body := postChat(t, r.url, chatBody("x", false))
 	if resp.StatusCode != 502 || codeOf(body) != "upstream_response_too_large" {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 	alive(t, r)
 	for _, rr := range []*router{probed, r} {
-		if hwm := procStatus(t, rr, "VmHWM"); hwm > 100<<10 {
+		if hwm := procStatus(t, rr.Pid(), "VmHWM"); hwm > 100<<10 {
 			t.Errorf("router peak RSS %d MiB", hwm>>10)
 		}
 	}
@@ -254,9 +220,9 @@ func TestE2ELargeResponseNotBuffered(t *testing.T) {
 		}
 		return false
 	})
-	r := startRouter(t, []string{be.url()})
+	r := startRouter(t, proc.ServeArgs{Backends: []string{be.url()}})
 	addr := strings.TrimPrefix(r.url, "http://")
-	before := procStatus(t, r, "VmRSS")
+	before := procStatus(t, r.Pid(), "VmRSS")
 	for _, framing := range []string{"length", "chunked"} {
 		var hdrs []string
 		if framing == "chunked" {
@@ -268,7 +234,7 @@ func TestE2ELargeResponseNotBuffered(t *testing.T) {
 		}
 	}
 	alive(t, r)
-	rss, hwm := procStatus(t, r, "VmRSS"), procStatus(t, r, "VmHWM")
+	rss, hwm := procStatus(t, r.Pid(), "VmRSS"), procStatus(t, r.Pid(), "VmHWM")
 	t.Logf("router RSS %d MiB before, %d MiB after two %d MiB answers (peak %d MiB)", before>>10, rss>>10, size>>20, hwm>>10)
 	if hwm > 96<<10 {
 		t.Fatalf("router peak RSS %d MiB for a %d MiB answer it refused", hwm>>10, size>>20)
@@ -301,7 +267,7 @@ func TestE2EUpgradeAndHopByHop(t *testing.T) {
 		}
 		return true
 	})
-	r := startRouter(t, []string{be.url()}, "--max-conns-per-backend", "1")
+	r := startRouter(t, proc.ServeArgs{Backends: []string{be.url()}, MaxConnsPerBackend: 1})
 	addr := strings.TrimPrefix(r.url, "http://")
 	ok := []byte(chatBody("x", false))
 
@@ -344,20 +310,15 @@ func TestE2EUpgradeAndHopByHop(t *testing.T) {
 func TestE2ELoopDetected(t *testing.T) {
 	needBinary(t)
 	listen := freeAddr(t)
-	r := startRouterAt(t, listen, []string{"http://" + listen}, "--probe-path", "", "--max-conns-per-backend", "16", "--max-conn-wait", "100ms")
+	// Ready once its /status names listen, its only backend.
+	r := startRouterUntil(t, proc.ServeArgs{Listen: listen, Backends: []string{"http://" + listen}, NoProbes: true,
+		MaxConnsPerBackend: 16, MaxConnWait: 100 * time.Millisecond}, func(r *router) bool { return statusContains(r, listen) })
 	start := time.Now()
 	resp, body := postChat(t, r.url, chatBody("loop", false))
 	if resp.StatusCode != 508 || codeOf(body) != "loop_detected" {
 		t.Fatalf("%d %s after %v", resp.StatusCode, body, time.Since(start))
 	}
 	alive(t, r)
-}
-
-// startRouterAt runs `warmroute serve` listening on listen and waits
-// until its /status names listen (its only backend).
-func startRouterAt(t *testing.T, listen string, backends []string, extra ...string) *router {
-	t.Helper()
-	return launchRouter(t, listen, backends, func(r *router) bool { return statusContains(r, listen) }, extra...)
 }
 
 // Before: a request line in absolute form (POST http://evil.example/...)
@@ -373,7 +334,7 @@ func TestE2EAbsoluteFormTarget(t *testing.T) {
 		}
 		return true
 	})
-	r := startRouter(t, []string{be.url()})
+	r := startRouter(t, proc.ServeArgs{Backends: []string{be.url()}})
 	body := []byte(chatBody("abs", false))
 	req := fmt.Sprintf("POST http://evil.example/v1/chat/completions?x=1 HTTP/1.1\r\nHost: evil.example\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 	ex := rawDo(t, strings.TrimPrefix(r.url, "http://"), []byte(req), 1, "POST")
@@ -398,7 +359,7 @@ func TestE2EMalformedFramingAnsweredAtOnce(t *testing.T) {
 		io.WriteString(c, healthyAnswer)
 		return true
 	})
-	r := startRouter(t, []string{be.url()})
+	r := startRouter(t, proc.ServeArgs{Backends: []string{be.url()}})
 	addr := strings.TrimPrefix(r.url, "http://")
 	body := chatBody("lf", false)
 	hello := append([]byte{0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03}, bytes.Repeat([]byte{0x5a}, 200)...)
