@@ -399,38 +399,37 @@ func (c *Compose) router(name string) (*composeRouter, error) {
 	return nil, fmt.Errorf("%w: no router %q", ErrTarget, name)
 }
 
-// KillRouter implements Target (docker kill).
-func (c *Compose) KillRouter(ctx context.Context, name string) error {
+// dockerOn runs `docker args...` with the named router's container as the
+// last argument.
+func (c *Compose) dockerOn(ctx context.Context, name string, args ...string) (*composeRouter, error) {
 	r, err := c.router(name)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	_, err = c.docker(ctx, "kill", r.container)
+	_, err = c.docker(ctx, append(args, r.container)...)
+	return r, err
+}
+
+// KillRouter implements Target (docker kill).
+func (c *Compose) KillRouter(ctx context.Context, name string) error {
+	_, err := c.dockerOn(ctx, name, "kill")
 	return err
 }
 
 // StartRouter implements Target (docker start; the Raft state is on its
 // volume).
 func (c *Compose) StartRouter(ctx context.Context, name string) error {
-	r, err := c.router(name)
-	if err != nil {
-		return err
-	}
-	_, err = c.docker(ctx, "start", r.container)
+	_, err := c.dockerOn(ctx, name, "start")
 	return err
 }
 
 // PauseRouter implements Target (docker pause).
 func (c *Compose) PauseRouter(ctx context.Context, name string) error {
-	r, err := c.router(name)
-	if err != nil {
-		return err
+	r, err := c.dockerOn(ctx, name, "pause")
+	if err == nil {
+		r.paused = true
 	}
-	if _, err := c.docker(ctx, "pause", r.container); err != nil {
-		return err
-	}
-	r.paused = true
-	return nil
+	return err
 }
 
 // ResumeRouter implements Target (docker unpause).
@@ -456,15 +455,11 @@ func (c *Compose) CanPartition() error { return nil }
 // loses its peers and the other zones' backends, and keeps its clients
 // (edge) and its own zone.
 func (c *Compose) PartitionRouter(ctx context.Context, name string) error {
-	r, err := c.router(name)
-	if err != nil {
-		return err
+	r, err := c.dockerOn(ctx, name, "network", "disconnect", c.project+"_backbone")
+	if err == nil {
+		r.cut = true
 	}
-	if _, err := c.docker(ctx, "network", "disconnect", c.project+"_backbone", r.container); err != nil {
-		return err
-	}
-	r.cut = true
-	return nil
+	return err
 }
 
 // HealRouter implements Target: back on the backbone with its address.

@@ -375,44 +375,33 @@ func (l *Local) backend(id string) (*localBackend, error) {
 	return nil, fmt.Errorf("%w: no backend %q", ErrTarget, id)
 }
 
-// KillRouter implements Target (SIGKILL).
-func (l *Local) KillRouter(_ context.Context, name string) error {
+// onRouter runs do on the named router's process.
+func (l *Local) onRouter(name string, do func(*lproc) error) error {
 	r, err := l.router(name)
 	if err != nil {
 		return err
 	}
-	r.proc.kill()
-	return nil
+	return do(r.proc)
+}
+
+// KillRouter implements Target (SIGKILL).
+func (l *Local) KillRouter(_ context.Context, name string) error {
+	return l.onRouter(name, (*lproc).kill)
 }
 
 // StartRouter implements Target: same flags, addresses and data dir.
 func (l *Local) StartRouter(_ context.Context, name string) error {
-	r, err := l.router(name)
-	if err != nil {
-		return err
-	}
-	if r.proc.running() {
-		return nil
-	}
-	return r.proc.start()
+	return l.onRouter(name, (*lproc).start)
 }
 
 // PauseRouter implements Target (SIGSTOP).
 func (l *Local) PauseRouter(_ context.Context, name string) error {
-	r, err := l.router(name)
-	if err != nil {
-		return err
-	}
-	return r.proc.pause()
+	return l.onRouter(name, (*lproc).pause)
 }
 
 // ResumeRouter implements Target (SIGCONT).
 func (l *Local) ResumeRouter(_ context.Context, name string) error {
-	r, err := l.router(name)
-	if err != nil {
-		return err
-	}
-	return r.proc.resume()
+	return l.onRouter(name, (*lproc).resume)
 }
 
 // CanPartition implements Target.
@@ -460,8 +449,7 @@ func (l *Local) KillBackend(_ context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	b.proc.kill()
-	return nil
+	return b.proc.kill()
 }
 
 // StartBackend implements Target: same port, empty cache.
@@ -470,10 +458,8 @@ func (l *Local) StartBackend(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if !b.proc.running() {
-		if err := b.proc.start(); err != nil {
-			return err
-		}
+	if err := b.proc.start(); err != nil {
+		return err
 	}
 	return l.waitHTTP(ctx, b.proc, b.URL+"/health")
 }
@@ -576,16 +562,12 @@ func (lp *lproc) current() *proc.Process {
 	return lp.p
 }
 
-func (lp *lproc) running() bool {
-	p := lp.current()
-	return p != nil && !p.Exited()
-}
-
 // kill sends SIGKILL to the process group and waits for the exit.
-func (lp *lproc) kill() {
+func (lp *lproc) kill() error {
 	if p := lp.current(); p != nil {
 		p.Kill()
 	}
+	return nil
 }
 
 // stop resumes a paused process, sends SIGTERM, SIGKILL after grace, and
