@@ -47,8 +47,8 @@ func cmdChaos(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&lc.Routers, "routers", lc.Routers, "local: router processes")
 	fs.IntVar(&lc.Backends, "backends", lc.Backends, "local: gpusim processes (one instance each)")
 	fs.StringVar(&lc.Exe, "exe", "", "local: warmroute executable for the children (default: this one)")
-	fs.Var(argsFlag{&lc.GpusimArgs}, "gpusim-args", "local: extra gpusim flags, "+argsSyntax+" (e.g. \"--time-scale 0.5\")")
-	fs.Var(argsFlag{&lc.RouterArgs}, "router-args", "local: extra serve flags, "+argsSyntax)
+	fs.Var(argsFlag{&lc.GpusimArgs}, "gpusim-args", "local: extra gpusim `flags`, "+argsSyntax+" (e.g. \"--time-scale 0.5\")")
+	fs.Var(argsFlag{&lc.RouterArgs}, "router-args", "local: extra serve `flags`, "+argsSyntax)
 	fs.DurationVar(&lc.RaftTimeout, "raft-timeout", lc.RaftTimeout, "local: the routers' --raft-timeout")
 	noPartition := fs.Bool("no-partition", !lc.Partition, "local: run the routers as this user and skip router-partition (partitions need root and iptables)")
 	fs.StringVar(&lc.WorkDir, "work-dir", "", "local: directory for logs and Raft data (default: a temporary one, removed at the end)")
@@ -64,24 +64,17 @@ func cmdChaos(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	noCheck := fs.Bool("no-check", false, "exit 0 even when an acceptance check fails")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	wc.BindFlags(fs)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: warmroute chaos [flags]\n\n"+
-			"Starts a three-router cluster (local child processes, or the compose stack),\n"+
-			"puts it under steady load and injects faults one at a time: %s.\n"+
-			"For each it reports client errors (unavoidable / on the router hit / elsewhere),\n"+
-			"the lowest routing agreement across the routers' explainers and the time back to\n"+
-			"100%% after each change settles, the fraction of probe prompts whose backend moved,\n"+
-			"and the KV-cache hit rate before the fault, at its lowest, and the time back.\n"+
-			"It then checks the acceptance bounds and exits 1 if one is missed.\n"+
-			"See docs/chaos.md.\n\nflags:\n", faultNames())
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	usage := fmt.Sprintf("usage: warmroute chaos [flags]\n\n"+
+		"Starts a three-router cluster (local child processes, or the compose stack),\n"+
+		"puts it under steady load and injects faults one at a time: %s.\n"+
+		"For each it reports client errors (unavoidable / on the router hit / elsewhere),\n"+
+		"the lowest routing agreement across the routers' explainers and the time back to\n"+
+		"100%% after each change settles, the fraction of probe prompts whose backend moved,\n"+
+		"and the KV-cache hit rate before the fault, at its lowest, and the time back.\n"+
+		"It then checks the acceptance bounds and exits 1 if one is missed.\n"+
+		"See docs/chaos.md.\n\nflags:\n", faultNames())
+	if err := parseCommand(fs, args, usage); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })

@@ -147,25 +147,18 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	kvBlocks := fs.Int("kv-blocks", demoKVBlocks, "gpusim --kv-blocks: KV-cache blocks of 16 tokens per instance")
 	timeScale := fs.Float64("time-scale", 1, "gpusim --time-scale")
 	var gpusimArgs, routerArgs []string
-	fs.Var(argsFlag{&gpusimArgs}, "gpusim-args", "extra gpusim flags, "+argsSyntax+" (e.g. \"--itl-base 20ms --max-num-seqs 64\")")
-	fs.Var(argsFlag{&routerArgs}, "router-args", "extra serve flags for every router, "+argsSyntax)
+	fs.Var(argsFlag{&gpusimArgs}, "gpusim-args", "extra gpusim `flags`, "+argsSyntax+" (e.g. \"--itl-base 20ms --max-num-seqs 64\")")
+	fs.Var(argsFlag{&routerArgs}, "router-args", "extra serve `flags` for every router, "+argsSyntax)
 	out := fs.String("out", "", "directory for report.html, report.json and the fleet's logs (default out/demo-TIMESTAMP)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: warmroute demo [flags]\n\n"+
-			"Starts a local fleet (gpusim instances behind warmroute routers, all child processes\n"+
-			"of this executable on free loopback ports), runs each workload under each routing\n"+
-			"strategy against a cold fleet, prints one table and writes an HTML and a JSON report.\n"+
-			"Everything it starts is stopped on exit, including on Ctrl-C.\n"+
-			"See docs/loadtest.md for the sizing.\n\nflags:\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	usage := "usage: warmroute demo [flags]\n\n" +
+		"Starts a local fleet (gpusim instances behind warmroute routers, all child processes\n" +
+		"of this executable on free loopback ports), runs each workload under each routing\n" +
+		"strategy against a cold fleet, prints one table and writes an HTML and a JSON report.\n" +
+		"Everything it starts is stopped on exit, including on Ctrl-C.\n" +
+		"See docs/loadtest.md for the sizing.\n\nflags:\n"
+	if err := parseCommand(fs, args, usage); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	if len(strategies) == 1 && strings.EqualFold(strategies[0], "all") {
 		strategies = fleet.Strategies()

@@ -35,19 +35,12 @@ func cmdGpusim(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("gpusim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	set := gpusimFlags(fs)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: warmroute gpusim [flags]\n\n"+
-			"Serves N simulated vLLM instances (OpenAI API, SageMaker /invocations and /ping,\n"+
-			"vLLM metrics) with a prefix KV cache and a calibrated latency model.\n"+
-			"See docs/gpusim.md for the model and its defaults.\n\nflags:\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	usage := "usage: warmroute gpusim [flags]\n\n" +
+		"Serves N simulated vLLM instances (OpenAI API, SageMaker /invocations and /ping,\n" +
+		"vLLM metrics) with a prefix KV cache and a calibrated latency model.\n" +
+		"See docs/gpusim.md for the model and its defaults.\n\nflags:\n"
+	if err := parseCommand(fs, args, usage); err != nil {
 		return err // flag.ErrHelp after printing usage for -h/--help
-	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	host, portStr, err := net.SplitHostPort(set.listen)
 	if err != nil {

@@ -70,6 +70,23 @@ func (f argsFlag) Set(v string) error {
 	return nil
 }
 
+// parseCommand parses the flags of a command that takes no arguments;
+// -h, --help and errors print usage (what the command does) and the flags.
+func parseCommand(fs *flag.FlagSet, args []string, usage string) error {
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	return nil
+}
+
 // cmdLoadtest drives one OpenAI-compatible endpoint with one workload and
 // prints the results.
 func cmdLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -101,22 +118,15 @@ func cmdLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.DurationVar(&lc.ProgressInterval, "progress-interval", lc.ProgressInterval, "period of the progress line on stderr")
 	quiet := fs.Bool("quiet", false, "no progress line")
 	wc.BindFlags(fs)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: warmroute loadtest [flags]\n\n"+
-			"Drives an OpenAI-compatible endpoint (a warmroute router, one backend, or another\n"+
-			"router) with a seeded workload and reports TTFT, inter-token and end-to-end latency\n"+
-			"(p50/p90/p99), throughput, errors by kind, traffic share per backend, the router's\n"+
-			"decisions and, with --metrics, the backends' KV-cache hit rate.\n"+
-			"To compare routing strategies on a local fleet, see 'warmroute demo'.\n"+
-			"See docs/loadtest.md.\n\nflags:\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	usage := "usage: warmroute loadtest [flags]\n\n" +
+		"Drives an OpenAI-compatible endpoint (a warmroute router, one backend, or another\n" +
+		"router) with a seeded workload and reports TTFT, inter-token and end-to-end latency\n" +
+		"(p50/p90/p99), throughput, errors by kind, traffic share per backend, the router's\n" +
+		"decisions and, with --metrics, the backends' KV-cache hit rate.\n" +
+		"To compare routing strategies on a local fleet, see 'warmroute demo'.\n" +
+		"See docs/loadtest.md.\n\nflags:\n"
+	if err := parseCommand(fs, args, usage); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	lc.Mode = loadtest.Mode(mode)
 	lc.Seed, wc.Seed = *seed, *seed
