@@ -71,20 +71,25 @@ func memberNames(d clusterDoc) []string {
 	return out
 }
 
-// startProcCluster starts n routers that bootstrap Raft together
-// (--bootstrap-expect n) and waits until every one is ready, sees all n
-// members and routes on the same agreed epoch under one leader.
-func startProcCluster(t *testing.T, backends []string, n int) []*router {
+// spawnCluster starts n routers r0..r(n-1) from a that bootstrap Raft
+// together (--bootstrap-expect n, each joining r0), each adjusted first by
+// each (when not nil), and waits until every one is ready. When one exits
+// because a port it was given was taken meanwhile, it starts them all
+// again, twice at most.
+func spawnCluster(t *testing.T, n int, a proc.ServeArgs, each func(i int, a *proc.ServeArgs)) []*router {
 	t.Helper()
-	var ps []*router
 	for attempt := 1; ; attempt++ {
-		ps = nil
-		for i := 0; i < n; i++ {
-			a := proc.ServeArgs{NodeName: fmt.Sprintf("r%d", i), Backends: backends, BootstrapExpect: n}
+		var ps []*router
+		for i := range n {
+			ai := a
+			ai.NodeName, ai.BootstrapExpect = fmt.Sprintf("r%d", i), n
 			if i > 0 {
-				a.Join = []string{ps[0].gossip}
+				ai.Join = []string{ps[0].gossip}
 			}
-			ps = append(ps, spawnRouter(t, a))
+			if each != nil {
+				each(i, &ai)
+			}
+			ps = append(ps, spawnRouter(t, ai))
 		}
 		var errs []error
 		for _, p := range ps {
@@ -92,7 +97,7 @@ func startProcCluster(t *testing.T, backends []string, n int) []*router {
 		}
 		err := errors.Join(errs...)
 		if err == nil {
-			break
+			return ps
 		}
 		if attempt == 3 || !slices.ContainsFunc(ps, (*router).portTaken) {
 			t.Fatal(err)
@@ -102,6 +107,14 @@ func startProcCluster(t *testing.T, backends []string, n int) []*router {
 			p.Kill()
 		}
 	}
+}
+
+// startProcCluster starts n routers in front of backends that bootstrap
+// Raft together and waits until every one is ready, sees all n members and
+// routes on the same agreed epoch under one leader.
+func startProcCluster(t *testing.T, backends []string, n int) []*router {
+	t.Helper()
+	ps := spawnCluster(t, n, proc.ServeArgs{Backends: backends}, nil)
 	waitAgreed(t, &http.Client{Timeout: 5 * time.Second}, ps, 30*time.Second)
 	return ps
 }
@@ -171,6 +184,15 @@ func waitHeld(t *testing.T, es []*sseEngine, n int64) {
 type clients struct {
 	wg   sync.WaitGroup
 	errs atomic.Int64
+}
+
+// wait waits for the requests and fails the test if any failed.
+func (h *clients) wait(t *testing.T, through string) {
+	t.Helper()
+	h.wg.Wait()
+	if n := h.errs.Load(); n != 0 {
+		t.Errorf("%d requests through %s failed", n, through)
+	}
 }
 
 func (h *clients) open(url, prompt string) {
@@ -443,11 +465,8 @@ func TestClusterProcessesKilledRouter(t *testing.T) {
 		t.Errorf("later, A's remote in-flight is %v, want B's own %v (%v)", remoteA, ownB, err)
 	}
 	release()
-	viaB.wg.Wait()
-	viaC.wg.Wait()
-	if viaB.errs.Load() != 0 {
-		t.Errorf("%d requests through B failed", viaB.errs.Load())
-	}
+	viaB.wait(t, "B")
+	viaC.wg.Wait() // C was killed under them
 }
 
 // TestClusterProcessesLateJoiner: with requests held open through routers
@@ -538,10 +557,7 @@ func TestClusterProcessesLateJoiner(t *testing.T) {
 		t.Errorf("router D's remote in-flight moved to %v, want %v (%v)", rd, want, err)
 	}
 	release()
-	held.wg.Wait()
-	if held.errs.Load() != 0 {
-		t.Errorf("%d held requests failed", held.errs.Load())
-	}
+	held.wait(t, "A and B")
 }
 
 // TestClusterProcessesRouteAgreement: after a backend is added through one

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -62,14 +61,14 @@ func needBinary(t *testing.T) {
 	}
 }
 
+// freeAddr returns a loopback address free right now.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addrs, err := proc.FreeAddrs("127.0.0.1", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addrs[0]
 }
 
 // sseEngine is a stub engine: after firstDelay it streams n SSE events gap

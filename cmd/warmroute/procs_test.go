@@ -39,18 +39,10 @@ type router struct {
 // must stop cleanly on SIGTERM.
 func launch(t *testing.T, a proc.ServeArgs) *router {
 	t.Helper()
-	if a.Listen == "" {
-		a.Listen = freeAddr(t)
-	}
-	if a.AdminListen == "" {
-		a.AdminListen = freeAddr(t)
-	}
-	if a.ProbeInterval == 0 {
-		a.ProbeInterval = 100 * time.Millisecond
-	}
-	if a.ShutdownTimeout == 0 {
-		a.ShutdownTimeout = 2 * time.Second
-	}
+	a.Listen = cmp.Or(a.Listen, freeAddr(t))
+	a.AdminListen = cmp.Or(a.AdminListen, freeAddr(t))
+	a.ProbeInterval = cmp.Or(a.ProbeInterval, 100*time.Millisecond)
+	a.ShutdownTimeout = cmp.Or(a.ShutdownTimeout, 2*time.Second)
 	name := cmp.Or(a.NodeName, "router")
 	started := time.Now()
 	p, err := proc.Start(proc.Spec{Name: name, Path: binPath, Args: a.Args(), TailBytes: routerLogBytes})
@@ -130,18 +122,10 @@ func startRouterNoWait(t *testing.T, a proc.ServeArgs) *router {
 // request and counted in their concurrency). a names the node.
 func spawnRouter(t *testing.T, a proc.ServeArgs) *router {
 	t.Helper()
-	if a.GossipListen == "" {
-		a.GossipListen = freeAddr(t)
-	}
-	if a.RaftListen == "" {
-		a.RaftListen = freeAddr(t)
-	}
-	if a.RaftTimeout == 0 {
-		a.RaftTimeout = 200 * time.Millisecond
-	}
-	if a.DataDir == "" {
-		a.DataDir = t.TempDir()
-	}
+	a.GossipListen = cmp.Or(a.GossipListen, freeAddr(t))
+	a.RaftListen = cmp.Or(a.RaftListen, freeAddr(t))
+	a.RaftTimeout = cmp.Or(a.RaftTimeout, 200*time.Millisecond)
+	a.DataDir = cmp.Or(a.DataDir, t.TempDir())
 	a.NoEngineMetrics = true
 	return launch(t, a)
 }

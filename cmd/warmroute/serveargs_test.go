@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -88,14 +87,8 @@ func TestServeArgsFlagTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	write := func(name string, b []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	tlsFiles := proc.ClusterTLS{CertFile: write("r7.pem", certPEM), KeyFile: write("r7-key.pem", keyPEM), CAFile: write("ca.pem", ca.CertPEM())}
+	tlsFiles := proc.ClusterTLS{CertFile: writeSecret(t, "r7.pem", string(certPEM)), KeyFile: writeSecret(t, "r7-key.pem", string(keyPEM)),
+		CAFile: writeSecret(t, "ca.pem", string(ca.CertPEM()))}
 	a := proc.ServeArgs{
 		Listen:               "127.0.0.1:18080",
 		AdminListen:          "127.0.0.1:19090",
@@ -126,8 +119,8 @@ func TestServeArgsFlagTable(t *testing.T) {
 		Voters:               5,
 		RaftTimeout:          300 * time.Millisecond,
 		DataDir:              filepath.Join(dir, "data"),
-		GossipKeyFile:        write("gossip.key", []byte(base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef")))),
-		AdminTokenFile:       write("admin.token", []byte("flag-table-token")),
+		GossipKeyFile:        writeSecret(t, "gossip.key", base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))),
+		AdminTokenFile:       writeSecret(t, "admin.token", "flag-table-token"),
 		AdminPublicMetrics:   true,
 		ClusterTLS:           tlsFiles,
 		LogLevel:             "warn",

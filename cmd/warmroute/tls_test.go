@@ -13,7 +13,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -30,26 +29,20 @@ import (
 	"github.com/warmroute/warmroute/node/identity"
 )
 
-func TestTLSParseCACreate(t *testing.T) {
-	for _, tc := range []struct {
-		args    []string
-		want    caCreateOpts
-		wantErr string
-	}{
-		{args: nil, want: caCreateOpts{dir: ".", days: defaultCADays, name: defaultCAName}},
-		{args: []string{"--dir", "d", "--days", "30", "--name", "prod CA"}, want: caCreateOpts{dir: "d", days: 30, name: "prod CA"}},
-		{args: []string{"--days=0"}, wantErr: "--days 0"},
-		{args: []string{"--days", "36501"}, wantErr: "want 1 to 36500"},
-		{args: []string{"--days", "x"}, wantErr: "invalid value"},
-		{args: []string{"--name", ""}, wantErr: "printable"},
-		{args: []string{"--name", "a\nb"}, wantErr: "printable"},
-		{args: []string{"--name", strings.Repeat("n", 65)}, wantErr: "printable"},
-		{args: []string{"--dir", ""}, wantErr: "--dir is empty"},
-		{args: []string{"stray"}, wantErr: "unexpected arguments"},
-		{args: []string{"--nope"}, wantErr: "not defined"},
-	} {
+// parseCase is one command line for a flag parser: the settings it
+// gives, or an error containing wantErr.
+type parseCase[O any] struct {
+	args    []string
+	want    O
+	wantErr string
+}
+
+// testParser runs every case through parse.
+func testParser[O comparable](t *testing.T, parse func([]string, io.Writer) (O, error), cases []parseCase[O]) {
+	t.Helper()
+	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
-			got, err := parseCACreate(tc.args, io.Discard)
+			got, err := parse(tc.args, io.Discard)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("error %v, want %q", err, tc.wantErr)
@@ -61,6 +54,22 @@ func TestTLSParseCACreate(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestTLSParseCACreate(t *testing.T) {
+	testParser(t, parseCACreate, []parseCase[caCreateOpts]{
+		{args: nil, want: caCreateOpts{dir: ".", days: defaultCADays, name: defaultCAName}},
+		{args: []string{"--dir", "d", "--days", "30", "--name", "prod CA"}, want: caCreateOpts{dir: "d", days: 30, name: "prod CA"}},
+		{args: []string{"--days=0"}, wantErr: "--days 0"},
+		{args: []string{"--days", "36501"}, wantErr: "want 1 to 36500"},
+		{args: []string{"--days", "x"}, wantErr: "invalid value"},
+		{args: []string{"--name", ""}, wantErr: "printable"},
+		{args: []string{"--name", "a\nb"}, wantErr: "printable"},
+		{args: []string{"--name", strings.Repeat("n", 65)}, wantErr: "printable"},
+		{args: []string{"--dir", ""}, wantErr: "--dir is empty"},
+		{args: []string{"stray"}, wantErr: "unexpected arguments"},
+		{args: []string{"--nope"}, wantErr: "not defined"},
+	})
 }
 
 func TestTLSParseCertCreate(t *testing.T) {
@@ -153,31 +162,14 @@ func TestTLSParseCertCreate(t *testing.T) {
 }
 
 func TestTLSParseShow(t *testing.T) {
-	for _, tc := range []struct {
-		args    []string
-		want    showOpts
-		wantErr string
-	}{
+	testParser(t, parseShow, []parseCase[showOpts]{
 		{args: []string{"r1.pem"}, want: showOpts{file: "r1.pem"}},
 		{args: []string{"r1.pem", "--ca", "ca.pem", "--name", "r1"}, want: showOpts{file: "r1.pem", caFile: "ca.pem", name: "r1"}},
 		{args: []string{"--ca=ca.pem", "--", "-odd.pem"}, want: showOpts{file: "-odd.pem", caFile: "ca.pem"}},
 		{args: nil, wantErr: "want one certificate file"},
 		{args: []string{"a.pem", "b.pem"}, wantErr: "want one certificate file"},
 		{args: []string{"a.pem", "--name", "a b"}, wantErr: "invalid router name"},
-	} {
-		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
-			got, err := parseShow(tc.args, io.Discard)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("error %v, want %q", err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil || got != tc.want {
-				t.Fatalf("got %+v, %v; want %+v", got, err, tc.want)
-			}
-		})
-	}
+	})
 }
 
 func TestTLSCommandDispatch(t *testing.T) {
@@ -602,21 +594,9 @@ func TestE2ETLSCluster(t *testing.T) {
 	}
 	caFile := filepath.Join(dir, "warmroute-ca.pem")
 	e := newEngine(t, 0, 0, 1)
-	var ps []*router
-	for i := 0; i < 3; i++ {
-		name := fmt.Sprintf("r%d", i)
-		a := proc.ServeArgs{NodeName: name, Backends: []string{e.srv.URL}, BootstrapExpect: 3, ClusterTLS: proc.ClusterTLS{
-			CertFile: filepath.Join(dir, name+".pem"), KeyFile: filepath.Join(dir, name+"-key.pem"), CAFile: caFile}}
-		if i > 0 {
-			a.Join = []string{ps[0].gossip}
-		}
-		ps = append(ps, spawnRouter(t, a))
-	}
-	for _, p := range ps {
-		if err := p.waitReady(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ps := spawnCluster(t, 3, proc.ServeArgs{Backends: []string{e.srv.URL}}, func(_ int, a *proc.ServeArgs) {
+		a.ClusterTLS = proc.ClusterTLS{CertFile: filepath.Join(dir, a.NodeName+".pem"), KeyFile: filepath.Join(dir, a.NodeName+"-key.pem"), CAFile: caFile}
+	})
 	tc, err := caOnlyTLS(caFile)
 	if err != nil {
 		t.Fatal(err)

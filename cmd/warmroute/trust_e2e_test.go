@@ -451,19 +451,7 @@ func TestE2EForeignDataDirRefused(t *testing.T) {
 
 	// Cluster A: three routers, a write acknowledged.
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
-	var ps []*router
-	for i := range 3 {
-		a := proc.ServeArgs{NodeName: fmt.Sprintf("r%d", i), Backends: backends, BootstrapExpect: 3, DataDir: dirs[i]}
-		if i > 0 {
-			a.Join = []string{ps[0].gossip}
-		}
-		ps = append(ps, spawnRouter(t, a))
-	}
-	for _, p := range ps {
-		if err := p.waitReady(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ps := spawnCluster(t, 3, proc.ServeArgs{Backends: backends}, func(i int, a *proc.ServeArgs) { a.DataDir = dirs[i] })
 	if _, err := pollUntil(20*time.Second, func() (bool, error) {
 		code, _ := adminDo(t, c, "POST", ps[1].admin+"/v1/backends", `{"id":"only-in-a","url":"http://127.0.0.1:9"}`)
 		return code == 200, nil
@@ -722,20 +710,8 @@ func TestE2EAdminInput(t *testing.T) {
 // and an epoch. Their admin URLs are HTTPS; pki.client() reads them.
 func startTLSProcCluster(t *testing.T, pki *clusterPKI, backends []string, n int, a proc.ServeArgs) []*router {
 	t.Helper()
-	var ps []*router
-	for i := range n {
-		a.NodeName = fmt.Sprintf("r%d", i)
-		a.Backends, a.BootstrapExpect, a.ClusterTLS = backends, n, pki.files(t, a.NodeName)
-		if i > 0 {
-			a.Join = []string{ps[0].gossip}
-		}
-		ps = append(ps, spawnRouter(t, a))
-	}
-	for _, p := range ps {
-		if err := p.waitReady(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a.Backends = backends
+	ps := spawnCluster(t, n, a, func(_ int, a *proc.ServeArgs) { a.ClusterTLS = pki.files(t, a.NodeName) })
 	waitAgreed(t, pki.client(), ps, 30*time.Second)
 	return ps
 }
