@@ -36,28 +36,11 @@ func chatRequest(promptBytes int, stream bool) []byte {
 // extraction, pick, forwarding, the answer): a complete (not streamed)
 // answer costs no allocation at all.
 func TestRequestPathAllocations(t *testing.T) {
-	addr := allocProxy(t, 3)
-	c := newRawClient(t, addr)
-	req := chatRequest(4<<10, false)
-	do := func() {
-		head, body, err := c.do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.HasPrefix(head, []byte("HTTP/1.1 200")) || !bytes.Equal(body, rawAnswer[len(rawAnswer)-48:]) {
-			t.Fatalf("answer %q %q", head, body)
-		}
-	}
-	for i := 0; i < 200; i++ { // warm the pools and connections
-		do()
-	}
-	// Under the race detector sync.Pool drops objects on purpose: about 1.6
-	// allocations per request then come from refilling pools.
-	want := 0.0
-	if raceEnabled {
-		want = 1
-	}
-	if n := testing.AllocsPerRun(1000, do); n > want {
+	c := newRawClient(t, allocProxy(t, 3))
+	n := allocsPerRequest(t, c, chatRequest(4<<10, false), func(head, body []byte) bool {
+		return bytes.HasPrefix(head, []byte("HTTP/1.1 200")) && bytes.Equal(body, rawAnswer[len(rawAnswer)-48:])
+	})
+	if want := maxRequestAllocs(); n > want {
 		t.Errorf("a proxied request allocates %.2f times, want %v", n, want)
 	}
 }
@@ -67,26 +50,14 @@ func TestRequestPathAllocations(t *testing.T) {
 // closures per response (4 objects); the proxy's own part allocates
 // nothing.
 func TestStreamPathAllocations(t *testing.T) {
-	addr := allocProxy(t, 1)
-	c := newRawClient(t, addr)
-	req := chatRequest(4<<10, true)
-	do := func() {
-		head, body, err := c.do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.HasPrefix(head, []byte("HTTP/1.1 200")) || bytes.Count(body, []byte("data: ")) != 3 {
-			t.Fatalf("answer %q %q", head, body)
-		}
-	}
-	for i := 0; i < 200; i++ {
-		do()
-	}
+	c := newRawClient(t, allocProxy(t, 1))
+	n := allocsPerRequest(t, c, chatRequest(4<<10, true), func(head, body []byte) bool {
+		return bytes.HasPrefix(head, []byte("HTTP/1.1 200")) && bytes.Count(body, []byte("data: ")) == 3
+	})
 	want := 4.0
 	if raceEnabled {
 		want = 10 // about 10.5 with pools refilled
 	}
-	n := testing.AllocsPerRun(1000, do)
 	t.Logf("a streamed request allocates %.2f times", n)
 	if n > want {
 		t.Errorf("a streamed request allocates %.2f times, want at most %v", n, want)

@@ -17,15 +17,6 @@ import (
 // these tests pin down that the timeouts still hold, and that a deadline
 // left behind never fails a later read.
 
-// rawRequest writes one chat request on c.
-func rawRequest(t *testing.T, c net.Conn, prompt string) {
-	t.Helper()
-	body := chatReq(prompt, "")
-	if _, err := fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // readStatus reads one answer from br and returns its status.
 func readStatus(t *testing.T, br *bufio.Reader) int {
 	t.Helper()
@@ -74,7 +65,8 @@ func TestIdleClientConnectionClosed(t *testing.T) {
 	}
 	last := time.Now()
 	took := waitClosed(t, c, br, last, 5*time.Second)
-	// The wait may end up to 1/64 of the timeout early (armRead).
+	// The wait may end up to 1/64 of the timeout early (see
+	// rawio.Socket.SetReadDeadline).
 	if min := cfg.IdleTimeout - cfg.IdleTimeout/64 - 10*time.Millisecond; took < min {
 		t.Fatalf("closed %v after the last answer; IdleTimeout is %v", took, cfg.IdleTimeout)
 	}
@@ -138,8 +130,7 @@ func TestKeepAliveAfterRequestLongerThanTimeouts(t *testing.T) {
 	// Let the router wait for the first request, so a deadline is on the
 	// poller when the long request begins.
 	time.Sleep(100 * time.Millisecond)
-	body := chatReq("long", "")
-	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Test: slow\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	io.WriteString(c, chatRaw("X-Test: slow\r\n", chatReq("long", "")))
 	if s := readStatus(t, br); s != 200 {
 		t.Fatalf("long request: status %d", s)
 	}

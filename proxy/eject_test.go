@@ -15,12 +15,7 @@ import (
 // back as soon as an active probe passes, not only when EjectFor runs out.
 func TestProbeEndsEjection(t *testing.T) {
 	good := newStub(t, "good", nil)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nothing listens: dials are refused
+	addr := refusedAddr(t) // nothing listens: dials are refused
 	cfg := testProxyConfig()
 	cfg.EjectAfter, cfg.EjectFor = 1, time.Hour
 	h := startProxyBackends(t, cfg, ring.DefaultConfig(), []ring.Backend{
@@ -43,7 +38,7 @@ func TestProbeEndsEjection(t *testing.T) {
 		t.Fatal("the unreachable backend was never ejected")
 	}
 	// The backend comes back on its address.
-	ln, err = net.Listen("tcp", addr)
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Skipf("port %s taken meanwhile: %v", addr, err)
 	}

@@ -92,17 +92,10 @@ func TestWriteTimeoutCutsClientThatStopsReading(t *testing.T) {
 	cfg.WriteTimeout = 300 * time.Millisecond
 	h := startProxy(t, cfg, ring.DefaultConfig(), a)
 	c := h.dial(t)
-	body := chatReq("stream", `,"stream":true`)
-	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	io.WriteString(c, chatRaw("", chatReq("stream", `,"stream":true`)))
 	// Never read.
-	select {
-	case <-gone:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the engine still streams to a client that stopped reading")
-	}
-	id := strings.TrimPrefix(a.srv.URL, "http://")
-	waitFor(t, func() bool { return testutil.ToFloat64(h.p.m.aborts.WithLabelValues(id)) == 1 }, "abort counted")
-	waitFor(t, func() bool { return h.p.Status()[0].InFlight == 0 }, "in-flight back to 0")
+	waitChan(t, gone, 20*time.Second, "the engine still streams to a client that stopped reading")
+	waitAbortCounted(t, h, a)
 }
 
 // WriteTimeout bounds stalls, not streams: a stream lasting several times
@@ -134,37 +127,14 @@ func TestMaxConnsRefusedWithJSON(t *testing.T) {
 	cfg := testProxyConfig()
 	cfg.MaxConns = 2
 	h := startProxy(t, cfg, ring.DefaultConfig(), a)
-	addr := strings.TrimPrefix(h.url, "http://")
-	body := chatReq("x", "")
-	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-	do := func(c net.Conn) (*http.Response, []byte) {
-		t.Helper()
-		c.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := io.WriteString(c, req); err != nil {
-			t.Fatal(err)
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		return resp, b
-	}
-	dial := func() net.Conn {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
-	held := []net.Conn{dial(), dial()}
+	req := chatRaw("", chatReq("x", ""))
+	held := []net.Conn{h.dial(t), h.dial(t)}
 	for _, c := range held {
-		if resp, b := do(c); resp.StatusCode != 200 {
+		if resp, b := exchange(t, c, req); resp.StatusCode != 200 {
 			t.Fatalf("within the limit: %d %s", resp.StatusCode, b)
 		}
 	}
-	resp, b := do(dial())
+	resp, b := exchange(t, h.dial(t), req)
 	if resp.StatusCode != 503 || decodeError(t, b).Code != "too_many_connections" || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("over the limit: %d %s", resp.StatusCode, b)
 	}
@@ -173,7 +143,7 @@ func TestMaxConnsRefusedWithJSON(t *testing.T) {
 	}
 	held[0].Close()
 	waitFor(t, func() bool { return h.p.open.Load() == 1 }, "a closed connection frees its slot")
-	if resp, b := do(dial()); resp.StatusCode != 200 {
+	if resp, b := exchange(t, h.dial(t), req); resp.StatusCode != 200 {
 		t.Fatalf("after a slot freed: %d %s", resp.StatusCode, b)
 	}
 }
@@ -329,19 +299,9 @@ func TestBodyTooLargeAnswerSurvivesUnreadBody(t *testing.T) {
 	cfg := testProxyConfig()
 	cfg.MaxRequestBodySize = 64 << 10
 	h := startProxy(t, cfg, ring.DefaultConfig(), a)
-	c := h.dial(t)
 	// Far more than loopback's socket buffers hold: the write goes on
-	// after the router answered.
-	body := chatReq(strings.Repeat("x", 8<<20), "")
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
-		t.Fatalf("sending the body: %v", err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("the 413 was lost: %v", err)
-	}
-	b, _ := io.ReadAll(resp.Body)
+	// after the router answered. A failed write or read fails the test.
+	resp, b := rawExchange(t, h, chatRaw("", chatReq(strings.Repeat("x", 8<<20), "")))
 	if resp.StatusCode != 413 || decodeError(t, b).Code != "body_too_large" {
 		t.Fatalf("got %d %s", resp.StatusCode, b)
 	}

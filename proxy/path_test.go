@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -63,11 +62,7 @@ func TestRequestBodiesOfAllSizes(t *testing.T) {
 // keep-alive timeout, a restart) is noticed before the request is written
 // to it: the request goes out on a new connection instead of failing.
 func TestPooledConnectionClosedByBackend(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := listen(t)
 	var accepted atomic.Int64
 	closed := make(chan struct{}, 10)
 	go func() {
@@ -116,10 +111,7 @@ func TestStreamHeadersBeforeFirstEvent(t *testing.T) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(200)
 		w.(http.Flusher).Flush()
-		select {
-		case <-release:
-		case <-time.After(10 * time.Second):
-		}
+		released(release)
 		io.WriteString(w, "data: {\"n\":1}\n\ndata: [DONE]\n\n")
 	})
 	h := startProxy(t, testProxyConfig(), ring.DefaultConfig(), a)
@@ -165,10 +157,7 @@ func TestStreamHeadersWithFirstEvent(t *testing.T) {
 		}
 		io.WriteString(w, "data: {\"n\":1}\n\n")
 		w.(http.Flusher).Flush()
-		select {
-		case <-release:
-		case <-time.After(10 * time.Second):
-		}
+		released(release)
 		io.WriteString(w, "data: [DONE]\n\n")
 	})
 	h := startProxy(t, testProxyConfig(), ring.DefaultConfig(), a)
@@ -233,11 +222,7 @@ func TestPooledConnectionClosedAfterProbeDeadline(t *testing.T) {
 func TestStaleUpstreamAfterLapsedDeadline(t *testing.T) {
 	for _, path := range []string{"raw", "portable"} {
 		t.Run(path, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
+			ln := listen(t)
 			cfg := testProxyConfig()
 			c, err := newDialer(&cfg)(ln.Addr().String(), time.Second)
 			if err != nil {

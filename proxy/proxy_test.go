@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -83,18 +82,8 @@ func startProxyBackends(t testing.TB, pcfg Config, rcfg ring.Config, bs []ring.B
 	if err := p.SetRing(r, 7); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- p.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		p.Shutdown(ctx)
-		<-done
-	})
+	ln := listen(t)
+	serve(t, p, ln)
 	return &harness{p: p, url: "http://" + ln.Addr().String(), reg: reg, ring: r}
 }
 
@@ -185,10 +174,7 @@ func TestStreamingIsUnbuffered(t *testing.T) {
 		fl := w.(http.Flusher)
 		io.WriteString(w, "data: {\"n\":1}\n\n")
 		fl.Flush()
-		select { // the second event only after the client saw the first
-		case <-release:
-		case <-time.After(10 * time.Second):
-		}
+		released(release) // the second event only after the client saw the first
 		for i := 2; i <= 5; i++ {
 			fmt.Fprintf(w, "data: {\"n\":%d}\n\n", i)
 			fl.Flush()
@@ -431,12 +417,8 @@ func TestClientDisconnectStopsUpstream(t *testing.T) {
 		t.Error("upstream stream ran to the end: the client disconnect did not reach it")
 	})
 	h := startProxy(t, testProxyConfig(), ring.DefaultConfig(), a)
-	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := chatReq("long generation", `,"stream":true`)
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	conn := h.dial(t)
+	io.WriteString(conn, chatRaw("", chatReq("long generation", `,"stream":true`)))
 	br := bufio.NewReader(conn)
 	for {
 		line, err := br.ReadString('\n')
@@ -448,14 +430,8 @@ func TestClientDisconnectStopsUpstream(t *testing.T) {
 		}
 	}
 	conn.Close()
-	select {
-	case <-upstreamDone:
-	case <-time.After(10 * time.Second):
-		t.Fatal("upstream kept streaming after the client left")
-	}
-	id := strings.TrimPrefix(a.srv.URL, "http://")
-	waitFor(t, func() bool { return testutil.ToFloat64(h.p.m.aborts.WithLabelValues(id)) == 1 }, "client abort counted")
-	waitFor(t, func() bool { return h.p.Status()[0].InFlight == 0 }, "in-flight back to 0")
+	waitChan(t, upstreamDone, 10*time.Second, "upstream kept streaming after the client left")
+	waitAbortCounted(t, h, a)
 }
 
 func decodeError(t *testing.T, body []byte) apiErrorBody {
@@ -532,9 +508,7 @@ func TestNoBackendAndUnreachable(t *testing.T) {
 	// Two backends that refuse connections: 502 after trying both.
 	var bs []ring.Backend
 	for i := 0; i < 2; i++ {
-		ln, _ := net.Listen("tcp", "127.0.0.1:0")
-		addr := ln.Addr().String()
-		ln.Close()
+		addr := refusedAddr(t)
 		bs = append(bs, ring.Backend{ID: addr, Addr: "http://" + addr})
 	}
 	cfg := testProxyConfig()

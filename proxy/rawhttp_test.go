@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
 	"testing"
 )
 
@@ -121,64 +120,30 @@ func readMessage(br *bufio.Reader, buf []byte) (head, body []byte, err error) {
 // SSE stream when the body asks for one.
 type rawStub struct {
 	ln net.Listener
-	wg sync.WaitGroup
 }
 
 func newRawStub(t testing.TB) *rawStub {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &rawStub{ln: ln}
-	var mu sync.Mutex
-	var conns []net.Conn
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
+	return &rawStub{ln: serveConns(t, func(c net.Conn) {
+		br := bufio.NewReaderSize(c, 64<<10)
+		buf := make([]byte, 0, 256<<10)
 		for {
-			c, err := ln.Accept()
+			_, body, err := readMessage(br, buf)
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
-				defer c.Close()
-				br := bufio.NewReaderSize(c, 64<<10)
-				buf := make([]byte, 0, 256<<10)
-				for {
-					_, body, err := readMessage(br, buf)
-					if err != nil {
-						return
-					}
-					if bytes.Contains(body, streamTrue) {
-						if _, err := c.Write(rawSSEHead); err != nil {
-							return
-						}
-						_, err = c.Write(rawSSEChunks)
-					} else {
-						_, err = c.Write(rawAnswer)
-					}
-					if err != nil {
-						return
-					}
+			if bytes.Contains(body, streamTrue) {
+				if _, err := c.Write(rawSSEHead); err != nil {
+					return
 				}
-			}()
+				_, err = c.Write(rawSSEChunks)
+			} else {
+				_, err = c.Write(rawAnswer)
+			}
+			if err != nil {
+				return
+			}
 		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		s.wg.Wait()
-	})
-	return s
+	})}
 }
 
 func (s *rawStub) url() string { return "http://" + s.ln.Addr().String() }

@@ -22,10 +22,7 @@ func TestServeAfterShutdownReturns(t *testing.T) {
 	if err := p.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listen(t)
 	done := make(chan error, 1)
 	go func() { done <- p.Serve(ln) }()
 	select {

@@ -37,55 +37,23 @@ type answer func(c net.Conn, n int, head string, body []byte) bool
 
 func newHostile(t testing.TB, ans answer) *hostile {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &hostile{ln: ln}
-	var wg sync.WaitGroup
-	var cmu sync.Mutex
-	var open []net.Conn
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
+	h := &hostile{}
+	h.ln = serveConns(t, func(c net.Conn) {
+		h.conns.Add(1)
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		br := bufio.NewReader(c)
+		for n := 0; ; n++ {
+			head, body, err := readRawRequest(br)
 			if err != nil {
 				return
 			}
-			h.conns.Add(1)
-			cmu.Lock()
-			open = append(open, c)
-			cmu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(30 * time.Second))
-				br := bufio.NewReader(c)
-				for n := 0; ; n++ {
-					head, body, err := readRawRequest(br)
-					if err != nil {
-						return
-					}
-					h.mu.Lock()
-					h.heads = append(h.heads, head)
-					h.mu.Unlock()
-					if !ans(c, n, head, body) {
-						return
-					}
-				}
-			}()
+			h.mu.Lock()
+			h.heads = append(h.heads, head)
+			h.mu.Unlock()
+			if !ans(c, n, head, body) {
+				return
+			}
 		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		cmu.Lock()
-		for _, c := range open {
-			c.Close()
-		}
-		cmu.Unlock()
-		wg.Wait()
 	})
 	return h
 }
@@ -157,27 +125,6 @@ func noProbes() Config {
 	c := testProxyConfig()
 	c.ProbePath = ""
 	return c
-}
-
-// rawExchange writes req on a new connection and reads one response.
-func rawExchange(t *testing.T, h *harness, req string) (*http.Response, []byte) {
-	t.Helper()
-	c := h.dial(t)
-	c.SetDeadline(time.Now().Add(20 * time.Second))
-	if _, err := io.WriteString(c, req); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	return resp, b
-}
-
-func chatRaw(extra string, body string) string {
-	return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s", extra, len(body), body)
 }
 
 func expectError(t *testing.T, what string, resp *http.Response, body []byte, status int, code string) {
@@ -459,18 +406,13 @@ func TestLoopDetected(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listen(t)
 	r, err := ring.New(ring.DefaultConfig(), []ring.Backend{{ID: "self/", Addr: "http://" + ln.Addr().String()}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.SetRing(r, 1)
-	done := make(chan error, 1)
-	go func() { done <- p.Serve(ln) }()
-	defer func() { p.Shutdown(t.Context()); <-done }()
+	serve(t, p, ln)
 	url := "http://" + ln.Addr().String()
 	resp, body := post(t, url+"/v1/chat/completions", chatReq("loop", ""))
 	if e := decodeError(t, body); resp.StatusCode != 508 || e.Code != "loop_detected" || !strings.Contains(e.Message, "passed 4") {
@@ -632,24 +574,11 @@ func TestPlainFinalStatus(t *testing.T) {
 // The request path stays free of allocations with the hop-by-hop fields
 // common clients send (Python's clients send Connection: keep-alive).
 func TestRequestPathAllocationsWithConnectionField(t *testing.T) {
-	addr := allocProxy(t, 1)
-	c := newRawClient(t, addr)
+	c := newRawClient(t, allocProxy(t, 1))
 	req := chatRequest(4<<10, false)
 	req = bytes.Replace(req, []byte("Host: bench\r\n"), []byte("Host: bench\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n"), 1)
-	do := func() {
-		head, _, err := c.do(req)
-		if err != nil || !bytes.HasPrefix(head, []byte("HTTP/1.1 200")) {
-			t.Fatalf("%q %v", head, err)
-		}
-	}
-	for i := 0; i < 200; i++ {
-		do()
-	}
-	want := 0.0
-	if raceEnabled {
-		want = 1
-	}
-	if n := testing.AllocsPerRun(1000, do); n > want {
+	n := allocsPerRequest(t, c, req, func(head, _ []byte) bool { return bytes.HasPrefix(head, []byte("HTTP/1.1 200")) })
+	if want := maxRequestAllocs(); n > want {
 		t.Errorf("a proxied request with a Connection field allocates %.2f times, want %v", n, want)
 	}
 }

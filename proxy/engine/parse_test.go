@@ -8,6 +8,16 @@ import (
 	"testing"
 )
 
+// testdata returns the file name in testdata/.
+func testdata(t testing.TB, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile("testdata/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 func mustParser(t testing.TB) *Parser {
 	t.Helper()
 	p, err := NewParser(DefaultMapping())
@@ -36,11 +46,7 @@ func TestParseEngines(t *testing.T) {
 		{"tgi.txt", Sample{Running: 16, Waiting: 4, Known: KnownRunning | KnownWaiting}},
 	}
 	for _, tc := range cases {
-		body, err := os.ReadFile("testdata/" + tc.file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := p.Parse(body)
+		got := p.Parse(testdata(t, tc.file))
 		w := tc.want
 		if got.Known != w.Known || got.HasCounters != w.HasCounters || !near(got.Running, w.Running) || !near(got.Waiting, w.Waiting) ||
 			!near(got.KVUsage, w.KVUsage) || !near(got.PrefixHitRate, w.PrefixHitRate) ||
@@ -139,10 +145,7 @@ func TestCustomMapping(t *testing.T) {
 
 func TestParseAllocs(t *testing.T) {
 	p := mustParser(t)
-	body, err := os.ReadFile("testdata/vllm_v1.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
+	body := testdata(t, "vllm_v1.txt")
 	allocs := testing.AllocsPerRun(100, func() { p.Parse(body) })
 	if allocs > 0 {
 		t.Fatalf("Parse allocates %.0f times per body", allocs)
@@ -151,10 +154,7 @@ func TestParseAllocs(t *testing.T) {
 
 func BenchmarkParse(b *testing.B) {
 	p := mustParser(b)
-	body, err := os.ReadFile("testdata/vllm_v1.txt")
-	if err != nil {
-		b.Fatal(err)
-	}
+	body := testdata(b, "vllm_v1.txt")
 	// A realistic V1 body is larger: repeat the histograms of more models.
 	var big strings.Builder
 	big.Write(body)
@@ -183,11 +183,7 @@ func BenchmarkParse(b *testing.B) {
 // changing the body, and into finite figures.
 func FuzzParse(f *testing.F) {
 	for _, name := range []string{"vllm_v1.txt", "vllm_v0.txt", "vllm_v1_early.txt", "sglang.txt", "tgi.txt"} {
-		b, err := os.ReadFile("testdata/" + name)
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
+		f.Add(testdata(f, name))
 	}
 	f.Add([]byte(`{"vllm:num_requests_running",a="}"} 1`))
 	f.Add([]byte("vllm:num_requests_running{a=\"\\"))

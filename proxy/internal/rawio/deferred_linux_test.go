@@ -181,8 +181,7 @@ func TestDeferredWriteToClosedPeer(t *testing.T) {
 		if _, err := d.Write([]byte("request")); err != nil {
 			t.Fatal(err)
 		}
-		now := time.Now()
-		d.SetReadDeadline(now.Add(5*time.Second).UnixNano(), now.UnixNano())
+		setDeadline(t, d.Socket, time.Now().Add(5*time.Second))
 		n, err := d.Read(make([]byte, 8))
 		if n != 0 || (err != io.EOF && !isReset(err)) {
 			t.Fatalf("read: %d %v, want io.EOF or a reset", n, err)
@@ -204,10 +203,7 @@ func TestDeferredWriteReadDeadline(t *testing.T) {
 	if _, err := d.Write([]byte("request")); err != nil {
 		t.Fatal(err)
 	}
-	now := time.Now()
-	if err := d.SetReadDeadline(now.Add(50*time.Millisecond).UnixNano(), now.UnixNano()); err != nil {
-		t.Fatal(err)
-	}
+	setDeadline(t, d.Socket, time.Now().Add(50*time.Millisecond))
 	if n, err := d.Read(make([]byte, 8)); n != 0 || !isTimeout(err) {
 		t.Fatalf("read: %d %v, want a timeout", n, err)
 	}

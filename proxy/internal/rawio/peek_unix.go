@@ -16,12 +16,8 @@ import (
 // allocates, so on Linux the request path uses Socket.PeerClosed; this one
 // serves the other unix systems.
 func PeerClosed(c net.Conn) bool {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return false
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
+	rc := syscallConn(c)
+	if rc == nil {
 		return false
 	}
 	closed := false
@@ -34,6 +30,20 @@ func PeerClosed(c net.Conn) bool {
 		return true
 	}
 	return closed
+}
+
+// syscallConn returns c's syscall.RawConn, or nil when c has no
+// descriptor.
+func syscallConn(c net.Conn) syscall.RawConn {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return rc
 }
 
 // peekSaysClosed reads the outcome of a one-byte non-blocking MSG_PEEK recv

@@ -38,7 +38,6 @@ type Socket struct {
 	writeStall time.Duration
 	armed      bool // a write deadline is set for the current write
 	mark       int  // bytes written when it was set
-	stallCB    func(uintptr) bool
 
 	// The read deadline, which reaches the runtime poller lazily (see
 	// SetReadDeadline): rdWant is the deadline asked for, rdDur how far
@@ -55,17 +54,12 @@ type Socket struct {
 // peer stopped reading) fails; 0 is no bound. c's read deadline must be set
 // through the Socket from then on (see SetReadDeadline).
 func NewSocket(c net.Conn, writeStall time.Duration) *Socket {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return nil
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
+	rc := syscallConn(c)
+	if rc == nil {
 		return nil
 	}
 	s := &Socket{conn: c, rc: rc, writeStall: writeStall}
 	s.readCB, s.writeCB, s.peekCB, s.tryCB = s.rawRead, s.rawWrite, s.rawPeek, s.rawTry
-	s.stallCB = s.rawWriteStall
 	return s
 }
 
@@ -186,6 +180,10 @@ func (s *Socket) rawRead(fd uintptr) bool {
 	return true
 }
 
+// rawWrite sends what is left of s.p. When the buffer is full it waits,
+// or, on a socket with a writeStall, first asks writeStalled (through
+// wouldBlock) to set or move the write deadline, unless the deadline is
+// set and nothing went out since.
 func (s *Socket) rawWrite(fd uintptr) bool {
 	for s.n < len(s.p) {
 		n, e := sysWrite(fd, s.p[s.n:])
@@ -193,27 +191,7 @@ func (s *Socket) rawWrite(fd uintptr) bool {
 		case 0:
 			s.n += n
 		case syscall.EAGAIN:
-			return false
-		default:
-			s.err = os.NewSyscallError("write", e)
-			return true
-		}
-	}
-	return true
-}
-
-// rawWriteStall is rawWrite for a socket with a writeStall: when the
-// buffer is full it asks Write (through wouldBlock) to set or move the
-// write deadline before waiting, unless the deadline is set and nothing
-// went out since.
-func (s *Socket) rawWriteStall(fd uintptr) bool {
-	for s.n < len(s.p) {
-		n, e := sysWrite(fd, s.p[s.n:])
-		switch e {
-		case 0:
-			s.n += n
-		case syscall.EAGAIN:
-			if !s.armed || s.n > s.mark {
+			if s.writeStall > 0 && (!s.armed || s.n > s.mark) {
 				s.wouldBlock = true
 				return true
 			}
@@ -288,14 +266,14 @@ func (s *Socket) Write(p []byte) (int, error) {
 // the socket buffer is full.
 func (s *Socket) writeStalled() error {
 	s.armed, s.wouldBlock = false, false
-	err := s.rc.Write(s.stallCB)
+	err := s.rc.Write(s.writeCB)
 	for err == nil && s.err == nil && s.wouldBlock {
 		s.wouldBlock = false
 		if err = s.conn.SetWriteDeadline(time.Now().Add(s.writeStall)); err != nil {
 			break
 		}
 		s.armed, s.mark = true, s.n
-		err = s.rc.Write(s.stallCB)
+		err = s.rc.Write(s.writeCB)
 	}
 	if s.armed {
 		s.armed = false

@@ -47,15 +47,14 @@ func readable(c syscall.Conn) bool {
 	return ok
 }
 
-// readAsync runs a Read on s in a goroutine, to be blocked when the caller
-// acts, and returns what it got.
-func readAsync(s *Socket, p []byte) <-chan readResult {
-	ch := make(chan readResult, 1)
-	go func() {
-		n, err := s.Read(p)
-		ch <- readResult{n, err}
-	}()
-	return ch
+// writer returns a Socket with the write bound stall over one end of a
+// new loopback connection, whose send buffer is fixed at snd, and the
+// other end, whose receive buffer is fixed at rcv.
+func writer(t *testing.T, stall time.Duration, snd, rcv int) (*Socket, *net.TCPConn) {
+	t.Helper()
+	srv, cli := tcpPair(t)
+	buffers(t, srv, snd, cli, rcv)
+	return NewSocket(srv, stall), cli
 }
 
 type readResult struct {
@@ -63,7 +62,29 @@ type readResult struct {
 	err error
 }
 
-// result waits for a readAsync.
+// waitingRead starts a Read on s in a goroutine and returns once the read
+// found nothing and is about to wait (OnBlock), with the channel that
+// gets its result.
+func waitingRead(t *testing.T, s *Socket, p []byte) <-chan readResult {
+	t.Helper()
+	waiting := make(chan struct{})
+	s.OnBlock(func() { close(waiting) })
+	ch := make(chan readResult, 1)
+	go func() {
+		n, err := s.Read(p)
+		ch <- readResult{n, err}
+	}()
+	select {
+	case <-waiting:
+	case r := <-ch:
+		t.Fatalf("the read returned %d %v without waiting", r.n, r.err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the read neither waited nor returned within 5 s")
+	}
+	return ch
+}
+
+// result waits for a waitingRead.
 func result(t *testing.T, ch <-chan readResult) readResult {
 	t.Helper()
 	select {
@@ -72,6 +93,30 @@ func result(t *testing.T, ch <-chan readResult) readResult {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the read did not return within 5 s")
 		return readResult{}
+	}
+}
+
+// readAfterWait reads msg on s, which peer sends only once the read
+// found nothing and is about to wait: the read certainly waits (and so
+// hands its deadline to the poller if it must).
+func readAfterWait(t *testing.T, s *Socket, peer net.Conn, msg string) {
+	t.Helper()
+	s.OnBlock(func() { peer.Write([]byte(msg)) })
+	buf := make([]byte, len(msg)+1)
+	if n, err := s.Read(buf); err != nil || string(buf[:n]) != msg {
+		t.Fatalf("read %q %v, want %q", buf[:n], err, msg)
+	}
+}
+
+// setDeadline asks s for the read deadline at (none if zero).
+func setDeadline(t *testing.T, s *Socket, at time.Time) {
+	t.Helper()
+	var want int64
+	if !at.IsZero() {
+		want = at.UnixNano()
+	}
+	if err := s.SetReadDeadline(want, time.Now().UnixNano()); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -96,8 +141,7 @@ func TestReadWouldBlockWaitsForData(t *testing.T) {
 		t.Fatalf("empty read: %d %v", n, err)
 	}
 	buf := make([]byte, 64)
-	ch := readAsync(s, buf)
-	time.Sleep(20 * time.Millisecond) // let the read find nothing and wait
+	ch := waitingRead(t, s, buf)
 	if _, err := cli.Write([]byte("hello")); err != nil {
 		t.Fatal(err)
 	}
@@ -111,10 +155,8 @@ func TestReadWouldBlockWaitsForData(t *testing.T) {
 func TestReadDeadlineEndsWait(t *testing.T) {
 	srv, _ := tcpPair(t)
 	s := newSocket(t, srv)
-	now := time.Now()
-	if err := s.SetReadDeadline(now.Add(50*time.Millisecond).UnixNano(), now.UnixNano()); err != nil {
-		t.Fatal(err)
-	}
+	start := time.Now()
+	setDeadline(t, s, start.Add(50*time.Millisecond))
 	n, err := s.Read(make([]byte, 8))
 	if n != 0 || !isTimeout(err) {
 		t.Fatalf("read: %d %v, want a timeout", n, err)
@@ -123,7 +165,7 @@ func TestReadDeadlineEndsWait(t *testing.T) {
 	if !errors.As(err, &oe) || oe.Source == nil || oe.Addr == nil {
 		t.Fatalf("read error %#v, want a net.OpError naming both addresses", err)
 	}
-	if d := time.Since(now); d < 40*time.Millisecond || d > 3*time.Second {
+	if d := time.Since(start); d < 40*time.Millisecond || d > 3*time.Second {
 		t.Fatalf("a 50 ms deadline ended the read after %v", d)
 	}
 }
@@ -166,11 +208,9 @@ func TestOnBlockRunsOnceBeforeWait(t *testing.T) {
 	// It was used up; and OnBlock(nil) clears one that was not.
 	s.OnBlock(func() { calls++ })
 	s.OnBlock(nil)
-	ch := readAsync(s, buf)
-	time.Sleep(20 * time.Millisecond) // let the read wait
-	cli.Write([]byte("late"))
-	if r := result(t, ch); r.err != nil || string(buf[:r.n]) != "late" {
-		t.Fatalf("read %q %v", buf[:r.n], r.err)
+	time.AfterFunc(20*time.Millisecond, func() { cli.Write([]byte("late")) })
+	if n, err := s.Read(buf); err != nil || string(buf[:n]) != "late" {
+		t.Fatalf("read %q %v", buf[:n], err)
 	}
 	if calls != 1 {
 		t.Fatalf("a cleared OnBlock ran (%d calls)", calls)
@@ -184,8 +224,7 @@ func TestPeerFIN(t *testing.T) {
 	t.Run("mid-read", func(t *testing.T) {
 		srv, cli := tcpPair(t)
 		s := newSocket(t, srv)
-		ch := readAsync(s, make([]byte, 8))
-		time.Sleep(20 * time.Millisecond) // let the read wait
+		ch := waitingRead(t, s, make([]byte, 8))
 		cli.Close()
 		if r := result(t, ch); r.n != 0 || r.err != io.EOF {
 			t.Fatalf("read: %d %v, want io.EOF", r.n, r.err)
@@ -196,6 +235,7 @@ func TestPeerFIN(t *testing.T) {
 		s := newSocket(t, srv)
 		cli.Write([]byte("bye"))
 		cli.Close()
+		waitUntil(t, func() bool { return readable(srv) }, "the bytes to arrive")
 		buf := make([]byte, 8)
 		got := []byte{}
 		var err error
@@ -220,8 +260,7 @@ func TestPeerRST(t *testing.T) {
 	t.Run("mid-read", func(t *testing.T) {
 		srv, cli := tcpPair(t)
 		s := newSocket(t, srv)
-		ch := readAsync(s, make([]byte, 8))
-		time.Sleep(20 * time.Millisecond) // let the read wait
+		ch := waitingRead(t, s, make([]byte, 8))
 		reset(t, cli)
 		r := result(t, ch)
 		var oe *net.OpError
@@ -248,10 +287,8 @@ func TestPeerRST(t *testing.T) {
 // A write larger than the socket buffers goes out in pieces (partial
 // sends, then waits for room) and returns once all of it is out.
 func TestPartialWritesComplete(t *testing.T) {
-	srv, cli := tcpPair(t)
-	buffers(t, srv, 16<<10, cli, 64<<10)
 	for _, stall := range []time.Duration{0, 2 * time.Second} {
-		s := NewSocket(srv, stall)
+		s, cli := writer(t, stall, 16<<10, 64<<10)
 		msg := bytes.Repeat([]byte("0123456789abcdef"), 64<<10) // 1 MiB
 		got := make(chan []byte, 1)
 		go func() {
@@ -274,11 +311,9 @@ func TestPartialWritesComplete(t *testing.T) {
 // write deadline is cleared after it, so a later write is not failed by
 // it.
 func TestWriteStallFailsWhenPeerStopsReading(t *testing.T) {
-	srv, cli := tcpPair(t)
-	// As small as they go: once they are full, nothing more moves.
-	buffers(t, srv, 4<<10, cli, 4<<10)
 	const stall = 200 * time.Millisecond
-	s := NewSocket(srv, stall)
+	// Buffers as small as they go: once they are full, nothing more moves.
+	s, cli := writer(t, stall, 4<<10, 4<<10)
 	msg := make([]byte, 4<<20)
 	start := time.Now()
 	n, err := s.Write(msg)
@@ -306,13 +341,11 @@ func TestWriteStallFailsWhenPeerStopsReading(t *testing.T) {
 // A peer that reads slowly but steadily never trips the write bound,
 // though the whole write takes longer than it: the bound is per stall.
 func TestWriteStallSparesSlowReader(t *testing.T) {
-	srv, cli := tcpPair(t)
+	const stall = 250 * time.Millisecond
 	// The writer wakes when half its send buffer drained, a few of the
 	// reader's reads; the receive buffer is well above loopback's 64 KiB
 	// segments, so the window never shrinks below one.
-	buffers(t, srv, 64<<10, cli, 256<<10)
-	const stall = 250 * time.Millisecond
-	s := NewSocket(srv, stall)
+	s, cli := writer(t, stall, 64<<10, 256<<10)
 	msg := make([]byte, 8<<20)
 	done := make(chan int64, 1)
 	go func() {
@@ -349,25 +382,12 @@ func TestReadDeadlineReachesPollerLazily(t *testing.T) {
 	srv, cli := tcpPair(t)
 	s := NewSocket(srv, time.Second)
 	const idle, read = 60 * time.Second, 3 * time.Second
-	buf := make([]byte, 64)
 	const n = 200
 	start := time.Now()
-	for i := range n {
-		go func() {
-			time.Sleep(200 * time.Microsecond)
-			cli.Write([]byte("x"))
-		}()
-		now := time.Now()
-		if err := s.SetReadDeadline(now.Add(idle).UnixNano(), now.UnixNano()); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Read(buf); err != nil {
-			t.Fatalf("request %d: %v", i, err)
-		}
-		now = time.Now()
-		if err := s.SetReadDeadline(now.Add(read).UnixNano(), now.UnixNano()); err != nil {
-			t.Fatal(err)
-		}
+	for range n {
+		setDeadline(t, s, time.Now().Add(idle))
+		readAfterWait(t, s, cli, "x") // every read waits
+		setDeadline(t, s, time.Now().Add(read))
 	}
 	// The idle deadline moves on the poller each time it moved by more than
 	// 1/64 of its length (armRead): about once a second here, however
@@ -380,10 +400,9 @@ func TestReadDeadlineReachesPollerLazily(t *testing.T) {
 
 	// A read that waits gets the deadline asked for last (3 s would be too
 	// long to wait here, so ask for a short one: earlier, so applied).
+	buf := make([]byte, 8)
 	start = time.Now()
-	if err := s.SetReadDeadline(start.Add(50*time.Millisecond).UnixNano(), start.UnixNano()); err != nil {
-		t.Fatal(err)
-	}
+	setDeadline(t, s, start.Add(50*time.Millisecond))
 	if _, err := s.Read(buf); !isTimeout(err) {
 		t.Fatalf("read: %v, want a deadline error", err)
 	}
@@ -395,17 +414,12 @@ func TestReadDeadlineReachesPollerLazily(t *testing.T) {
 	// waiting (net.Conn semantics, used to interrupt reads).
 	cli.Write([]byte("y"))
 	waitUntil(t, func() bool { return readable(srv) }, "the byte to arrive")
-	now := time.Now()
-	if err := s.SetReadDeadline(now.Add(-time.Second).UnixNano(), now.UnixNano()); err != nil {
-		t.Fatal(err)
-	}
+	setDeadline(t, s, time.Now().Add(-time.Second))
 	if _, err := s.Read(buf); !isTimeout(err) {
 		t.Fatalf("read past the deadline: %v", err)
 	}
 	// Cleared, the read gets the waiting byte.
-	if err := s.SetReadDeadline(0, time.Now().UnixNano()); err != nil {
-		t.Fatal(err)
-	}
+	setDeadline(t, s, time.Time{})
 	if n, err := s.Read(buf); err != nil || string(buf[:n]) != "y" {
 		t.Fatalf("read after clearing: %q %v", buf[:n], err)
 	}
@@ -417,36 +431,21 @@ func TestReadDeadlineReachesPollerLazily(t *testing.T) {
 func TestReadDeadlineSlack(t *testing.T) {
 	srv, cli := tcpPair(t)
 	s := newSocket(t, srv)
-	buf := make([]byte, 8)
-	waitRead := func(want time.Duration) {
-		t.Helper()
-		now := time.Now()
-		if err := s.SetReadDeadline(now.Add(want).UnixNano(), now.UnixNano()); err != nil {
-			t.Fatal(err)
+	for _, step := range []struct {
+		ahead   time.Duration
+		applied int
+		what    string
+	}{
+		{64 * time.Second, 1, "the first deadline"},
+		{64 * time.Second, 1, "a deadline later by less than 1 s (1/64)"},
+		{70 * time.Second, 2, "a deadline later by 6 s"},
+		{30 * time.Second, 3, "an earlier deadline"},
+	} {
+		setDeadline(t, s, time.Now().Add(step.ahead))
+		readAfterWait(t, s, cli, "x")
+		if s.rdApplied != step.applied {
+			t.Fatalf("%s: the poller's deadline was set %d times in all, want %d", step.what, s.rdApplied, step.applied)
 		}
-		go func() {
-			time.Sleep(5 * time.Millisecond) // the read waits first
-			cli.Write([]byte("x"))
-		}()
-		if _, err := s.Read(buf); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitRead(64 * time.Second)
-	if s.rdApplied != 1 {
-		t.Fatalf("applied %d times, want 1", s.rdApplied)
-	}
-	waitRead(64 * time.Second) // later by milliseconds: within 1 s
-	if s.rdApplied != 1 {
-		t.Fatalf("a deadline within the slack was applied (%d)", s.rdApplied)
-	}
-	waitRead(70 * time.Second) // later by 6 s
-	if s.rdApplied != 2 {
-		t.Fatalf("a deadline past the slack was not applied (%d)", s.rdApplied)
-	}
-	waitRead(30 * time.Second) // earlier
-	if s.rdApplied != 3 {
-		t.Fatalf("an earlier deadline was not applied (%d)", s.rdApplied)
 	}
 }
 
@@ -457,30 +456,18 @@ func TestReadDeadlineSlack(t *testing.T) {
 func TestLapsingPollerDeadlineReplacedAtOnce(t *testing.T) {
 	srv, cli := tcpPair(t)
 	s := newSocket(t, srv)
-	buf := make([]byte, 8)
-	now := time.Now()
-	short := now.Add(200 * time.Millisecond)
-	if err := s.SetReadDeadline(short.UnixNano(), now.UnixNano()); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		time.Sleep(5 * time.Millisecond) // the read waits and applies it
-		cli.Write([]byte("a"))
-	}()
-	if _, err := s.Read(buf); err != nil {
-		t.Fatal(err)
-	}
+	short := time.Now().Add(200 * time.Millisecond)
+	setDeadline(t, s, short)
+	readAfterWait(t, s, cli, "a") // the wait hands it to the poller
 	applied := s.rdApplied
-	now = time.Now()
-	if err := s.SetReadDeadline(now.Add(time.Minute).UnixNano(), now.UnixNano()); err != nil {
-		t.Fatal(err)
-	}
+	setDeadline(t, s, time.Now().Add(time.Minute))
 	if s.rdApplied != applied+1 {
 		t.Fatal("a deadline replacing one about to lapse was not applied at once")
 	}
 	time.Sleep(time.Until(short) + 20*time.Millisecond) // the short one lapses
 	cli.Write([]byte("b"))
 	waitUntil(t, func() bool { return readable(srv) }, "the byte to arrive")
+	buf := make([]byte, 8)
 	if n, err := s.Read(buf); err != nil || string(buf[:n]) != "b" {
 		t.Fatalf("read after the old deadline lapsed: %q %v", buf[:n], err)
 	}
@@ -494,28 +481,16 @@ func TestLapsingPollerDeadlineReplacedAtOnce(t *testing.T) {
 func TestDeadlineSetBehindItsBack(t *testing.T) {
 	srv, cli := tcpPair(t)
 	s := newSocket(t, srv)
-	buf := make([]byte, 8)
-	now := time.Now()
-	far := now.Add(time.Minute).UnixNano()
-	if err := s.SetReadDeadline(far, now.UnixNano()); err != nil {
-		t.Fatal(err)
-	}
-	ch := readAsync(s, buf)
-	time.Sleep(20 * time.Millisecond) // let the read wait
+	far := time.Now().Add(time.Minute)
+	setDeadline(t, s, far)
+	ch := waitingRead(t, s, make([]byte, 8))
 	srv.SetReadDeadline(time.Now().Add(-time.Second))
 	s.PollerChanged()
 	if r := result(t, ch); !isTimeout(r.err) {
 		t.Fatalf("interrupted read: %d %v, want a timeout", r.n, r.err)
 	}
-	if err := s.SetReadDeadline(far, time.Now().UnixNano()); err != nil {
-		t.Fatal(err)
-	}
-	ch = readAsync(s, buf)
-	time.Sleep(20 * time.Millisecond) // let the read wait
-	cli.Write([]byte("z"))
-	if r := result(t, ch); r.err != nil || string(buf[:r.n]) != "z" {
-		t.Fatalf("read after the interrupt: %q %v", buf[:r.n], r.err)
-	}
+	setDeadline(t, s, far)
+	readAfterWait(t, s, cli, "z")
 }
 
 // Reads, writes and the peek allocate nothing.
@@ -525,10 +500,7 @@ func TestSocketAllocations(t *testing.T) {
 	c := newSocket(t, cli)
 	msg, buf := []byte("ping"), make([]byte, 16)
 	n := testing.AllocsPerRun(200, func() {
-		now := time.Now().UnixNano()
-		if err := s.SetReadDeadline(now+int64(time.Minute), now); err != nil {
-			t.Fatal(err)
-		}
+		setDeadline(t, s, time.Now().Add(time.Minute))
 		if _, err := c.Write(msg); err != nil {
 			t.Fatal(err)
 		}
