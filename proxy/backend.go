@@ -187,13 +187,14 @@ func (b *backend) connOK() {
 	}
 }
 
-// DialError wraps a failure to connect: the request was never sent.
-type DialError struct{ Err error }
+// dialError wraps a failure to connect: the request was never sent. It is
+// errDial.
+type dialError struct{ err error }
 
-func (e *DialError) Error() string { return "dial backend: " + e.Err.Error() }
-func (e *DialError) Unwrap() error { return e.Err }
-func (e *DialError) Is(target error) bool {
-	return target == ErrDial
+func (e *dialError) Error() string { return "dial backend: " + e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+func (e *dialError) Is(target error) bool {
+	return target == errDial
 }
 
 // newDialer dials with ConnectTimeout and wraps the connection so reads time
@@ -216,7 +217,7 @@ func newDialer(cfg *Config) fasthttp.DialFuncWithTimeout {
 		d := net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
 		c, err := d.Dial("tcp", addr)
 		if err != nil {
-			return nil, &DialError{Err: err}
+			return nil, &dialError{err: err}
 		}
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true)
@@ -311,17 +312,19 @@ func plainFinalStatus(head []byte) bool {
 // as it sets its phase deadlines.
 func (c *upstreamConn) SetReadDeadline(t time.Time) error {
 	c.outer.Store(deadlineNanos(t))
-	err := c.Conn.SetReadDeadline(t)
-	if c.d != nil {
-		c.d.PollerChanged()
-	}
-	return err
+	return c.pollerSet(c.Conn.SetReadDeadline(t))
 }
 
 // SetDeadline is SetReadDeadline plus the write deadline.
 func (c *upstreamConn) SetDeadline(t time.Time) error {
 	c.outer.Store(deadlineNanos(t))
-	err := c.Conn.SetDeadline(t)
+	return c.pollerSet(c.Conn.SetDeadline(t))
+}
+
+// pollerSet tells the raw socket, if any, that the read deadline was just
+// set on the connection behind its back, and returns err, the setting's
+// result.
+func (c *upstreamConn) pollerSet(err error) error {
 	if c.d != nil {
 		c.d.PollerChanged()
 	}

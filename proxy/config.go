@@ -123,7 +123,8 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate reports the first unusable setting.
+// Validate reports every unusable setting, joined into one error
+// (errors.Join), or nil.
 func (c *Config) Validate() error {
 	var errs []error
 	pos := func(name string, d time.Duration) {

@@ -16,6 +16,12 @@
 // mid-stream closes the upstream connection so the engine stops generating,
 // and is counted. Errors are OpenAI-style JSON.
 //
+// On Linux, client and upstream sockets are read and written with raw
+// system calls (internal/rawio): no thread hand-offs around socket I/O, the
+// request written with the first read of its answer, read deadlines handed
+// to the poller only when a read waits. Elsewhere the connections are used
+// as they are.
+//
 // The package knows nothing of gossip or Raft: the node feeds it ring
 // snapshots (SetRing) and remote figures (SetRemote) and reads its own
 // counters (AppendInFlight).

@@ -8,13 +8,8 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// Sentinel errors of the proxy.
-var (
-	// ErrDial: the backend could not be reached; the request was not sent.
-	ErrDial = errors.New("backend unreachable")
-	// ErrClosed: the proxy was closed.
-	ErrClosed = errors.New("proxy closed")
-)
+// errDial: the backend could not be reached; the request was not sent.
+var errDial = errors.New("backend unreachable")
 
 // apiError is an OpenAI-style error body.
 type apiError struct {

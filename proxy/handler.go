@@ -47,8 +47,8 @@ func (s *reqState) Busy(b int) bool { return s.t.bs[b].busy.Load() }
 
 func (s *reqState) markTried(b int) { s.tried[b>>6] |= 1 << (b & 63) }
 
-// Handle is the fasthttp request handler.
-func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
+// handle is the fasthttp request handler.
+func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 	switch string(ctx.Path()) {
 	case "/v1/chat/completions":
 		p.routeLLM(ctx, routeChat, ring.Chat)
@@ -390,7 +390,7 @@ func (p *Proxy) setHeaders(resp *fasthttp.Response, t *table, b *backend, d ring
 // request never left this node.
 func (p *Proxy) upstreamFailed(ctx *fasthttp.RequestCtx, b *backend, d ring.Decision, rt route, err error) (bool, error) {
 	switch {
-	case errors.Is(err, ErrDial) || errors.Is(err, fasthttp.ErrDialTimeout) || errors.Is(err, errStaleConn):
+	case errors.Is(err, errDial) || errors.Is(err, fasthttp.ErrDialTimeout) || errors.Is(err, errStaleConn):
 		b.m.upErrors["dial"].Inc()
 		if b.connFailed(&p.cfg, time.Now()) {
 			b.m.ejects.Inc()

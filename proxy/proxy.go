@@ -88,7 +88,7 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.Registry.MustRegister(&backendCollector{p: p})
 	}
 	p.server = &fasthttp.Server{
-		Handler:      p.Handle,
+		Handler:      p.handle,
 		ErrorHandler: p.handleServerError,
 		Name:         "warmroute",
 		// The listener refuses connections over MaxConns (with JSON);
@@ -281,13 +281,6 @@ func (p *Proxy) Serve(ln net.Listener) error {
 	}
 	return err
 }
-
-// Handler exposes the request handler, for tests and embedding.
-func (p *Proxy) Handler() fasthttp.RequestHandler { return p.Handle }
-
-// StartHealthChecks starts the active prober without serving, for
-// embedding; Serve calls it. Safe to call more than once.
-func (p *Proxy) StartHealthChecks() { p.startProber() }
 
 // Shutdown stops accepting connections and waits, until ctx ends, for open
 // requests and streams to finish; then it closes what is left, and the idle
