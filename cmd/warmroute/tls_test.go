@@ -348,22 +348,37 @@ func TestTLSWriteNewFilesAllOrNothing(t *testing.T) {
 	}
 }
 
-// rawCert makes a certificate from tmpl signed by itself (no URI SAN,
-// odd subjects) for the show tests.
-func rawCert(t *testing.T, tmpl *x509.Certificate) []byte {
+// signCert makes a P-256 key and a certificate from tmpl (serial number
+// and validity filled in when unset) signed by ca, or by itself when ca is
+// nil, and returns the certificate (DER) and the key.
+func signCert(t *testing.T, tmpl *x509.Certificate, ca *identity.CA) ([]byte, *ecdsa.PrivateKey) {
 	t.Helper()
 	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl.SerialNumber = big.NewInt(7)
+	if tmpl.SerialNumber == nil {
+		tmpl.SerialNumber = big.NewInt(time.Now().UnixNano())
+	}
 	if tmpl.NotAfter.IsZero() {
 		tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(time.Hour)
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	parent, parentKey := tmpl, any(k)
+	if ca != nil {
+		parent, parentKey = ca.Cert, ca.Key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &k.PublicKey, parentKey)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return der, k
+}
+
+// rawCert makes a self-signed certificate from tmpl (no URI SAN, odd
+// subjects) for the show tests, in PEM.
+func rawCert(t *testing.T, tmpl *x509.Certificate) []byte {
+	t.Helper()
+	der, _ := signCert(t, tmpl, nil)
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
 

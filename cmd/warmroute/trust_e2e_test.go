@@ -2,9 +2,6 @@ package main
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -13,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/url"
@@ -293,9 +289,7 @@ func TestE2ERaftRefusesUnauthenticated(t *testing.T) {
 // issueTLS signs a client certificate with ca, with the given URI SANs.
 func issueTLS(t *testing.T, ca *identity.CA, uris ...string) tls.Certificate {
 	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "r9"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+	tmpl := &x509.Certificate{Subject: pkix.Name{CommonName: "r9"},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}}
 	for _, u := range uris {
 		pu, err := url.Parse(u)
@@ -304,10 +298,7 @@ func issueTLS(t *testing.T, ca *identity.CA, uris ...string) tls.Certificate {
 		}
 		tmpl.URIs = append(tmpl.URIs, pu)
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	der, key := signCert(t, tmpl, ca)
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
