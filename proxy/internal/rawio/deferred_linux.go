@@ -62,7 +62,7 @@ func (d *DeferredWrite) pending() bool { return d.off < len(d.held) }
 // from before go out first, and p goes out at once when it is larger than
 // 64 KiB.
 func (d *DeferredWrite) Write(p []byte) (int, error) {
-	if err := d.Flush(); err != nil {
+	if err := d.flush(); err != nil {
 		return 0, err
 	}
 	if len(p) > maxHeld {
@@ -73,8 +73,8 @@ func (d *DeferredWrite) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Flush writes the held bytes now.
-func (d *DeferredWrite) Flush() error {
+// flush writes the held bytes now.
+func (d *DeferredWrite) flush() error {
 	if !d.pending() {
 		return nil
 	}
@@ -103,7 +103,7 @@ func (d *DeferredWrite) Read(p []byte) (int, error) {
 	}
 	if d.blocked {
 		// The socket buffer is full: finish the write the ordinary way.
-		if err := d.Flush(); err != nil {
+		if err := d.flush(); err != nil {
 			return 0, err
 		}
 		return d.Socket.Read(p)

@@ -74,12 +74,12 @@ func TestDeferredWriteHeldUntilRead(t *testing.T) {
 	if readable(srv) {
 		t.Fatal("an empty read sent the held bytes")
 	}
-	// Flush sends them without a read.
-	if err := d.Flush(); err != nil {
+	// flush sends them without a read.
+	if err := d.flush(); err != nil {
 		t.Fatal(err)
 	}
 	if b := <-got; string(b) != "request" {
-		t.Fatalf("the peer got %q after Flush", b)
+		t.Fatalf("the peer got %q after flush", b)
 	}
 }
 

@@ -141,6 +141,7 @@ func (s *Socket) armRead() bool {
 
 // OnBlock sets f to run once, before the next read that has to wait for
 // data waits; nil clears it. A read that finds data at once leaves it set.
+// f runs on the reading goroutine and must not use this Socket.
 func (s *Socket) OnBlock(f func()) { s.onBlock = f }
 
 // sysRead and sysWrite are recv and send (recvfrom and sendto without an

@@ -42,6 +42,3 @@ type DeferredWrite struct{ *Socket }
 
 // NewDeferredWrite returns nil: no raw socket I/O on this platform.
 func NewDeferredWrite(net.Conn, time.Duration) *DeferredWrite { return nil }
-
-// Flush reports errors.ErrUnsupported.
-func (*DeferredWrite) Flush() error { return errors.ErrUnsupported }
