@@ -433,12 +433,7 @@ func TestE2EForeignDataDirRefused(t *testing.T) {
 
 	// Cluster B: one router r0 with a backend only it has.
 	dirB := t.TempDir()
-	b := spawnRouter(t, proc.ServeArgs{NodeName: "r0", Backends: backends, BootstrapExpect: 1, DataDir: dirB})
-	if err := b.waitReady(); err != nil {
-		t.Fatal(err)
-	}
-	addBackend(t, c, b.admin, `{"id":"only-in-b","url":"http://127.0.0.1:9"}`, 10*time.Second)
-	b.Stop(10 * time.Second)
+	seedDataDir(t, c, backends, dirB, "only-in-b")
 
 	// Cluster A: three routers, a write acknowledged.
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
@@ -481,6 +476,20 @@ func TestE2EForeignDataDirRefused(t *testing.T) {
 	}
 }
 
+// seedDataDir runs router r0 alone (--bootstrap-expect 1) on dir, adds a
+// backend with each of ids through its admin API, and stops it.
+func seedDataDir(t *testing.T, c *http.Client, backends []string, dir string, ids ...string) {
+	t.Helper()
+	p := spawnRouter(t, proc.ServeArgs{NodeName: "r0", Backends: backends, BootstrapExpect: 1, DataDir: dir})
+	if err := p.waitReady(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		addBackend(t, c, p.admin, fmt.Sprintf(`{"id":%q,"url":"http://127.0.0.1:9"}`, id), 10*time.Second)
+	}
+	p.Stop(10 * time.Second)
+}
+
 // addBackend posts body to the router's /v1/backends until it is
 // accepted (the first write waits for a leader), or fails the test.
 func addBackend(t *testing.T, c *http.Client, admin, body string, within time.Duration) {
@@ -505,12 +514,7 @@ func TestE2EStateCacheNeverAheadOfRaft(t *testing.T) {
 	e := newEngine(t, 0, 0, 1)
 	c := &http.Client{Timeout: 5 * time.Second}
 	dir := t.TempDir()
-	p := spawnRouter(t, proc.ServeArgs{NodeName: "r0", Backends: []string{e.addr()}, BootstrapExpect: 1, DataDir: dir})
-	if err := p.waitReady(); err != nil {
-		t.Fatal(err)
-	}
-	addBackend(t, c, p.admin, `{"id":"real","url":"http://127.0.0.1:9"}`, 10*time.Second)
-	p.Stop(10 * time.Second)
+	seedDataDir(t, c, []string{e.addr()}, dir, "real")
 
 	// Forge the cache: far ahead, with a backend of the attacker's (its
 	// id sorts last: the state keeps backends sorted, and an unsorted one
@@ -534,7 +538,7 @@ func TestE2EStateCacheNeverAheadOfRaft(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	p = spawnRouter(t, proc.ServeArgs{NodeName: "r0", Backends: []string{e.addr()}, DataDir: dir})
+	p := spawnRouter(t, proc.ServeArgs{NodeName: "r0", Backends: []string{e.addr()}, DataDir: dir})
 	if err := p.waitReady(); err != nil {
 		t.Fatal(err)
 	}
@@ -576,15 +580,8 @@ func TestE2ECorruptEntryHalts(t *testing.T) {
 	e := newEngine(t, 0, 0, 1)
 	c := &http.Client{Timeout: 5 * time.Second}
 	dir := t.TempDir()
-	p := spawnRouter(t, proc.ServeArgs{NodeName: "r0", Backends: []string{e.addr()}, BootstrapExpect: 1, DataDir: dir})
-	if err := p.waitReady(); err != nil {
-		t.Fatal(err)
-	}
 	// The target entry, then more so that it is not in the last batch.
-	for _, id := range []string{"target-aaaa", "later-1", "later-2", "later-3"} {
-		addBackend(t, c, p.admin, fmt.Sprintf(`{"id":%q,"url":"http://127.0.0.1:9"}`, id), 10*time.Second)
-	}
-	p.Stop(10 * time.Second)
+	seedDataDir(t, c, []string{e.addr()}, dir, "target-aaaa", "later-1", "later-2", "later-3")
 
 	// Change one byte: the JSON stays valid, the backend's id changes.
 	segs, _ := filepath.Glob(filepath.Join(dir, "wal", "*.wal"))
@@ -607,7 +604,7 @@ func TestE2ECorruptEntryHalts(t *testing.T) {
 	}
 	os.Remove(filepath.Join(dir, "state.json"))
 
-	p = spawnRouter(t, proc.ServeArgs{NodeName: "r0", Backends: []string{e.addr()}, DataDir: dir})
+	p := spawnRouter(t, proc.ServeArgs{NodeName: "r0", Backends: []string{e.addr()}, DataDir: dir})
 	if _, err := pollUntil(15*time.Second, func() (bool, error) {
 		if err := p.Alive(); err != nil {
 			return false, err

@@ -291,20 +291,21 @@ func (l *Local) prepare() error {
 			ClusterTLS:      pki[r.Name],
 			Extra:           c.RouterArgs,
 		}
-		r.proc = l.newProc(r.Name, args.Args(), r.uid)
+		r.proc = l.newProc(r.Name, args.Args(), r.uid, r.URL+"/readyz")
 	}
 	for _, b := range l.backs {
 		args := proc.GpusimArgs{Instances: 1, Listen: b.listen, NamePrefix: b.ID + "-", Extra: c.GpusimArgs}
-		b.proc = l.newProc(b.ID, args.Args(), 0)
+		b.proc = l.newProc(b.ID, args.Args(), 0, b.URL+"/health")
 	}
 	return nil
 }
 
 // newProc describes one child: run from the work dir as uid (0: this
-// process's), its output appended to <work dir>/<name>.log.
-func (l *Local) newProc(name string, args []string, uid int) *lproc {
+// process's), its output appended to <work dir>/<name>.log, ready once a
+// GET of ready answers 200.
+func (l *Local) newProc(name string, args []string, uid int, ready string) *lproc {
 	return &lproc{spec: proc.Spec{Name: name, Path: l.exe, Args: args, Dir: l.dir, UID: uid,
-		LogFile: filepath.Join(l.dir, name+".log"), AppendLog: true}}
+		LogFile: filepath.Join(l.dir, name+".log"), AppendLog: true}, ready: ready}
 }
 
 func (l *Local) logf(format string, a ...any) {
@@ -315,38 +316,37 @@ func (l *Local) logf(format string, a ...any) {
 
 // startAll starts every backend, then every router, and waits for them.
 func (l *Local) startAll(ctx context.Context) error {
+	var backs, routers []*lproc
 	for _, b := range l.backs {
-		if err := b.proc.start(); err != nil {
-			return err
-		}
-	}
-	for _, b := range l.backs {
-		if err := l.waitHTTP(ctx, b.proc, b.URL+"/health"); err != nil {
-			return err
-		}
+		backs = append(backs, b.proc)
 	}
 	for _, r := range l.routers {
-		if err := r.proc.start(); err != nil {
-			return err
-		}
+		routers = append(routers, r.proc)
 	}
-	for _, r := range l.routers {
-		if err := l.waitHTTP(ctx, r.proc, r.URL+"/readyz"); err != nil {
-			return err
+	for _, group := range [][]*lproc{backs, routers} {
+		for _, p := range group {
+			if err := p.start(); err != nil {
+				return err
+			}
+		}
+		for _, p := range group {
+			if err := l.waitReady(ctx, p); err != nil {
+				return err
+			}
 		}
 	}
 	l.logf("%d backends and %d routers running (logs in %s)", len(l.backs), len(l.routers), l.dir)
 	return nil
 }
 
-// waitHTTP polls url until it answers 200, the process exits, or the start
-// timeout passes.
-func (l *Local) waitHTTP(ctx context.Context, lp *lproc, url string) error {
+// waitReady polls the process's ready URL until it answers 200, the
+// process exits, or the start timeout passes.
+func (l *Local) waitReady(ctx context.Context, lp *lproc) error {
 	p := lp.current()
 	if p == nil {
 		return fmt.Errorf("%w: %s was never started", ErrTarget, lp.spec.Name)
 	}
-	err := p.WaitReady(ctx, l.cfg.StartTimeout, proc.HTTPCheck(url))
+	err := p.WaitReady(ctx, l.cfg.StartTimeout, proc.HTTPCheck(lp.ready))
 	switch {
 	case err == nil:
 		return nil
@@ -461,7 +461,7 @@ func (l *Local) StartBackend(ctx context.Context, id string) error {
 	if err := b.proc.start(); err != nil {
 		return err
 	}
-	return l.waitHTTP(ctx, b.proc, b.URL+"/health")
+	return l.waitReady(ctx, b.proc)
 }
 
 // StopAll implements Target: SIGTERM to every router (they drain open
@@ -523,7 +523,8 @@ func copyFile(src, dst string, mode os.FileMode) error {
 // lproc is one child process that can be started again after it ends;
 // a nil *lproc (a process prepare never described) is never running.
 type lproc struct {
-	spec proc.Spec
+	spec  proc.Spec
+	ready string // a URL that answers 200 once the process is ready
 
 	mu sync.Mutex
 	p  *proc.Process // the current run; nil before the first
