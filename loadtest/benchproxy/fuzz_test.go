@@ -63,3 +63,22 @@ func FuzzReadChunk(f *testing.F) {
 		}
 	})
 }
+
+// FuzzListenLines: the stubs' addresses are read from whole lines of
+// their output only, each line's text after "LISTEN ".
+func FuzzListenLines(f *testing.F) {
+	f.Add("LISTEN 127.0.0.1:1\nLISTEN 127.0.0.1:2\n")
+	f.Add("noise\nLISTEN 127.0.0.1:3")
+	f.Add("")
+	f.Fuzz(func(t *testing.T, out string) {
+		addrs := listenLines(out)
+		if n := strings.Count(out, "\n"); len(addrs) > n {
+			t.Fatalf("%d addresses from %d whole lines", len(addrs), n)
+		}
+		for _, a := range addrs {
+			if strings.Contains(a, "\n") || !strings.Contains(out, "LISTEN "+a+"\n") {
+				t.Fatalf("address %q is not a whole line of %q", a, out)
+			}
+		}
+	})
+}

@@ -129,19 +129,25 @@ func waitReady(ctx context.Context, p *proc.Process, url string, body []byte, d 
 	return nil
 }
 
+// listenLines returns the addresses of the whole "LISTEN addr" lines in
+// out (a last line without its newline may still be being written).
+func listenLines(out string) []string {
+	var addrs []string
+	lines := strings.Split(out, "\n")
+	for _, line := range lines[:len(lines)-1] {
+		if a, ok := strings.CutPrefix(line, "LISTEN "); ok {
+			addrs = append(addrs, a)
+		}
+	}
+	return addrs
+}
+
 // listenAddrs waits until the stub process has printed n "LISTEN addr"
 // lines and returns the addresses.
 func listenAddrs(ctx context.Context, stubs *proc.Process, n int, timeout time.Duration) ([]string, error) {
 	var addrs []string
 	err := stubs.WaitReady(ctx, timeout, func(context.Context) error {
-		addrs = addrs[:0]
-		lines := strings.Split(stubs.Logs(), "\n")
-		for _, line := range lines[:len(lines)-1] { // whole lines only
-			if a, ok := strings.CutPrefix(line, "LISTEN "); ok {
-				addrs = append(addrs, a)
-			}
-		}
-		if len(addrs) < n {
+		if addrs = listenLines(stubs.Logs()); len(addrs) < n {
 			return fmt.Errorf("stub printed %d of %d addresses", len(addrs), n)
 		}
 		return nil
