@@ -125,6 +125,23 @@ func (s *attackStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net
 	return d.Dial("tcp", string(addr))
 }
 
+// leaderOf waits until the one-router cluster p is ready, has a leader and
+// an agreed epoch, and returns its Raft status.
+func leaderOf(t *testing.T, c *http.Client, p *router) raftStatus {
+	t.Helper()
+	if err := p.waitReady(); err != nil {
+		t.Fatal(err)
+	}
+	var st raftStatus
+	if _, err := pollUntil(10*time.Second, func() (bool, error) {
+		err := getJSON(c, p.admin+"/v1/cluster", &st)
+		return st.Raft.LeaderID != "" && st.Epoch > 0, err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 // injectBackend sends the router at raftAddr what a Raft leader of a
 // higher term would: one AppendEntries appending a command that adds a
 // backend, committed at once. It knows the router's last index and term
@@ -242,17 +259,8 @@ func TestE2ERaftRefusesUnauthenticated(t *testing.T) {
 	// certificate of its CA gets a Raft message through.
 	pki := newClusterPKI(t)
 	p = spawnRouter(t, exposed("r1", pki.files(t, "r1")))
-	if err := p.waitReady(); err != nil {
-		t.Fatal(err)
-	}
 	c := pki.client()
-	var st raftStatus
-	if _, err := pollUntil(10*time.Second, func() (bool, error) {
-		err := getJSON(c, p.admin+"/v1/cluster", &st)
-		return err == nil && st.Raft.LeaderID != "" && st.Epoch > 0, nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	st := leaderOf(t, c, p)
 
 	otherCA, err := identity.NewCA("another CA", time.Hour)
 	if err != nil {
@@ -338,17 +346,8 @@ func TestE2ERaftListenerBounded(t *testing.T) {
 	e := newEngine(t, 0, 0, 1)
 	pki := newClusterPKI(t)
 	p := spawnRouter(t, proc.ServeArgs{NodeName: "r0", Backends: []string{e.addr()}, BootstrapExpect: 1, ClusterTLS: pki.files(t, "r0")})
-	if err := p.waitReady(); err != nil {
-		t.Fatal(err)
-	}
 	c := pki.client()
-	var st raftStatus
-	if _, err := pollUntil(10*time.Second, func() (bool, error) {
-		err := getJSON(c, p.admin+"/v1/cluster", &st)
-		return err == nil && st.Raft.LeaderID != "", nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	st := leaderOf(t, c, p)
 	before := procStatus(t, p.Pid(), "VmRSS") << 10
 
 	const flood = 3000
