@@ -195,9 +195,6 @@ func (n *Node) TrafficAddr() net.Addr { return n.trafficLn.Addr() }
 // AdminAddr is the bound admin address.
 func (n *Node) AdminAddr() net.Addr { return n.adminLn.Addr() }
 
-// Proxy exposes the node's proxy (tests, embedding).
-func (n *Node) Proxy() *proxy.Proxy { return n.proxy }
-
 // closeEarly releases what New acquired when New fails.
 func (n *Node) closeEarly() {
 	if n.agree != nil {

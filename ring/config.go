@@ -36,11 +36,6 @@ var strategyNames = [...]string{
 	ConsistentHash:   "CONSISTENT_HASH",
 }
 
-// Strategies lists every strategy in a fixed order.
-func Strategies() []Strategy {
-	return []Strategy{PrefixAware, Random, LeastOutstanding, RoundRobin, ConsistentHash}
-}
-
 func (s Strategy) String() string {
 	if int(s) < len(strategyNames) {
 		return strategyNames[s]

@@ -61,11 +61,6 @@ func (r Reason) String() string {
 	return "unknown"
 }
 
-// Reasons lists every reason, for pre-registering metrics.
-func Reasons() []Reason {
-	return []Reason{ReasonNone, ReasonAffinity, ReasonOverflow, ReasonFallback, ReasonRandom, ReasonRoundRobin, ReasonLeastOutstanding, ReasonConsistentHash}
-}
-
 // Decision is the outcome of Pick.
 type Decision struct {
 	// Backend is an index into Ring.Backends, or -1.

@@ -64,9 +64,6 @@ func Join(key []byte, name, seed string) (*Member, error) {
 	return &Member{ml: ml, tr: tr, key: key}, nil
 }
 
-// Addr is the Member's gossip address (host:port).
-func (m *Member) Addr() string { return m.ml.LocalNode().Address() }
-
 // Packets returns copies of the publishes received so far from origin
 // (load packets of kind publish, signed or not), oldest first.
 func (m *Member) Packets(origin string) [][]byte {

@@ -340,14 +340,3 @@ func (v clusterView) leader() string {
 	return v.Raft.LeaderID
 }
 
-// formatEpochs is a short description of a tick's epochs.
-func formatEpochs(es []uint64) string {
-	var b bytes.Buffer
-	for i, e := range es {
-		if i > 0 {
-			b.WriteByte('/')
-		}
-		b.WriteString(strconv.FormatUint(e, 10))
-	}
-	return b.String()
-}

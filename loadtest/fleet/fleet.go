@@ -303,9 +303,6 @@ func (f *Fleet) Targets() []string {
 	return t
 }
 
-// LogDir returns the directory of the children's logs.
-func (f *Fleet) LogDir() string { return f.cfg.LogDir }
-
 // Close stops every child (routers first, then gpusim) and waits for them.
 // It is safe to call more than once.
 func (f *Fleet) Close() error {
