@@ -86,13 +86,13 @@ type Upstream struct {
 
 // Health configures active and passive health checking.
 type Health struct {
-	ProbePath     string        `yaml:"probe_path"`
-	ProbeInterval time.Duration `yaml:"probe_interval"`
-	ProbeTimeout  time.Duration `yaml:"probe_timeout"`
-	FailThreshold int           `yaml:"fail_threshold"`
-	RiseThreshold int           `yaml:"rise_threshold"`
-	EjectAfter    int           `yaml:"eject_after"`
-	EjectFor      time.Duration `yaml:"eject_for"`
+	ProbePath          string        `yaml:"probe_path"`
+	ProbeInterval      time.Duration `yaml:"probe_interval"`
+	ProbeTimeout       time.Duration `yaml:"probe_timeout"`
+	ProbeFailThreshold int           `yaml:"fail_threshold"`
+	ProbeRiseThreshold int           `yaml:"rise_threshold"`
+	EjectAfter         int           `yaml:"eject_after"`
+	EjectFor           time.Duration `yaml:"eject_for"`
 }
 
 // Cluster configures membership, load sharing and agreement with other
@@ -225,8 +225,8 @@ func DefaultConfig() Config {
 		AdminListen: "127.0.0.1:9090",
 		Routing:     ring.DefaultSettings(),
 		Limits: Limits{
-			MaxBodySize:   Size(pc.MaxRequestBodySize),
-			MaxHeaderSize: Size(pc.MaxHeaderBytes),
+			MaxBodySize:   Size(pc.MaxBodySize),
+			MaxHeaderSize: Size(pc.MaxHeaderSize),
 			ReadTimeout:   pc.ReadTimeout,
 			IdleTimeout:   pc.IdleTimeout,
 			WriteTimeout:  pc.WriteTimeout,
@@ -238,19 +238,19 @@ func DefaultConfig() Config {
 			StreamIdleTimeout:   pc.StreamIdleTimeout,
 			MaxConnsPerBackend:  pc.MaxConnsPerBackend,
 			MaxConnWait:         pc.MaxConnWait,
-			IdleConnTimeout:     pc.UpstreamIdleConn,
+			IdleConnTimeout:     pc.IdleConnTimeout,
 			Retries:             pc.Retries,
 			MaxBufferedResponse: Size(pc.MaxBufferedResponse),
 			MaxHops:             pc.MaxHops,
 		},
 		Health: Health{
-			ProbePath:     pc.ProbePath,
-			ProbeInterval: pc.ProbeInterval,
-			ProbeTimeout:  pc.ProbeTimeout,
-			FailThreshold: pc.ProbeFailThreshold,
-			RiseThreshold: pc.ProbeRiseThreshold,
-			EjectAfter:    pc.EjectAfter,
-			EjectFor:      pc.EjectFor,
+			ProbePath:          pc.ProbePath,
+			ProbeInterval:      pc.ProbeInterval,
+			ProbeTimeout:       pc.ProbeTimeout,
+			ProbeFailThreshold: pc.ProbeFailThreshold,
+			ProbeRiseThreshold: pc.ProbeRiseThreshold,
+			EjectAfter:         pc.EjectAfter,
+			EjectFor:           pc.EjectFor,
 		},
 		Log: Log{Level: "info", Format: "text"},
 		Cluster: Cluster{PublishInterval: 50 * time.Millisecond,
@@ -310,8 +310,8 @@ func (c *Config) RingConfig() ring.Config {
 // describe.
 func (c *Config) ProxyConfig() proxy.Config {
 	pc := proxy.DefaultConfig()
-	pc.MaxRequestBodySize = int(c.Limits.MaxBodySize)
-	pc.MaxHeaderBytes = int(c.Limits.MaxHeaderSize)
+	pc.MaxBodySize = int(c.Limits.MaxBodySize)
+	pc.MaxHeaderSize = int(c.Limits.MaxHeaderSize)
 	pc.ReadTimeout = c.Limits.ReadTimeout
 	pc.IdleTimeout = c.Limits.IdleTimeout
 	pc.WriteTimeout = c.Limits.WriteTimeout
@@ -321,15 +321,15 @@ func (c *Config) ProxyConfig() proxy.Config {
 	pc.StreamIdleTimeout = c.Upstream.StreamIdleTimeout
 	pc.MaxConnsPerBackend = c.Upstream.MaxConnsPerBackend
 	pc.MaxConnWait = c.Upstream.MaxConnWait
-	pc.UpstreamIdleConn = c.Upstream.IdleConnTimeout
+	pc.IdleConnTimeout = c.Upstream.IdleConnTimeout
 	pc.Retries = c.Upstream.Retries
 	pc.MaxBufferedResponse = int(c.Upstream.MaxBufferedResponse)
 	pc.MaxHops = c.Upstream.MaxHops
 	pc.ProbePath = c.Health.ProbePath
 	pc.ProbeInterval = c.Health.ProbeInterval
 	pc.ProbeTimeout = c.Health.ProbeTimeout
-	pc.ProbeFailThreshold = c.Health.FailThreshold
-	pc.ProbeRiseThreshold = c.Health.RiseThreshold
+	pc.ProbeFailThreshold = c.Health.ProbeFailThreshold
+	pc.ProbeRiseThreshold = c.Health.ProbeRiseThreshold
 	pc.EjectAfter = c.Health.EjectAfter
 	pc.EjectFor = c.Health.EjectFor
 	return pc

@@ -21,7 +21,7 @@ var ignoreFasthttpClock = goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.
 // must have stopped. Two fasthttp goroutines end on their own timers after
 // what started them stopped: a stopped server's worker-pool cleaner within
 // its 10 s idle-worker sleep, a client's connection cleaner within
-// UpstreamIdleConn of its last connection closing. goleak.VerifyTestMain
+// IdleConnTimeout of its last connection closing. goleak.VerifyTestMain
 // retries for only about 1.5 s, so the check waits up to 15 s for them
 // rather than ignoring them (one that never ends is still reported).
 func TestMain(m *testing.M) {

@@ -114,7 +114,7 @@ func newBackend(id string, target Target, cfg *Config, m *metrics) *backend {
 		NoDefaultUserAgentHeader: true,
 		MaxConns:                 cfg.MaxConnsPerBackend,
 		MaxConnWaitTimeout:       cfg.MaxConnWait,
-		MaxIdleConnDuration:      cfg.UpstreamIdleConn,
+		MaxIdleConnDuration:      cfg.IdleConnTimeout,
 		// Streamed per request (Response.StreamBody): SSE is passed through
 		// as it comes, complete answers are read whole and sent in one write,
 		// up to MaxBufferedResponse (checked against a Content-Length before

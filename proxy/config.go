@@ -11,12 +11,12 @@ import (
 
 // Config is the proxy's configuration. Start from DefaultConfig.
 type Config struct {
-	// MaxRequestBodySize bounds a request body; larger ones get 413.
+	// MaxBodySize bounds a request body; larger ones get 413.
 	// Long-context prompts need more than fasthttp's 4 MiB default.
-	MaxRequestBodySize int
-	// MaxHeaderBytes bounds the request line and headers; larger ones get
+	MaxBodySize int
+	// MaxHeaderSize bounds the request line and headers; larger ones get
 	// 431.
-	MaxHeaderBytes int
+	MaxHeaderSize int
 	// ReadTimeout bounds reading one request (headers and body) from a
 	// client, so a client trickling its headers is cut off.
 	ReadTimeout time.Duration
@@ -47,11 +47,11 @@ type Config struct {
 	// MaxConnWait is how long a request waits for a free upstream
 	// connection before trying another backend.
 	MaxConnWait time.Duration
-	// UpstreamIdleConn closes idle upstream keep-alive connections. Keep it
+	// IdleConnTimeout closes idle upstream keep-alive connections. Keep it
 	// below the engines' keep-alive timeout (uvicorn, under vLLM and
 	// SGLang, closes after 5 s) so a request is never written to a
 	// connection the backend is closing.
-	UpstreamIdleConn time.Duration
+	IdleConnTimeout time.Duration
 	// Retries is how many other backends a request may try when it never
 	// reached one.
 	Retries int
@@ -95,19 +95,19 @@ type Config struct {
 // DefaultConfig returns the defaults documented in the README.
 func DefaultConfig() Config {
 	return Config{
-		MaxRequestBodySize: 32 << 20,
-		MaxHeaderBytes:     16 << 10,
-		ReadTimeout:        30 * time.Second,
-		IdleTimeout:        120 * time.Second,
-		MaxConns:           16384,
-		WriteTimeout:       60 * time.Second,
+		MaxBodySize:   32 << 20,
+		MaxHeaderSize: 16 << 10,
+		ReadTimeout:   30 * time.Second,
+		IdleTimeout:   120 * time.Second,
+		MaxConns:      16384,
+		WriteTimeout:  60 * time.Second,
 
 		ConnectTimeout:     2 * time.Second,
 		FirstByteTimeout:   300 * time.Second,
 		StreamIdleTimeout:  120 * time.Second,
 		MaxConnsPerBackend: 1024,
 		MaxConnWait:        2 * time.Second,
-		UpstreamIdleConn:   4 * time.Second,
+		IdleConnTimeout:    4 * time.Second,
 		Retries:            2,
 
 		MaxBufferedResponse: 8 << 20,
@@ -132,11 +132,11 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
 		}
 	}
-	if c.MaxRequestBodySize < 1<<10 {
-		errs = append(errs, fmt.Errorf("max request body size must be at least 1KiB, got %d", c.MaxRequestBodySize))
+	if c.MaxBodySize < 1<<10 {
+		errs = append(errs, fmt.Errorf("max request body size must be at least 1KiB, got %d", c.MaxBodySize))
 	}
-	if c.MaxHeaderBytes < 4<<10 {
-		errs = append(errs, fmt.Errorf("max header bytes must be at least 4KiB, got %d", c.MaxHeaderBytes))
+	if c.MaxHeaderSize < 4<<10 {
+		errs = append(errs, fmt.Errorf("max header bytes must be at least 4KiB, got %d", c.MaxHeaderSize))
 	}
 	if c.MaxConns < 1 {
 		errs = append(errs, fmt.Errorf("max connections must be positive, got %d", c.MaxConns))
@@ -159,7 +159,7 @@ func (c *Config) Validate() error {
 	pos("connect timeout", c.ConnectTimeout)
 	pos("first byte timeout", c.FirstByteTimeout)
 	pos("stream idle timeout", c.StreamIdleTimeout)
-	pos("upstream idle connection timeout", c.UpstreamIdleConn)
+	pos("upstream idle connection timeout", c.IdleConnTimeout)
 	if c.MaxConnWait < 0 {
 		errs = append(errs, fmt.Errorf("max connection wait must not be negative, got %s", c.MaxConnWait))
 	}

@@ -297,7 +297,7 @@ func BenchmarkRouteDecision(b *testing.B) {
 func TestBodyTooLargeAnswerSurvivesUnreadBody(t *testing.T) {
 	a := newStub(t, "a", nil)
 	cfg := testProxyConfig()
-	cfg.MaxRequestBodySize = 64 << 10
+	cfg.MaxBodySize = 64 << 10
 	h := startProxy(t, cfg, ring.DefaultConfig(), a)
 	// Far more than loopback's socket buffers hold: the write goes on
 	// after the router answered. A failed write or read fails the test.

@@ -12,7 +12,7 @@ import (
 // TestMain fails the package's tests when a goroutine outlives them: every
 // server, stream, prober and lingering refusal must have stopped. The test
 // clients' idle keep-alive connections are closed first. fasthttp's
-// per-backend connection cleaner exits within UpstreamIdleConn (4 s by
+// per-backend connection cleaner exits within IdleConnTimeout (4 s by
 // default) of the last connection closing, so the check waits up to about
 // 10 s for it rather than ignoring it.
 // ignoreFasthttpClock skips fasthttp's process-wide Date-header clock, one

@@ -95,8 +95,8 @@ func New(cfg Config) (*Proxy, error) {
 		// fasthttp's own limit, with headroom for workers between two
 		// connections, never applies.
 		Concurrency:                   cfg.MaxConns + cfg.MaxConns/4 + 16,
-		MaxRequestBodySize:            cfg.MaxRequestBodySize,
-		ReadBufferSize:                cfg.MaxHeaderBytes,
+		MaxRequestBodySize:            cfg.MaxBodySize,
+		ReadBufferSize:                cfg.MaxHeaderSize,
 		ReadTimeout:                   cfg.ReadTimeout,
 		IdleTimeout:                   cfg.IdleTimeout,
 		DisableHeaderNamesNormalizing: false,

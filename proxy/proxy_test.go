@@ -446,7 +446,7 @@ func decodeError(t *testing.T, body []byte) apiErrorBody {
 func TestErrors(t *testing.T) {
 	a := newStub(t, "a", nil)
 	cfg := testProxyConfig()
-	cfg.MaxRequestBodySize = 64 << 10
+	cfg.MaxBodySize = 64 << 10
 	h := startProxy(t, cfg, ring.DefaultConfig(), a)
 	cases := []struct {
 		method, path, body string

@@ -19,7 +19,7 @@ func FuzzConnectionOptions(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, v string) {
 		if len(v) > 16<<10 {
-			return // a header block is at most 16 KiB (MaxHeaderBytes)
+			return // a header block is at most 16 KiB (MaxHeaderSize)
 		}
 		var want []string
 		for _, o := range strings.Split(v, ",") {

@@ -79,8 +79,8 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config) (configPath *string) {
 	fs.StringVar(&h.ProbePath, "probe-path", h.ProbePath, "health-check path on backends (empty disables active checks)")
 	fs.DurationVar(&h.ProbeInterval, "probe-interval", h.ProbeInterval, "active health-check interval")
 	fs.DurationVar(&h.ProbeTimeout, "probe-timeout", h.ProbeTimeout, "active health-check timeout")
-	fs.IntVar(&h.FailThreshold, "probe-fail-threshold", h.FailThreshold, "consecutive failed checks that mark a backend down")
-	fs.IntVar(&h.RiseThreshold, "probe-rise-threshold", h.RiseThreshold, "consecutive passed checks that mark it up again")
+	fs.IntVar(&h.ProbeFailThreshold, "probe-fail-threshold", h.ProbeFailThreshold, "consecutive failed checks that mark a backend down")
+	fs.IntVar(&h.ProbeRiseThreshold, "probe-rise-threshold", h.ProbeRiseThreshold, "consecutive passed checks that mark it up again")
 	fs.IntVar(&h.EjectAfter, "eject-after", h.EjectAfter, "consecutive connect failures that eject a backend (0 = never)")
 	fs.DurationVar(&h.EjectFor, "eject-for", h.EjectFor, "how long an ejected backend is skipped")
 
