@@ -84,7 +84,7 @@ func benchPropagation(b *testing.B, n int, changes int64, mod func(*Config)) {
 		backends[i] = fmt.Sprintf("gpu-%02d/", i)
 	}
 	srcs := make([]*benchSource, n)
-	nodes := make([]*Cluster, n)
+	nodes := make([]*Mesh, n)
 	for i := range n {
 		cfg := testConfig(fmt.Sprintf("router-%02d", i))
 		if i > 0 {
@@ -308,7 +308,7 @@ func BenchmarkReceive(b *testing.B) {
 			selfSigner, self := ca.signer(b, "self")
 			peerSigner, peer := ca.signer(b, "node-a")
 			sealer, _ := newSealer(testKey, nil)
-			c := &Cluster{cfg: Config{NodeName: "self"}, seal: sealer, chainReqs: make(chan chainReq, 256)}
+			c := &Mesh{cfg: Config{NodeName: "self"}, seal: sealer, chainReqs: make(chan chainReq, 256)}
 			var ps *signer
 			if signed {
 				c.sign, ps = selfSigner, peerSigner

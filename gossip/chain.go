@@ -31,7 +31,7 @@ type chainReq struct {
 // queueChain asks chainLoop to send this node's chain to member name. It
 // never blocks; a full queue drops the request (the periodic round
 // repairs it).
-func (c *Cluster) queueChain(name string, want bool) {
+func (c *Mesh) queueChain(name string, want bool) {
 	if c.sign == nil {
 		return
 	}
@@ -43,7 +43,7 @@ func (c *Cluster) queueChain(name string, want bool) {
 
 // chainLoop sends chain messages: those queued, and every chainInterval
 // one to every member.
-func (c *Cluster) chainLoop() {
+func (c *Mesh) chainLoop() {
 	defer c.wg.Done()
 	t := time.NewTicker(chainInterval)
 	defer t.Stop()
@@ -74,7 +74,7 @@ func (c *Cluster) chainLoop() {
 	}
 }
 
-func (c *Cluster) peerAddr(name string) (netip.AddrPort, bool) {
+func (c *Mesh) peerAddr(name string) (netip.AddrPort, bool) {
 	c.peersMu.Lock()
 	defer c.peersMu.Unlock()
 	p, ok := c.peers[name]
@@ -82,7 +82,7 @@ func (c *Cluster) peerAddr(name string) (netip.AddrPort, bool) {
 }
 
 // sendChain seals and sends this node's chain message to one member.
-func (c *Cluster) sendChain(to netip.AddrPort, want bool) {
+func (c *Mesh) sendChain(to netip.AddrPort, want bool) {
 	msg := c.chainMsgs[0]
 	if want {
 		msg = c.chainMsgs[1]

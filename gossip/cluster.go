@@ -20,9 +20,9 @@ import (
 	"github.com/warmroute/warmroute/node/notify"
 )
 
-// Cluster is this node's membership in the router cluster and its shared
+// Mesh is this node's membership in the router cluster and its shared
 // view of the other nodes' load. Create it with New and stop it with Close.
-type Cluster struct {
+type Mesh struct {
 	cfg  Config
 	log  *slog.Logger
 	ml   *memberlist.Memberlist
@@ -96,7 +96,7 @@ const failedRetention = 30 * time.Minute
 // failed join is retried in the background, so seeds may start in any
 // order), and starts publishing local's figures. local may be nil on a
 // node that only observes.
-func New(cfg Config, local LocalSource) (*Cluster, error) {
+func New(cfg Config, local LocalSource) (*Mesh, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -107,7 +107,7 @@ func New(cfg Config, local LocalSource) (*Cluster, error) {
 	lg = lg.With("node", cfg.NodeName)
 	instance := uint64(time.Now().UnixNano())
 	var err error
-	c := &Cluster{
+	c := &Mesh{
 		cfg:     cfg,
 		log:     lg,
 		st:      newState(cfg.NodeName, cfg.ExpireAfter, cfg.EngineExpireAfter),
@@ -190,7 +190,7 @@ func New(cfg Config, local LocalSource) (*Cluster, error) {
 	return c, nil
 }
 
-func (c *Cluster) memberlistConfig() (*memberlist.Config, error) {
+func (c *Mesh) memberlistConfig() (*memberlist.Config, error) {
 	cfg := &c.cfg
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.NodeName
@@ -241,7 +241,7 @@ func (c *Cluster) memberlistConfig() (*memberlist.Config, error) {
 // Close sends a goodbye to every member (they drop this node's figures at
 // once), leaves the cluster gracefully, and stops. It is idempotent and
 // waits for every goroutine.
-func (c *Cluster) Close() error {
+func (c *Mesh) Close() error {
 	c.closeOnce.Do(func() {
 		close(c.stopPub)
 		<-c.pubDone
@@ -265,14 +265,14 @@ func (c *Cluster) Close() error {
 }
 
 // halt stops the background loops and closes subscriber channels.
-func (c *Cluster) halt() {
+func (c *Mesh) halt() {
 	close(c.stop)
 	c.wg.Wait()
 	c.subs.Close()
 	c.unregister()
 }
 
-func (c *Cluster) unregister() {
+func (c *Mesh) unregister() {
 	if c.cfg.Registry == nil {
 		return
 	}
@@ -283,14 +283,14 @@ func (c *Cluster) unregister() {
 }
 
 // View returns the current snapshot. It never blocks.
-func (c *Cluster) View() *View { return c.view.Load() }
+func (c *Mesh) View() *View { return c.view.Load() }
 
 // Subscribe returns a channel that receives a value after the View
 // changes (figures or membership). Notifications are coalesced: the
-// channel has a buffer of one and the Cluster never blocks on it, so a
+// channel has a buffer of one and the Mesh never blocks on it, so a
 // slow reader sees one notification for many changes and should then read
 // View. The channel is closed by Close. cancel unsubscribes.
-func (c *Cluster) Subscribe() (<-chan struct{}, func()) { return c.subs.Subscribe() }
+func (c *Mesh) Subscribe() (<-chan struct{}, func()) { return c.subs.Subscribe() }
 
 // Members returns the live members, this node included, sorted by name.
 // State is "alive" for every member: memberlist does not report its
@@ -299,7 +299,7 @@ func (c *Cluster) Subscribe() (<-chan struct{}, func()) { return c.subs.Subscrib
 // a member proved its name with a certificate of the cluster CA; any
 // holder of the gossip key can join memberlist under a name of its
 // choice, so a member that has not is no router to trust.
-func (c *Cluster) Members() []Member {
+func (c *Mesh) Members() []Member {
 	c.peersMu.Lock()
 	out := make([]Member, 0, len(c.peers))
 	for name, p := range c.peers {
@@ -323,7 +323,7 @@ func (c *Cluster) Members() []Member {
 // gracefully (they said so before shutting down) within leftRetention and
 // have not come back, with State "left". Members does not include them; a
 // member that crashed is not among them either.
-func (c *Cluster) RecentlyLeft() []Member {
+func (c *Mesh) RecentlyLeft() []Member {
 	now := time.Now()
 	c.peersMu.Lock()
 	out := make([]Member, 0, len(c.left))
@@ -344,13 +344,13 @@ func (c *Cluster) RecentlyLeft() []Member {
 }
 
 // Addr is the address other nodes reach this one at (host:port).
-func (c *Cluster) Addr() string { return c.addr }
+func (c *Mesh) Addr() string { return c.addr }
 
 // Name is this node's name.
-func (c *Cluster) Name() string { return c.cfg.NodeName }
+func (c *Mesh) Name() string { return c.cfg.NodeName }
 
 // SetMeta changes the metadata this node advertises and gossips it.
-func (c *Cluster) SetMeta(m Meta) error {
+func (c *Mesh) SetMeta(m Meta) error {
 	m.Wire = wireVersion
 	b, err := encodeMeta(m)
 	if err != nil {
@@ -362,13 +362,13 @@ func (c *Cluster) SetMeta(m Meta) error {
 
 // IsScraper reports whether this node owns scraping backend's engine
 // metrics right now (see View.Scraper).
-func (c *Cluster) IsScraper(backend string) bool {
+func (c *Mesh) IsScraper(backend string) bool {
 	return c.View().Scraper(backend) == c.cfg.NodeName
 }
 
 // PublishEngine records engine metrics this node scraped for backend and
 // shares them with the other nodes. A zero s.Scraped means now.
-func (c *Cluster) PublishEngine(backend string, s EngineStats) {
+func (c *Mesh) PublishEngine(backend string, s EngineStats) {
 	if s.Scraped.IsZero() {
 		s.Scraped = time.Now()
 	}
@@ -377,7 +377,7 @@ func (c *Cluster) PublishEngine(backend string, s EngineStats) {
 	c.signal()
 }
 
-func (c *Cluster) signal() {
+func (c *Mesh) signal() {
 	select {
 	case c.kick <- struct{}{}:
 	default:
@@ -386,7 +386,7 @@ func (c *Cluster) signal() {
 
 // receivePacket returns the transport's handler for load packets. It runs
 // on the transport's read loop only, so one set of scratch buffers serves.
-func (c *Cluster) receivePacket() func([]byte) {
+func (c *Mesh) receivePacket() func([]byte) {
 	scratch := make([]byte, 0, udpReadBuf)
 	rx := new(rxScratch)
 	return func(b []byte) {
@@ -409,7 +409,7 @@ type rxScratch struct {
 }
 
 // receive applies a message from another node (UDP or push/pull).
-func (c *Cluster) receive(b []byte, rx *rxScratch) {
+func (c *Mesh) receive(b []byte, rx *rxScratch) {
 	c.cnt.msgsRecv.Add(1)
 	c.cnt.bytesRecv.Add(uint64(len(b)))
 	now := time.Now()
@@ -435,7 +435,7 @@ func (c *Cluster) receive(b []byte, rx *rxScratch) {
 // receiveSigned checks a decoded message the way a node with an Identity
 // must, cheapest checks first, and applies it when it passes. It reports
 // whether a View needs building.
-func (c *Cluster) receiveSigned(m *wireMsg, now time.Time, scratch *[]byte) bool {
+func (c *Mesh) receiveSigned(m *wireMsg, now time.Time, scratch *[]byte) bool {
 	if m.version != wireV2 {
 		c.st.rej.add(rejUnsigned)
 		return false
@@ -492,7 +492,7 @@ func (c *Cluster) receiveSigned(m *wireMsg, now time.Time, scratch *[]byte) bool
 
 // receiveChain learns a member's certificate chain and, when asked,
 // answers with this node's.
-func (c *Cluster) receiveChain(m *wireMsg, now time.Time) bool {
+func (c *Mesh) receiveChain(m *wireMsg, now time.Time) bool {
 	origin := string(m.origin)
 	if origin == c.cfg.NodeName {
 		return false
@@ -535,7 +535,7 @@ func clockSkew(sentAt uint64, now time.Time) (time.Duration, bool) {
 
 // warnSkew logs, at most once a minute, that a member's signed messages
 // are refused for their send time.
-func (c *Cluster) warnSkew(origin string, skew time.Duration) {
+func (c *Mesh) warnSkew(origin string, skew time.Duration) {
 	now := time.Now().UnixNano()
 	last := c.skewWarned.Load()
 	if now-last < int64(time.Minute) || !c.skewWarned.CompareAndSwap(last, now) {
@@ -545,7 +545,7 @@ func (c *Cluster) warnSkew(origin string, skew time.Duration) {
 		"from", origin, "skew", skew, "max", maxClockSkew)
 }
 
-func (c *Cluster) viewLoop() {
+func (c *Mesh) viewLoop() {
 	defer c.wg.Done()
 	sweep := min(c.cfg.ExpireAfter, c.cfg.EngineExpireAfter) / 10
 	sweep = min(max(sweep, 10*time.Millisecond), 250*time.Millisecond)
@@ -567,7 +567,7 @@ func (c *Cluster) viewLoop() {
 	}
 }
 
-func (c *Cluster) publishLoop() {
+func (c *Mesh) publishLoop() {
 	defer close(c.pubDone)
 	t := time.NewTicker(c.cfg.PublishInterval)
 	defer t.Stop()
@@ -585,7 +585,7 @@ func (c *Cluster) publishLoop() {
 
 // sendAll signs (with an Identity) and seals every packet once and sends
 // it straight to every other live member.
-func (c *Cluster) sendAll(pkts [][]byte) {
+func (c *Mesh) sendAll(pkts [][]byte) {
 	for len(c.sendBuf) < len(pkts) {
 		c.sendBuf = append(c.sendBuf, nil)
 	}
@@ -624,7 +624,7 @@ func (c *Cluster) sendAll(pkts [][]byte) {
 // its certificate chain, signed (other nodes' figures cannot be
 // verified, so each node's reach a joiner directly, within a
 // RefreshInterval).
-func (c *Cluster) localState() []byte {
+func (c *Mesh) localState() []byte {
 	now := time.Now()
 	b := appendHeader(nil, kindState)
 	if c.sign == nil {
@@ -642,7 +642,7 @@ func (c *Cluster) localState() []byte {
 }
 
 // mergeState applies a push/pull state from another node.
-func (c *Cluster) mergeState(b []byte) {
+func (c *Mesh) mergeState(b []byte) {
 	if len(b) == 0 {
 		return
 	}
@@ -655,7 +655,7 @@ func (c *Cluster) mergeState(b []byte) {
 
 // joinSeeds resolves the seeds and joins them. It reports whether another
 // node is now a member.
-func (c *Cluster) joinSeeds() bool {
+func (c *Mesh) joinSeeds() bool {
 	addrs := c.resolveSeeds()
 	if len(addrs) == 0 {
 		return false
@@ -673,7 +673,7 @@ func (c *Cluster) joinSeeds() bool {
 // record of a name included, without this node's own address. When two
 // or more seeds were all this node's own address, it warns (once): the
 // node joins no one.
-func (c *Cluster) resolveSeeds() []string {
+func (c *Mesh) resolveSeeds() []string {
 	self, _ := netip.ParseAddrPort(c.addr)
 	bind := netip.IPv4Unspecified()
 	if c.cfg.BindAddr != "" {
@@ -769,7 +769,7 @@ func interfaceAddrs() []netip.Addr {
 // joinLoop retries the seeds until another node is a member, then every
 // RejoinInterval rejoins the seeds when alone and tries members that
 // failed, so both sides of a healed partition find each other again.
-func (c *Cluster) joinLoop() {
+func (c *Mesh) joinLoop() {
 	defer c.wg.Done()
 	if c.ml.NumMembers() > 1 {
 		c.joined.Store(true)
@@ -808,7 +808,7 @@ const maxReconnects = 3
 
 // failedAddrs returns up to maxReconnects addresses of members declared
 // dead within failedRetention (map order picks them at random).
-func (c *Cluster) failedAddrs(now time.Time) []string {
+func (c *Mesh) failedAddrs(now time.Time) []string {
 	c.peersMu.Lock()
 	defer c.peersMu.Unlock()
 	var out []string
@@ -826,7 +826,7 @@ func (c *Cluster) failedAddrs(now time.Time) []string {
 
 // delegate implements memberlist.Delegate. Its methods never block on
 // anything but the state's short mutex.
-type delegate struct{ c *Cluster }
+type delegate struct{ c *Mesh }
 
 func (d delegate) NodeMeta(limit int) []byte {
 	b := *d.c.meta.Load()
@@ -850,7 +850,7 @@ func (d delegate) MergeRemoteState(b []byte, join bool) { d.c.mergeState(b) }
 // not a valid router name (see Config.NodeName) is refused, so names with
 // control characters or separators never reach logs, metrics or the Raft
 // configuration.
-type aliveFilter struct{ c *Cluster }
+type aliveFilter struct{ c *Mesh }
 
 func (a aliveFilter) NotifyAlive(n *memberlist.Node) error {
 	if err := checkName(n.Name); err != nil {
@@ -862,7 +862,7 @@ func (a aliveFilter) NotifyAlive(n *memberlist.Node) error {
 
 // events implements memberlist.EventDelegate. It must not call back into
 // memberlist (Members would deadlock).
-type events struct{ c *Cluster }
+type events struct{ c *Mesh }
 
 func (e events) NotifyJoin(n *memberlist.Node) {
 	c := e.c
@@ -897,7 +897,7 @@ func (e events) NotifyUpdate(n *memberlist.Node) {
 // lock) and refreshes the list load packets are sent to. A member that is
 // gone goes to the left list when it said goodbye, else to the failed
 // list that joinLoop retries.
-func (c *Cluster) setPeer(n *memberlist.Node, gone, left bool) {
+func (c *Mesh) setPeer(n *memberlist.Node, gone, left bool) {
 	ip, _ := netip.AddrFromSlice(n.Addr)
 	addr := netip.AddrPortFrom(ip.Unmap(), n.Port)
 	c.peersMu.Lock()

@@ -13,7 +13,7 @@ import (
 )
 
 // crash stops a node the hard way: no goodbye, no leave, sockets closed.
-func (c *Cluster) crash() {
+func (c *Mesh) crash() {
 	c.closeOnce.Do(func() {
 		close(c.stopPub)
 		<-c.pubDone
@@ -302,7 +302,7 @@ func TestMembersMetaAndSubscribe(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, func() bool { return a.c.View().RemoteInFlight("x") == 1 }, "A sees x=1")
 	// A subscriber that does not read holds one pending notification and
-	// never stalls the Cluster.
+	// never stalls the Mesh.
 	for i := range 50 {
 		nodes[1].src.set("x", int64(i+2))
 		time.Sleep(time.Millisecond)

@@ -28,7 +28,7 @@ var (
 	ErrUnknownVersion = errors.New("gossip: unknown message version")
 )
 
-// Config configures a Cluster. Start from DefaultConfig; a Config must not
+// Config configures a Mesh. Start from DefaultConfig; a Config must not
 // be changed after it is passed to New.
 type Config struct {
 	// NodeName identifies this node in the cluster (flag --node-name). It
@@ -38,7 +38,7 @@ type Config struct {
 
 	// BindAddr and BindPort are where the gossip TCP and UDP listeners bind
 	// (flag --gossip-listen host:port). Default 0.0.0.0:7946. Port 0 picks a
-	// free port (tests); Cluster.Addr reports it.
+	// free port (tests); Mesh.Addr reports it.
 	BindAddr string
 	BindPort int
 
@@ -52,7 +52,7 @@ type Config struct {
 	// Join lists seed nodes (flag --join, repeatable or comma separated):
 	// "host:port", "host" (port BindPort, or 7946 when BindPort is 0), or a
 	// DNS name whose every A/AAAA record is a seed. New joins them once; if
-	// none answers the Cluster keeps retrying in the background, and later
+	// none answers the Mesh keeps retrying in the background, and later
 	// it rejoins seeds when it finds itself alone and reconnects to failed
 	// members, so a healed partition merges again.
 	Join []string
@@ -118,9 +118,9 @@ type Config struct {
 	// choice).
 	Identity Identity
 
-	// Logger receives the Cluster's and memberlist's logs. Nil discards.
+	// Logger receives the Mesh's and memberlist's logs. Nil discards.
 	Logger *slog.Logger
-	// Registry, when non-nil, receives the Cluster's metrics.
+	// Registry, when non-nil, receives the Mesh's metrics.
 	Registry prometheus.Registerer
 }
 
@@ -133,7 +133,7 @@ type Meta struct {
 	Voter     bool   `json:"v,omitempty"` // wants a Raft vote
 	Version   string `json:"b,omitempty"` // build version
 	// Wire is the highest gossip message version this node speaks; set
-	// by the Cluster.
+	// by the Mesh.
 	Wire uint8 `json:"w,omitempty"`
 }
 

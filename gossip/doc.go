@@ -3,7 +3,7 @@
 // With one router its own in-flight counters are the truth. With N routers
 // behind a load balancer each sees about 1/N of every instance's load, so a
 // concurrency threshold would silently become N times too loose and overflow
-// decisions would differ from node to node. A Cluster fixes that:
+// decisions would differ from node to node. A Mesh fixes that:
 //
 //   - Membership of router nodes runs on hashicorp/memberlist (SWIM with
 //     Lifeguard), tuned to detect a crashed node in about a second on a LAN.
@@ -41,9 +41,9 @@
 //   - Engine metrics (KV-cache usage, running and waiting requests, prefix
 //     cache hit rate) of each backend are scraped by exactly one live node,
 //     chosen by rendezvous hashing of the backend id over member names
-//     (View.Scraper, Cluster.IsScraper), and shared the same way.
+//     (View.Scraper, Mesh.IsScraper), and shared the same way.
 //
-// Readers never take a lock: the Cluster builds an immutable View whenever a
+// Readers never take a lock: the Mesh builds an immutable View whenever a
 // figure or the membership changes, swaps it in atomically and wakes its
 // subscribers (Subscribe) without ever blocking.
 //

@@ -23,7 +23,7 @@ func (p *proxyCounters) AppendInFlight(dst []gossip.BackendLoad) []gossip.Backen
 	return dst
 }
 
-// How a node wires a Cluster: the proxy's counters are the LocalSource;
+// How a node wires a Mesh: the proxy's counters are the LocalSource;
 // on every View change the remote sums go into the proxy's atomics, so
 // the request path reads global in-flight (own + remote) without a lock;
 // the engine scraper scrapes only the backends this node owns and shares

@@ -43,7 +43,7 @@ func testConfig(name string) Config {
 }
 
 type testNode struct {
-	c   *Cluster
+	c   *Mesh
 	src *fakeSource
 }
 
@@ -107,7 +107,7 @@ func percentile(d []time.Duration, p float64) time.Duration {
 	return s[min(len(s)-1, int(p*float64(len(s))))]
 }
 
-// fakeSource is a LocalSource tests can change while a Cluster reads it.
+// fakeSource is a LocalSource tests can change while a Mesh reads it.
 type fakeSource struct {
 	mu   sync.Mutex
 	m    map[string]int64

@@ -7,7 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Stats are a Cluster's running totals since New.
+// Stats are a Mesh's running totals since New.
 type Stats struct {
 	MessagesSent     uint64 // load/engine/bye packets sent (one per peer)
 	BytesSent        uint64 // their payload bytes
@@ -35,8 +35,8 @@ type counters struct {
 	sendErrors, malformed, viewUpdates       atomic.Uint64
 }
 
-// Stats returns the Cluster's running totals.
-func (c *Cluster) Stats() Stats {
+// Stats returns the Mesh's running totals.
+func (c *Mesh) Stats() Stats {
 	unknown, stale := c.st.counters()
 	st := Stats{
 		MessagesSent:     c.cnt.msgsSent.Load(),
@@ -58,10 +58,10 @@ func (c *Cluster) Stats() Stats {
 	return st
 }
 
-// newCollectors returns the Cluster's Prometheus metrics. Own and global
+// newCollectors returns the Mesh's Prometheus metrics. Own and global
 // in-flight per backend belong to the proxy's counters plus View and are
 // exported by the node.
-func (c *Cluster) newCollectors() []prometheus.Collector {
+func (c *Mesh) newCollectors() []prometheus.Collector {
 	counter := func(name, help string, f func() uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: "warmroute", Subsystem: "gossip", Name: name, Help: help,

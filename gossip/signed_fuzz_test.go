@@ -75,7 +75,7 @@ func FuzzReceiveSigned(f *testing.F) {
 		st.signed = true
 		st.join("node-a")
 		st.join("n")
-		c := &Cluster{
+		c := &Mesh{
 			cfg: Config{NodeName: "self"}, log: slog.New(slog.DiscardHandler),
 			st: st, sign: selfSigner, keys: newKeyCache(self), chainReqs: make(chan chainReq, 256),
 		}

@@ -43,10 +43,10 @@ func withIdentity(t *testing.T, ca *testCA, mod func(*Config)) func(*Config) {
 	}
 }
 
-func rejected(c *Cluster, why reject) uint64 { return c.st.rej[why].Load() }
+func rejected(c *Mesh, why reject) uint64 { return c.st.rej[why].Load() }
 
 // waitRejected waits until c rejected at least n more of why than before.
-func waitRejected(t *testing.T, c *Cluster, why reject, before, n uint64) {
+func waitRejected(t *testing.T, c *Mesh, why reject, before, n uint64) {
 	t.Helper()
 	waitFor(t, 10*time.Second, func() bool { return rejected(c, why) >= before+n },
 		"%s rejects %d %s (has %d)", c.Name(), n, why, rejected(c, why)-before)
@@ -465,7 +465,7 @@ func TestSignedStateOrder(t *testing.T) {
 		t.Fatalf("older run took over: x=%d", x())
 	}
 	// ...and followed once the current one has been quiet past expiry
-	// (the Cluster only lets messages sent within maxClockSkew get here).
+	// (the Mesh only lets messages sent within maxClockSkew get here).
 	apply(kindPublish, 4, 100, now.Add(3*time.Second), map[string]int64{"x": 7})
 	if x() != 7 {
 		t.Fatalf("quiet newer run kept: x=%d", x())

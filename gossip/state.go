@@ -17,7 +17,7 @@ import (
 // signed message changes nothing: within a run seq must grow (the packets
 // of one multi-packet publish share a seq and are accepted for
 // sameSeqWindow after the first), a duplicate never refreshes a figure's
-// age, and there are no relayed figures. The Cluster also drops signed
+// age, and there are no relayed figures. The Mesh also drops signed
 // messages sent more than maxClockSkew from this node's clock.
 type state struct {
 	mu           sync.Mutex

@@ -6,7 +6,7 @@ import (
 
 // View is an immutable snapshot of what this node knows about the other
 // nodes: their summed in-flight figures, the backends' engine metrics and
-// the member list. The Cluster builds a new View on every change and swaps
+// the member list. The Mesh builds a new View on every change and swaps
 // it in atomically, so readers take no lock. A View must not be modified.
 type View struct {
 	version uint64

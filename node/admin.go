@@ -21,7 +21,7 @@ func (n *Node) newAdmin() *admin.Server {
 }
 
 // gossipMembers adapts gossip to admin.Members.
-type gossipMembers struct{ *gossip.Cluster }
+type gossipMembers struct{ *gossip.Mesh }
 
 func (g gossipMembers) Failing(backend string) []string { return g.View().Health(backend).Failing }
 

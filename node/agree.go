@@ -115,12 +115,12 @@ func (n *Node) startAgreement(raftBind, raftAdvertise string) error {
 // members, with State "left", so the Raft leader removes them from the
 // configuration at once instead of after DeadNodeTimeout, as Consul does.
 // A router counts as left only when it is not live again.
-type departures struct{ *gossip.Cluster }
+type departures struct{ *gossip.Mesh }
 
 func (d departures) Members() []gossip.Member {
-	live := d.Cluster.Members()
+	live := d.Mesh.Members()
 	n := len(live)
-	for _, m := range d.Cluster.RecentlyLeft() {
+	for _, m := range d.Mesh.RecentlyLeft() {
 		if !slices.ContainsFunc(live[:n], func(l gossip.Member) bool { return l.Name == m.Name }) {
 			live = append(live, m)
 		}

@@ -34,7 +34,7 @@ type Config struct {
 	Upstream Upstream      `yaml:"upstream"`
 	Health   Health        `yaml:"health"`
 	Log      Log           `yaml:"log"`
-	Cluster  Cluster       `yaml:"cluster"`
+	Cluster  ClusterConfig `yaml:"cluster"`
 	Engine   Engine        `yaml:"engine"`
 	Admin    Admin         `yaml:"admin"`
 	TLS      TLS           `yaml:"tls"`
@@ -95,9 +95,9 @@ type Health struct {
 	EjectFor           time.Duration `yaml:"eject_for"`
 }
 
-// Cluster configures membership, load sharing and agreement with other
+// ClusterConfig configures membership, load sharing and agreement with other
 // router nodes. With GossipListen empty the node runs alone.
-type Cluster struct {
+type ClusterConfig struct {
 	// NodeName identifies the node: letters, digits, '.', '_' and '-'.
 	// Default: the name in the cluster certificate when there is one,
 	// else the host name. With a cluster certificate it must be the name
@@ -209,7 +209,7 @@ type Engine struct {
 }
 
 // Enabled reports whether the node runs in a cluster.
-func (c *Cluster) Enabled() bool { return c.GossipListen != "" }
+func (c *ClusterConfig) Enabled() bool { return c.GossipListen != "" }
 
 // Log configures logging.
 type Log struct {
@@ -253,7 +253,7 @@ func DefaultConfig() Config {
 			EjectFor:           pc.EjectFor,
 		},
 		Log: Log{Level: "info", Format: "text"},
-		Cluster: Cluster{PublishInterval: 50 * time.Millisecond,
+		Cluster: ClusterConfig{PublishInterval: 50 * time.Millisecond,
 			Voters: 3, DeadNodeTimeout: 2 * time.Minute, RaftTimeout: time.Second,
 			DiscoveryInterval: 10 * time.Second},
 		Engine:          Engine{MetricsPath: "/metrics", Interval: time.Second, Timeout: 500 * time.Millisecond},
@@ -587,7 +587,7 @@ func (c *Config) validateCluster() []error {
 // name is the node's effective name: the configured one, else the name
 // its cluster certificate proves (id, nil without one), else the host
 // name.
-func (cl *Cluster) name(id *identity.Bundle) string {
+func (cl *ClusterConfig) name(id *identity.Bundle) string {
 	switch {
 	case cl.NodeName != "":
 		return cl.NodeName
@@ -599,7 +599,7 @@ func (cl *Cluster) name(id *identity.Bundle) string {
 
 // raftListen is the effective Raft address: RaftListen, else the gossip
 // host with the gossip port + 1 (port 0 stays 0: any free port).
-func (cl *Cluster) raftListen() string {
+func (cl *ClusterConfig) raftListen() string {
 	if cl.RaftListen != "" {
 		return cl.RaftListen
 	}
@@ -616,7 +616,7 @@ func (cl *Cluster) raftListen() string {
 // exposedAddrs lists the cluster addresses that other hosts may reach:
 // listen addresses not bound to loopback, advertised addresses and seeds
 // that are not loopback.
-func (cl *Cluster) exposedAddrs() []string {
+func (cl *ClusterConfig) exposedAddrs() []string {
 	var out []string
 	for _, a := range []string{cl.GossipListen, cl.GossipAdvertise, cl.raftListen(), cl.RaftAdvertise} {
 		if a == "" {
@@ -651,7 +651,7 @@ func loopbackHost(host string) bool {
 
 // gossipKey reads the gossip key from WARMROUTE_GOSSIP_KEY's value or the
 // key file: base64 of 16, 24 or 32 bytes.
-func (cl *Cluster) gossipKey() ([]byte, error) {
+func (cl *ClusterConfig) gossipKey() ([]byte, error) {
 	raw := strings.TrimSpace(cl.GossipKey)
 	if raw == "" && cl.GossipKeyFile != "" {
 		b, err := os.ReadFile(cl.GossipKeyFile)

@@ -323,7 +323,7 @@ func FuzzGossipKey(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		cl := Cluster{GossipKey: s}
+		cl := ClusterConfig{GossipKey: s}
 		key, err := cl.gossipKey()
 		if err != nil {
 			return
@@ -337,7 +337,7 @@ func FuzzGossipKey(f *testing.F) {
 		if n := len(key); n != 16 && n != 24 && n != 32 {
 			t.Fatalf("gossipKey(%q) = %d bytes", s, n)
 		}
-		again := Cluster{GossipKey: base64.StdEncoding.EncodeToString(key)}
+		again := ClusterConfig{GossipKey: base64.StdEncoding.EncodeToString(key)}
 		if back, err := again.gossipKey(); err != nil || !bytes.Equal(back, key) {
 			t.Fatalf("gossipKey(%q) = %x; written back it gives %x, %v", s, key, back, err)
 		}

@@ -35,10 +35,10 @@ type Node struct {
 	// version is advertised to other nodes.
 	version string
 
-	gossip  *gossip.Cluster  // nil when running alone
-	agree   *cluster.Cluster // Raft agreement on backends and routing
-	scraper *engine.Scraper  // nil when engine scraping is off
-	engines *engineState     // engine figures scraped alone (no gossip)
+	gossip  *gossip.Mesh       // nil when running alone
+	agree   *cluster.Agreement // Raft agreement on backends and routing
+	scraper *engine.Scraper    // nil when engine scraping is off
+	engines *engineState       // engine figures scraped alone (no gossip)
 
 	adminToken string // "" when none is configured
 	// identity is this router's cluster certificate (mutual TLS for Raft

@@ -35,7 +35,7 @@ func (s *source) set(k string, v int64) {
 }
 
 type node struct {
-	c   *gossip.Cluster
+	c   *gossip.Mesh
 	src *source
 	id  *identity.Bundle
 }

@@ -338,4 +338,3 @@ func (v clusterView) leader() string {
 	}
 	return v.Raft.LeaderID
 }
-

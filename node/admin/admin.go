@@ -20,7 +20,7 @@ import (
 	"github.com/warmroute/warmroute/ring"
 )
 
-// Agreement is the router's Raft member (*cluster.Cluster).
+// Agreement is the router's Raft member (*cluster.Agreement).
 type Agreement interface {
 	State() (cluster.State, uint64)
 	Apply(ctx context.Context, cmd cluster.Command) (uint64, error)
@@ -45,7 +45,7 @@ type Members interface {
 }
 
 var (
-	_ Agreement = (*cluster.Cluster)(nil)
+	_ Agreement = (*cluster.Agreement)(nil)
 	_ Router    = (*proxy.Proxy)(nil)
 )
 

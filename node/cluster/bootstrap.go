@@ -11,7 +11,7 @@ import (
 // bootstrapLoop runs on a node with no Raft state and BootstrapExpect > 0
 // until the node is part of a configuration (it bootstrapped, or a leader
 // added it) or it learns that a cluster already exists.
-func (c *Cluster) bootstrapLoop() {
+func (c *Agreement) bootstrapLoop() {
 	defer c.wg.Done()
 	tick := time.NewTicker(c.cfg.BootstrapInterval)
 	defer tick.Stop()
@@ -58,7 +58,7 @@ func bootstrapSet(view *memberView, self string, expect int) (servers []server, 
 
 // tryBootstrap reports whether bootstrapping is settled (done, or not this
 // node's job any more).
-func (c *Cluster) tryBootstrap() bool {
+func (c *Agreement) tryBootstrap() bool {
 	f := c.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
 		return errors.Is(err, raft.ErrRaftShutdown)
@@ -114,7 +114,7 @@ func (c *Cluster) tryBootstrap() bool {
 // probe asks a server for its Raft term with a pre-vote request, which
 // changes nothing on the receiver. A server that never joined a cluster
 // answers term 0.
-func (c *Cluster) probe(s server) (uint64, error) {
+func (c *Agreement) probe(s server) (uint64, error) {
 	pv, ok := c.trans.(raft.WithPreVote)
 	if !ok {
 		return 0, errors.New("transport cannot probe")

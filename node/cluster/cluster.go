@@ -19,11 +19,11 @@ import (
 	"github.com/warmroute/warmroute/node/notify"
 )
 
-// Cluster is one node's membership in the Raft group that agrees on
+// Agreement is one node's membership in the Raft group that agrees on
 // backends and routing config. Routing reads State, which never waits on
 // Raft: with no leader, or in a minority partition, it keeps returning the
 // last applied state.
-type Cluster struct {
+type Agreement struct {
 	cfg      Config
 	log      *slog.Logger
 	members  Membership
@@ -84,7 +84,7 @@ type Cluster struct {
 // leader with the state a write would produce; an error rejects the write
 // before it reaches the log (the node passes a function that builds a
 // ring).
-func Open(cfg Config, members Membership, validate func(State) error) (c *Cluster, err error) {
+func Open(cfg Config, members Membership, validate func(State) error) (c *Agreement, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -93,7 +93,7 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Cluste
 		lg = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	lg = lg.With("component", "cluster", "node", cfg.NodeID)
-	c = &Cluster{
+	c = &Agreement{
 		cfg:           cfg,
 		log:           lg,
 		members:       members,
@@ -239,7 +239,7 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Cluste
 
 // checkCache reports whether the cached state is what this node's own
 // snapshots and log hold at its epoch.
-func (c *Cluster) checkCache(p *published, logs raft.LogStore, snaps raft.SnapshotStore) error {
+func (c *Agreement) checkCache(p *published, logs raft.LogStore, snaps raft.SnapshotStore) error {
 	if err := checkClusterID(p.state.ClusterID); err != nil {
 		return err
 	}
@@ -286,7 +286,7 @@ func claimDataDir(dir, id string) error {
 	}
 }
 
-func (c *Cluster) closeStores() {
+func (c *Agreement) closeStores() {
 	if c.wal != nil {
 		_ = c.wal.Close()
 		c.wal = nil
@@ -299,7 +299,7 @@ func (c *Cluster) closeStores() {
 
 // Close stops the leader loop, discovery, bootstrap and Raft, and closes the
 // log store. It is idempotent and waits for every goroutine it started.
-func (c *Cluster) Close() error {
+func (c *Agreement) Close() error {
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)
 		close(c.shutdownCh)
@@ -339,27 +339,27 @@ func (c *Cluster) Close() error {
 
 // Addr is the Raft address other nodes dial (advertise it as gossip
 // Meta.RaftAddr). On an InmemNetwork it is the NodeID.
-func (c *Cluster) Addr() string { return c.addr }
+func (c *Agreement) Addr() string { return c.addr }
 
 // State returns the latest applied state and its epoch: the index of the
 // Raft log entry that produced it, the same on every node that applied it.
 // It never blocks. Before the first seed is applied the state is empty,
 // Seeded is false and the epoch 0: route on the config file then.
-func (c *Cluster) State() (State, uint64) {
+func (c *Agreement) State() (State, uint64) {
 	p := c.fsm.view()
 	return p.state.Clone(), p.epoch
 }
 
 // Subscribe returns a channel that receives a value after the state
-// changes. Notifications are coalesced (buffer of one; the Cluster never
+// changes. Notifications are coalesced (buffer of one; the Agreement never
 // blocks on it): read State after each. The channel is closed by Close;
 // cancel unsubscribes.
-func (c *Cluster) Subscribe() (<-chan struct{}, func()) { return c.subs.Subscribe() }
+func (c *Agreement) Subscribe() (<-chan struct{}, func()) { return c.subs.Subscribe() }
 
 // Leader returns the leader's Raft server ID and address, or empty strings
 // when none is known. The node maps the ID to an admin address through
 // gossip metadata to forward writes.
-func (c *Cluster) Leader() (id, raftAddr string) {
+func (c *Agreement) Leader() (id, raftAddr string) {
 	addr, sid := c.raft.LeaderWithID()
 	return string(sid), string(addr)
 }
@@ -367,7 +367,7 @@ func (c *Cluster) Leader() (id, raftAddr string) {
 // TransferLeadership hands leadership to another voter when this node
 // leads (call it before a planned Close: writes pause for one round trip
 // instead of an election timeout). It is a no-op on a follower.
-func (c *Cluster) TransferLeadership() error {
+func (c *Agreement) TransferLeadership() error {
 	if c.raft.State() != raft.Leader {
 		return nil
 	}
@@ -378,7 +378,7 @@ func (c *Cluster) TransferLeadership() error {
 }
 
 // IsLeader reports whether this node is the Raft leader.
-func (c *Cluster) IsLeader() bool { return c.raft.State() == raft.Leader }
+func (c *Agreement) IsLeader() bool { return c.raft.State() == raft.Leader }
 
 // Apply commits cmd through Raft and returns the epoch of the resulting
 // state once this node has applied it. Only the leader accepts writes:
@@ -386,7 +386,7 @@ func (c *Cluster) IsLeader() bool { return c.raft.State() == raft.Leader }
 // ErrNoLeader (retry later). A command that would leave the state as it is
 // commits nothing and returns the current epoch. An invalid command
 // (ErrInvalid, ErrUnknownBackend) changes nothing on any node.
-func (c *Cluster) Apply(ctx context.Context, cmd Command) (uint64, error) {
+func (c *Agreement) Apply(ctx context.Context, cmd Command) (uint64, error) {
 	if c.closed.Load() {
 		return 0, ErrClosed
 	}
@@ -406,7 +406,7 @@ func (c *Cluster) Apply(ctx context.Context, cmd Command) (uint64, error) {
 	return c.write(ctx, cmd)
 }
 
-func (c *Cluster) leaderErr() error {
+func (c *Agreement) leaderErr() error {
 	if c.raft.State() == raft.Leader {
 		return nil
 	}
@@ -418,7 +418,7 @@ func (c *Cluster) leaderErr() error {
 
 // write validates cmd against the latest state and commits it. Writes are
 // serialized so each is validated against the state the previous produced.
-func (c *Cluster) write(ctx context.Context, cmd Command) (uint64, error) {
+func (c *Agreement) write(ctx context.Context, cmd Command) (uint64, error) {
 	select {
 	case c.writeSem <- struct{}{}:
 	case <-ctx.Done():
@@ -468,7 +468,7 @@ func (c *Cluster) write(ctx context.Context, cmd Command) (uint64, error) {
 }
 
 // raftErr maps Raft's errors to the package's sentinels.
-func (c *Cluster) raftErr(err error) error {
+func (c *Agreement) raftErr(err error) error {
 	switch {
 	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
 		errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrNotVoter):
@@ -513,7 +513,7 @@ type Status struct {
 }
 
 // Status returns this node's view of the group.
-func (c *Cluster) Status() Status {
+func (c *Agreement) Status() Status {
 	p := c.fsm.view()
 	lid, laddr := c.Leader()
 	st := Status{

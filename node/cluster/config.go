@@ -12,7 +12,7 @@ import (
 	"github.com/warmroute/warmroute/ring"
 )
 
-// Config configures a Cluster. Start from DefaultConfig; a Config must not
+// Config configures an Agreement. Start from DefaultConfig; a Config must not
 // be changed after it is passed to Open.
 type Config struct {
 	// NodeID is this node's Raft server ID. It must equal the node's gossip
@@ -20,9 +20,9 @@ type Config struct {
 	NodeID string
 
 	// RaftBind is the TCP address the Raft transport listens on
-	// (host:port; port 0 picks one, see Cluster.Addr). RaftAdvertise is the
+	// (host:port; port 0 picks one, see Agreement.Addr). RaftAdvertise is the
 	// address other nodes dial; empty means the bound address, which then
-	// must not be 0.0.0.0 or [::]. The node advertises Cluster.Addr in its
+	// must not be 0.0.0.0 or [::]. The node advertises Agreement.Addr in its
 	// gossip metadata (Meta.RaftAddr).
 	RaftBind      string
 	RaftAdvertise string
@@ -116,10 +116,10 @@ type Config struct {
 	// SnapshotRetain is how many snapshots are kept on disk.
 	SnapshotRetain int
 
-	// Logger receives the Cluster's logs and Raft's (Raft's info lines at
+	// Logger receives the Agreement's logs and Raft's (Raft's info lines at
 	// debug level). Nil discards.
 	Logger *slog.Logger
-	// Registry, when non-nil, receives the Cluster's metrics; Close
+	// Registry, when non-nil, receives the Agreement's metrics; Close
 	// unregisters them.
 	Registry prometheus.Registerer
 }

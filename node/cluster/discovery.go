@@ -124,7 +124,7 @@ func isNotFound(err error) bool {
 }
 
 // discoveryLoop polls DNS while this node leads.
-func (c *Cluster) discoveryLoop(ctx context.Context) {
+func (c *Agreement) discoveryLoop(ctx context.Context) {
 	d := &c.cfg.Discovery
 	missing := map[string]int{} // DNS backend -> consecutive polls without it
 	tick := time.NewTicker(d.Interval)
@@ -143,7 +143,7 @@ func (c *Cluster) discoveryLoop(ctx context.Context) {
 // before it is removed.
 const removeAfter = 2
 
-func (c *Cluster) discover(ctx context.Context, d *DiscoveryConfig, missing map[string]int) {
+func (c *Agreement) discover(ctx context.Context, d *DiscoveryConfig, missing map[string]int) {
 	found, err := d.lookup(ctx)
 	if err != nil {
 		c.met.discoveryPolls.WithLabelValues("error").Inc()

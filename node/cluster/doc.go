@@ -27,7 +27,7 @@
 // (ReportHealth, with thresholds and hysteresis), seeds the state from the
 // config file once, and polls DNS discovery.
 //
-// Raft state persists in raft-wal with file snapshots; a Cluster reopens
+// Raft state persists in raft-wal with file snapshots; an Agreement reopens
 // from the same DataDir in the same process. InmemNetwork runs many nodes
 // in one test process with partitions.
 package cluster

@@ -24,15 +24,15 @@ var (
 	// ErrDataDir: the data directory holds another node's Raft state.
 	ErrDataDir = errors.New("cluster: data directory belongs to another node")
 	// ErrForeignData: this node's data directory holds another cluster's
-	// state than the routers it joined (see Cluster.Fatal).
+	// state than the routers it joined (see Agreement.Fatal).
 	ErrForeignData = errors.New("cluster: the data directory belongs to another cluster")
-	// ErrClosed: the Cluster was closed.
+	// ErrClosed: the Agreement was closed.
 	ErrClosed = errors.New("cluster: closed")
 	// ErrCorrupt: a log entry fails its checksum or does not decode. The
 	// entry was committed, so the other nodes applied their own copy of
 	// it: this node's copy is damaged.
 	ErrCorrupt = errors.New("cluster: corrupt log entry")
 	// ErrHalted: this node stopped applying the Raft log (see
-	// Cluster.Halted).
+	// Agreement.Halted).
 	ErrHalted = errors.New("cluster: state machine halted")
 )

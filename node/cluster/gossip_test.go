@@ -13,7 +13,7 @@ import (
 // gossip.
 func TestWithRealGossip(t *testing.T) {
 	var (
-		gs    []*gossip.Cluster
+		gs    []*gossip.Mesh
 		nodes []*tnode
 	)
 	t.Cleanup(func() {
@@ -30,7 +30,7 @@ func TestWithRealGossip(t *testing.T) {
 	})
 	for i, id := range []string{"ga", "gb", "gc"} {
 		// The Raft port is chosen first and advertised from the start:
-		// SetMeta after the fact races with Members (gossip.Cluster.Members
+		// SetMeta after the fact races with Members (gossip.Mesh.Members
 		// reads memberlist's node structs outside its lock).
 		raftAddr := freeAddr(t)
 		gcfg := gossip.DefaultConfig()

@@ -17,7 +17,7 @@ import (
 // reporters with a recent report see it unhealthy, and active again when
 // most see it healthy; it never overrides a state an operator set
 // (draining, or down by admin).
-func (c *Cluster) ReportHealth(backend string, ok bool, reporter string) {
+func (c *Agreement) ReportHealth(backend string, ok bool, reporter string) {
 	if !c.IsLeader() || c.closed.Load() {
 		return
 	}
@@ -36,7 +36,7 @@ func (c *Cluster) ReportHealth(backend string, ok bool, reporter string) {
 // the reporter's verdict directly instead of counting observations, and
 // refreshes it, so callers repeat it at least every HealthReportTTL. Only
 // the leader acts on it; it never blocks.
-func (c *Cluster) ReportVerdict(backend, reporter string, unhealthy bool) {
+func (c *Agreement) ReportVerdict(backend, reporter string, unhealthy bool) {
 	if !c.IsLeader() || c.closed.Load() {
 		return
 	}
@@ -49,7 +49,7 @@ func (c *Cluster) ReportVerdict(backend, reporter string, unhealthy bool) {
 }
 
 // commitHealth commits the state changes the health reports call for.
-func (c *Cluster) commitHealth(ctx context.Context) {
+func (c *Agreement) commitHealth(ctx context.Context) {
 	now := time.Now()
 	st := c.fsm.load().state
 	c.health.prune(&st, now)

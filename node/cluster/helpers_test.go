@@ -125,7 +125,7 @@ func fastConfig(id string) Config {
 type tnode struct {
 	id  string
 	cfg Config
-	c   *Cluster
+	c   *Agreement
 }
 
 // testNet is a set of nodes sharing fake gossip.
@@ -331,7 +331,7 @@ func agreed(t *testing.T, nodes []*tnode, epoch uint64, exact bool) (State, uint
 }
 
 // raftServers is a node's Raft configuration as "id:voter|nonvoter".
-func raftServers(c *Cluster) map[string]bool {
+func raftServers(c *Agreement) map[string]bool {
 	out := map[string]bool{}
 	for _, s := range c.Status().Servers {
 		out[s.ID] = s.Voter

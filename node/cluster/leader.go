@@ -12,7 +12,7 @@ import (
 
 // monitorLeadership starts the leader loop when this node becomes leader
 // and stops it (waiting for it) when leadership ends.
-func (c *Cluster) monitorLeadership() {
+func (c *Agreement) monitorLeadership() {
 	defer c.wg.Done()
 	var run *leaderRun
 	stop := func() {
@@ -56,7 +56,7 @@ type leaderRun struct {
 	done   chan struct{}
 }
 
-func (c *Cluster) startLeaderLoop() *leaderRun {
+func (c *Agreement) startLeaderLoop() *leaderRun {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &leaderRun{cancel: cancel, done: make(chan struct{})}
 	go func() {
@@ -72,7 +72,7 @@ func (r *leaderRun) stop() {
 }
 
 // observe counts leader changes as Raft reports them on every node.
-func (c *Cluster) observe() {
+func (c *Agreement) observe() {
 	defer c.wg.Done()
 	last := ""
 	for {
@@ -98,7 +98,7 @@ func (c *Cluster) observe() {
 // discovery), a full reconcile of gossip membership into the Raft
 // configuration, then reconciles on every membership change and on a timer,
 // plus health commits.
-func (c *Cluster) leaderLoop(ctx context.Context) {
+func (c *Agreement) leaderLoop(ctx context.Context) {
 	var (
 		established bool
 		gone        = map[string]time.Time{} // servers missing from gossip, since
@@ -149,7 +149,7 @@ func (c *Cluster) leaderLoop(ctx context.Context) {
 
 // establish seeds the state when it was never seeded and opens the node
 // for writes.
-func (c *Cluster) establish(ctx context.Context) error {
+func (c *Agreement) establish(ctx context.Context) error {
 	switch st := c.fsm.load().state; {
 	case !st.Seeded:
 		cmd := Seed(c.cfg.SeedBackends, c.cfg.SeedRouting)
@@ -199,7 +199,7 @@ type action struct {
 
 // reconcile brings the Raft configuration in line with gossip and returns
 // when to run again.
-func (c *Cluster) reconcile(ctx context.Context, gone map[string]time.Time) time.Duration {
+func (c *Agreement) reconcile(ctx context.Context, gone map[string]time.Time) time.Duration {
 	next := c.cfg.ReconcileInterval
 	if c.members == nil {
 		return next

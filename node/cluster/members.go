@@ -9,7 +9,7 @@ import (
 	"github.com/warmroute/warmroute/gossip"
 )
 
-// Membership is what the Cluster reads from gossip; *gossip.Cluster
+// Membership is what the Agreement reads from gossip; *gossip.Mesh
 // implements it. Members must include this node (Self) and may include
 // members whose State is "left" (removed from Raft at once) or "dead".
 // Subscribe's channel receives a value after membership (or anything else)
@@ -19,7 +19,7 @@ type Membership interface {
 	Subscribe() (<-chan struct{}, func())
 }
 
-var _ Membership = (*gossip.Cluster)(nil)
+var _ Membership = (*gossip.Mesh)(nil)
 
 // server is a gossip member that runs Raft (it advertises a RaftAddr).
 type server struct {
@@ -79,7 +79,7 @@ func buildView(members []gossip.Member, selfID, selfAddr string) *memberView {
 // addrProvider implements raft.ServerAddressProvider: Raft dials a server
 // at the address gossip advertises for its ID now, so a node that restarted
 // on a new IP is reachable before the configuration is updated.
-type addrProvider struct{ c *Cluster }
+type addrProvider struct{ c *Agreement }
 
 func (p addrProvider) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
 	v := p.c.view.Load()
@@ -93,7 +93,7 @@ func (p addrProvider) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
 
 // watchMembers keeps c.view current and wakes the bootstrap and leader
 // loops when the set of servers changes.
-func (c *Cluster) watchMembers() {
+func (c *Agreement) watchMembers() {
 	defer c.wg.Done()
 	if c.members == nil {
 		return
@@ -115,7 +115,7 @@ func (c *Cluster) watchMembers() {
 	}
 }
 
-func (c *Cluster) refreshView() {
+func (c *Agreement) refreshView() {
 	v := buildView(c.members.Members(), c.cfg.NodeID, c.addr)
 	if old := c.view.Load(); old != nil && old.key == v.key {
 		return

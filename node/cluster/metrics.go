@@ -20,7 +20,7 @@ type metrics struct {
 	all              []prometheus.Collector
 }
 
-func newMetrics(c *Cluster) *metrics {
+func newMetrics(c *Agreement) *metrics {
 	opts := func(name, help string) prometheus.Opts {
 		return prometheus.Opts{Namespace: "warmroute", Subsystem: "raft", Name: name, Help: help}
 	}
@@ -84,7 +84,7 @@ func stateLabel(s raft.RaftState) string {
 
 // stateCollector sets the one-hot state gauge from Raft at scrape time.
 type stateCollector struct {
-	c *Cluster
+	c *Agreement
 	g *prometheus.GaugeVec
 }
 
@@ -110,7 +110,7 @@ func (m *metrics) register(r prometheus.Registerer) error {
 			}
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
-				return errors.New("cluster: metrics already registered (one Cluster per registry)")
+				return errors.New("cluster: metrics already registered (one Agreement per registry)")
 			}
 			return err
 		}

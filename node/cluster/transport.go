@@ -30,10 +30,10 @@ import (
 //   - an inbound connection that sends nothing for IdleTimeout is closed,
 //     and a write that makes no progress for the same time fails;
 //   - Close closes every accepted connection, so the transport's
-//     per-connection goroutines end with the Cluster.
+//     per-connection goroutines end with the Agreement.
 //
 // Outbound connections check that the router answering proves a name the
-// Cluster expects at that address, and are redialled transparently when
+// Agreement expects at that address, and are redialled transparently when
 // they sat idle in Raft's pool for longer than half the peer's idle
 // timeout (the peer closes them then; a Raft request on a stale pooled
 // connection would fail, and a failed vote request costs an election).
@@ -50,7 +50,7 @@ type tcpStream struct {
 	closed bool
 }
 
-// streamConfig is what the stream needs from the Cluster.
+// streamConfig is what the stream needs from the Agreement.
 type streamConfig struct {
 	// identity is this node's certificate; nil runs Raft in plaintext.
 	identity *identity.Bundle
@@ -245,7 +245,7 @@ func (s *tcpStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Co
 }
 
 // expectAt is the name check for a dial to addr: the peer must prove one
-// of the names the Cluster expects there (any name when it knows none).
+// of the names the Agreement expects there (any name when it knows none).
 func (s *tcpStream) expectAt(addr string) func(string) error {
 	if s.cfg.identity == nil || s.cfg.expect == nil {
 		return nil
@@ -453,7 +453,7 @@ func (c *clientConn) RemoteAddr() net.Addr { return c.cur().RemoteAddr() }
 
 // tcpTransport listens on RaftBind and advertises RaftAdvertise (or the
 // bound address, which must then be a concrete IP).
-func (c *Cluster) tcpTransport(hl hclog.Logger) (*raft.NetworkTransport, *tcpStream, error) {
+func (c *Agreement) tcpTransport(hl hclog.Logger) (*raft.NetworkTransport, *tcpStream, error) {
 	var adv net.Addr
 	if a := c.cfg.RaftAdvertise; a != "" {
 		ta, err := net.ResolveTCPAddr("tcp", a)

@@ -31,7 +31,7 @@ func newClusterID() string {
 // currentClusterID is the ID of the cluster this node's data belong to,
 // or "" before it learnt one (a new node that has not applied the seed
 // yet).
-func (c *Cluster) currentClusterID() string {
+func (c *Agreement) currentClusterID() string {
 	c.trustMu.Lock()
 	defer c.trustMu.Unlock()
 	return c.clusterID
@@ -56,7 +56,7 @@ func readClusterID(dir string) (string, error) {
 // checkState is the FSM's check of every state before it is published:
 // a state of another cluster than the data directory's halts the state
 // machine. The first ID seen is kept (and written to the data directory).
-func (c *Cluster) checkState(p *published) error {
+func (c *Agreement) checkState(p *published) error {
 	id := p.state.ClusterID
 	if id == "" {
 		return nil
@@ -100,7 +100,7 @@ func writeFileSync(path string, b []byte) error {
 // expectedAt returns the names of the routers gossip or the Raft
 // configuration place at addr: a router dialled there must prove one of
 // them.
-func (c *Cluster) expectedAt(addr string) map[string]bool {
+func (c *Agreement) expectedAt(addr string) map[string]bool {
 	out := map[string]bool{}
 	if v := c.view.Load(); v != nil {
 		for _, s := range v.servers {
@@ -138,7 +138,7 @@ const tallyWindow = 2 * time.Minute
 // this node's cluster (this node included), this node is the odd one
 // out: its data directory holds another cluster's state. It then stops
 // (Fatal), naming both clusters, instead of routing on that state.
-func (c *Cluster) notePeer(name, addr, clusterID string, foreign, dialed bool) {
+func (c *Agreement) notePeer(name, addr, clusterID string, foreign, dialed bool) {
 	if foreign {
 		c.met.raftForeign.Inc()
 		c.log.Error("a router of another cluster", "peer", name, "addr", addr, "peer_cluster", clusterID, "cluster", c.currentClusterID())
@@ -185,7 +185,7 @@ func (c *Cluster) notePeer(name, addr, clusterID string, foreign, dialed bool) {
 }
 
 // fail reports a fatal error once on Fatal.
-func (c *Cluster) fail(err error) {
+func (c *Agreement) fail(err error) {
 	c.fatalOnce.Do(func() {
 		c.log.Error("stopping: "+err.Error(), "err", err)
 		c.fatal <- err
@@ -194,7 +194,7 @@ func (c *Cluster) fail(err error) {
 
 // Fatal receives an error when this node must stop: its data belong to
 // another cluster than its peers'. The node should exit with it.
-func (c *Cluster) Fatal() <-chan error { return c.fatal }
+func (c *Agreement) Fatal() <-chan error { return c.fatal }
 
 // haltInfo is why the state machine stopped applying.
 type haltInfo struct {
@@ -203,7 +203,7 @@ type haltInfo struct {
 }
 
 // onHalt is the FSM's report of an entry it cannot apply.
-func (c *Cluster) onHalt(index uint64, err error) {
+func (c *Agreement) onHalt(index uint64, err error) {
 	c.met.fsmHalted.Set(1)
 	c.log.Error("raft: this router stopped applying the log: its copy of a committed entry is damaged or foreign; "+
 		"it keeps the last good state and reports not ready. Replace its data directory (it then copies the state from the leader)",
@@ -214,7 +214,7 @@ func (c *Cluster) onHalt(index uint64, err error) {
 // Halted returns why this node stopped applying the Raft log (a damaged
 // or foreign entry), or nil. A halted node keeps its last good state but
 // must not be used: report it not ready.
-func (c *Cluster) Halted() error {
+func (c *Agreement) Halted() error {
 	if h := c.fsm.halted.Load(); h != nil {
 		return fmt.Errorf("raft entry %d: %w", h.index, h.err)
 	}
@@ -254,7 +254,7 @@ func (v *verified) set(id string, t time.Time) {
 // data belong to another cluster learns it even if nobody dials it for
 // Raft. The leader adds to the Raft configuration, and promotes, only
 // routers that passed a probe.
-func (c *Cluster) verifyLoop() {
+func (c *Agreement) verifyLoop() {
 	defer c.wg.Done()
 	if c.stream == nil || c.members == nil {
 		return
@@ -288,7 +288,7 @@ const maxProbes = 4
 
 // verifyAll probes the routers whose last pass is getting old, and
 // reports whether every probe passed.
-func (c *Cluster) verifyAll() bool {
+func (c *Agreement) verifyAll() bool {
 	v := c.view.Load()
 	now := time.Now()
 	sem := make(chan struct{}, maxProbes)
@@ -328,7 +328,7 @@ func (c *Cluster) verifyAll() bool {
 // trusted filters a gossip view for the leader's reconcile: routers that
 // did not pass an identity probe are neither added to the Raft
 // configuration nor promoted (the configuration's own servers stay).
-func (c *Cluster) trusted(v *memberView, cfg []raft.Server) *memberView {
+func (c *Agreement) trusted(v *memberView, cfg []raft.Server) *memberView {
 	if c.stream == nil {
 		return v // in-memory network: nothing to prove
 	}

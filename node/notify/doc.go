@@ -8,7 +8,7 @@
 // closes every channel; a later Subscribe gets a channel that is already
 // closed, so a reader's loop ends either way.
 //
-// gossip.Cluster (View changes) and cluster.Cluster (applied Raft state)
+// gossip.Mesh (View changes) and cluster.Agreement (applied Raft state)
 // notify their subscribers through a Hub, and so do the fakes that stand
 // in for them in tests. The package imports the standard library only.
 package notify
