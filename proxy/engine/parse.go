@@ -9,8 +9,9 @@ import (
 )
 
 // Stats is what one scrape of an engine reports. Known says which figures
-// the engine exports; an unknown figure is zero. The layout matches
-// gossip.EngineStats, so the node converts one to the other directly.
+// the engine exports; an unknown figure is zero. gossip.EngineStats
+// carries the same figures and bits; the node copies them field by field
+// (node/loadshare.go toGossip), since gossip does not import proxy.
 type Stats struct {
 	KVUsage       float64 // KV-cache blocks in use, 0..1
 	Running       float64 // requests being processed
