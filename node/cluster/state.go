@@ -256,7 +256,26 @@ func decodeCommand(b []byte) (Command, error) {
 	if !knownOp(c.Op) {
 		return c, fmt.Errorf("%w: unknown op %q (a router of a newer version wrote it: upgrade this one)", ErrCorrupt, c.Op)
 	}
+	c.normalize()
 	return c, nil
+}
+
+// normalize gives an entry one in-memory form however it was spelled: an
+// empty list or label map is nil, as encodeCommand omits both. Without it
+// `"backends":[]` and no backends at all would be different commands that
+// encode to the same entry.
+func (c *Command) normalize() {
+	if len(c.Backends) == 0 {
+		c.Backends = nil
+	}
+	for i := range c.Backends {
+		if len(c.Backends[i].Labels) == 0 {
+			c.Backends[i].Labels = nil
+		}
+	}
+	if c.Backend != nil && len(c.Backend.Labels) == 0 {
+		c.Backend.Labels = nil
+	}
 }
 
 func knownOp(op Op) bool {
