@@ -93,6 +93,10 @@ type KeyConfig struct {
 	// InvocationsJSON makes /invocations extract prompt fields (messages,
 	// prompt, inputs) from JSON bodies instead of hashing the raw bytes.
 	InvocationsJSON bool
+	// ChainBlocks > 0 reads the prompt's block chain instead of the
+	// fixed-length key: up to ChainBlocks blocks of ChainBlockBytes (at
+	// most MaxChainBlocks), for KeyInfo.KeyAt. PrefixLength is then unused.
+	ChainBlocks int
 }
 
 // Settings are the routing settings an operator sets. This one type is
@@ -116,19 +120,29 @@ type Settings struct {
 	OverflowDepth        int      `json:"overflow_depth" yaml:"overflow_depth" flag:"overflow-depth" help:"backends in each partition's overflow order before falling back to least-loaded"`
 	PartitionCount       int      `json:"partition_count,omitempty" yaml:"partition_count" flag:"partition-count" help:"ring partitions; 0 = chosen from the backend count"`
 	ZoneAware            bool     `json:"zone_aware,omitempty" yaml:"zone_aware" flag:"zone-aware" help:"overflow to backends in this router's --zone first (the owner is still taken wherever it is)"`
+	// KeyDepth and Overflow are the zero values (FIXED, THRESHOLD) in
+	// states written before they existed, so those keep routing as then.
+	KeyDepth KeyDepth     `json:"key_depth,omitempty" yaml:"key_depth" flag:"key-depth" help:"PREFIX_AWARE key: ADAPTIVE (the shortest prefix not split for carrying too much traffic, learned; PrefixLength unused) or FIXED (the first PrefixLength bytes)"`
+	Overflow OverflowRule `json:"overflow,omitempty" yaml:"overflow" flag:"overflow" help:"when PREFIX_AWARE leaves a key's owner: COST (when the owner queues and a less loaded backend does not, by more than the request's prefill; the threshold stays a hard cap) or THRESHOLD (at ConcurrencyThreshold)"`
 }
 
-// DefaultSettings returns the defaults: PREFIX_AWARE, PrefixLength 4096,
-// ConcurrencyThreshold 16, no LoadFactor, BusyIsFull on, OverflowDepth 8.
+// DefaultSettings returns the defaults: PREFIX_AWARE with ADAPTIVE keys
+// and COST overflow, ConcurrencyThreshold 16 as the hard cap, no
+// LoadFactor, BusyIsFull off, OverflowDepth 8 (PrefixLength 4096 serves
+// FIXED keys and CONSISTENT_HASH).
 func DefaultSettings() Settings {
 	return Settings{
 		Strategy:             PrefixAware,
 		PrefixLength:         4096,
 		ConcurrencyThreshold: 16,
-		BusyIsFull:           true,
 		OverflowDepth:        8,
+		KeyDepth:             AdaptiveDepth,
+		Overflow:             CostOverflow,
 	}
 }
+
+// Adaptive reports whether s routes PREFIX_AWARE on adaptive keys.
+func (s Settings) Adaptive() bool { return s.Strategy == PrefixAware && s.KeyDepth == AdaptiveDepth }
 
 // Key is the key-reading part of s.
 func (s Settings) Key() KeyConfig {
@@ -148,6 +162,10 @@ func (s *Settings) Validate() error {
 		return fmt.Errorf("%w: LoadFactor %g must be 0 (off) or between 1 and 100", ErrConfig, s.LoadFactor)
 	case s.OverflowDepth < 1 || s.OverflowDepth > 64:
 		return fmt.Errorf("%w: OverflowDepth %d out of range [1, 64]", ErrConfig, s.OverflowDepth)
+	case int(s.KeyDepth) >= len(keyDepthNames):
+		return fmt.Errorf("%w: unknown key depth %d", ErrConfig, s.KeyDepth)
+	case int(s.Overflow) >= len(overflowNames):
+		return fmt.Errorf("%w: unknown overflow rule %d", ErrConfig, s.Overflow)
 	case s.PartitionCount < 0 || s.PartitionCount > 1<<20:
 		return fmt.Errorf("%w: PartitionCount %d out of range [0, %d]", ErrConfig, s.PartitionCount, 1<<20)
 	}

@@ -192,7 +192,38 @@ func FuzzExtract(f *testing.F) {
 		if ok && want != i1.Key {
 			t.Fatalf("key %x, reference %x for %q", i1.Key, want, body)
 		}
+		checkChain(t, cfg, a, body, th, plen)
 	})
+}
+
+// checkChain checks the block chain of a body Extract accepts: it is read
+// without error, within its limit, and a shorter read is a prefix of a
+// longer one (the same blocks, the same keys).
+func checkChain(t *testing.T, cfg KeyConfig, a API, body, th []byte, n int) {
+	short, long := cfg, cfg
+	short.ChainBlocks = 1 + int(uint(n)%8)
+	long.ChainBlocks = short.ChainBlocks + 1 + int(uint(n>>3)%8)
+	var s, l KeyInfo
+	if err := Extract(short, a, body, th, &s); err != nil {
+		t.Fatalf("chain of %d blocks: %v", short.ChainBlocks, err)
+	}
+	if err := Extract(long, a, body, th, &l); err != nil {
+		t.Fatalf("chain of %d blocks: %v", long.ChainBlocks, err)
+	}
+	if s.Blocks > short.ChainBlocks || s.PrefixBytes > short.ChainBlocks*ChainBlockBytes || s.Blocks != s.PrefixBytes/ChainBlockBytes {
+		t.Fatalf("read %d blocks, %d bytes, limit %d blocks", s.Blocks, s.PrefixBytes, short.ChainBlocks)
+	}
+	if l.Blocks < s.Blocks || l.PrefixBytes < s.PrefixBytes {
+		t.Fatalf("a longer read has less: %d/%d blocks, %d/%d bytes", l.Blocks, s.Blocks, l.PrefixBytes, s.PrefixBytes)
+	}
+	for d := 0; d < s.Blocks; d++ {
+		if s.Chain[d] != l.Chain[d] || s.KeyAt(d) != l.KeyAt(d) {
+			t.Fatalf("block %d differs between reads of %d and %d blocks", d, short.ChainBlocks, long.ChainBlocks)
+		}
+	}
+	if s.PrefixBytes < short.ChainBlocks*ChainBlockBytes && (s.Tail != l.Tail || s.KeyAt(s.Blocks) != l.KeyAt(l.Blocks)) {
+		t.Fatalf("the whole text (%d bytes) read twice gives two tails", s.PrefixBytes)
+	}
 }
 
 func FuzzCheckTenant(f *testing.F) {

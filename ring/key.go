@@ -54,6 +54,44 @@ type KeyInfo struct {
 	TenantFromHeader bool
 	// Stream is the body's `stream` flag.
 	Stream bool
+
+	// The block chain, read only when KeyConfig.ChainBlocks > 0: Chain[k]
+	// is the digest of the first (k+1) x ChainBlockBytes bytes of prompt
+	// text, for the Blocks full blocks read; Tail is the digest of all the
+	// text read (the full blocks and what follows them, up to
+	// ChainBlocks x ChainBlockBytes bytes). KeyAt turns them into keys.
+	Chain  [MaxChainBlocks]uint64
+	Blocks int
+	Tail   uint64
+	// scope holds the digests of the model and the tenant, which every key
+	// mixes in.
+	scope [2]uint64
+}
+
+// ChainBlockBytes is the size of a block of the prompt's block chain:
+// adaptive keys route on a whole number of blocks of prompt text.
+const ChainBlockBytes = 1024
+
+// MaxChainBlocks is the longest chain read: MaxPrefixLength bytes.
+const MaxChainBlocks = MaxPrefixLength / ChainBlockBytes
+
+// KeyAt returns the key of the first depth+1 blocks of the chain, or for
+// depth == Blocks (or beyond) the key of all the text read. Like Key, it
+// mixes in the model and the tenant, so two tenants never share a key.
+func (k *KeyInfo) KeyAt(depth int) uint64 {
+	if depth >= k.Blocks {
+		return mixKey(k.scope, k.Tail)
+	}
+	return mixKey(k.scope, k.Chain[depth])
+}
+
+// mixKey is the key of prompt digest p under scope (model and tenant).
+func mixKey(scope [2]uint64, p uint64) uint64 {
+	var sum [24]byte
+	binary.LittleEndian.PutUint64(sum[0:], scope[0])
+	binary.LittleEndian.PutUint64(sum[8:], scope[1])
+	binary.LittleEndian.PutUint64(sum[16:], p)
+	return xxhash.Sum64(sum[:])
 }
 
 // CheckTenant validates an X-Amzn-SageMaker-Prefix-Aware-Id value: 1-64
@@ -96,18 +134,21 @@ func Extract(cfg KeyConfig, api API, body, tenantHeader []byte, info *KeyInfo) e
 		}
 		info.Tenant, info.TenantFromHeader = tenantHeader, true
 	}
-	limit := cfg.PrefixLength
-	if limit <= 0 {
-		limit = MaxPrefixLength
+	pw := prefixWriter{fixed: cfg.PrefixLength}
+	if pw.fixed <= 0 {
+		pw.fixed = MaxPrefixLength
 	}
-	pw := prefixWriter{left: limit}
+	if cfg.ChainBlocks > 0 {
+		pw.info, pw.limit, pw.fixed = info, min(cfg.ChainBlocks, MaxChainBlocks)*ChainBlockBytes, 0
+	} else {
+		pw.limit = pw.fixed
+	}
 	pw.d.Reset()
 	if api == Invocations && !cfg.InvocationsJSON {
 		pw.raw(body)
 	} else if err := extractJSON(api, body, info, &pw); err != nil {
 		return err
 	}
-	info.PrefixBytes = pw.written
 	var md, td xxhash.Digest
 	md.Reset()
 	td.Reset()
@@ -119,11 +160,19 @@ func Extract(cfg KeyConfig, api API, body, tenantHeader []byte, info *KeyInfo) e
 	} else if err := writeString(&td, info.Tenant); err != nil {
 		return err
 	}
-	var sum [24]byte
-	binary.LittleEndian.PutUint64(sum[0:], md.Sum64())
-	binary.LittleEndian.PutUint64(sum[8:], td.Sum64())
-	binary.LittleEndian.PutUint64(sum[16:], pw.d.Sum64())
-	info.Key = xxhash.Sum64(sum[:])
+	info.scope = [2]uint64{md.Sum64(), td.Sum64()}
+	if cfg.ChainBlocks > 0 {
+		info.PrefixBytes = pw.written
+		info.Tail = pw.d.Sum64()
+		info.Key = info.KeyAt(0)
+		return nil
+	}
+	info.PrefixBytes = pw.fixedBytes
+	if !pw.fixedDone {
+		pw.fixedSum, pw.fixedBytes = pw.d.Sum64(), pw.written
+		info.PrefixBytes = pw.written
+	}
+	info.Key = mixKey(info.scope, pw.fixedSum)
 	return nil
 }
 
@@ -405,51 +454,79 @@ func tokenID(v []byte, pw *prefixWriter) error {
 	return nil
 }
 
-// prefixWriter hashes prompt text up to a byte budget, cutting at a UTF-8
-// boundary.
+// prefixWriter hashes prompt text up to limit bytes. With a fixed budget
+// (fixed > 0) it notes the digest of the first fixed bytes, cut back to a
+// UTF-8 boundary: the fixed-length key. With info set it notes the digest
+// at every ChainBlockBytes boundary in info.Chain: the block chain, cut at
+// byte boundaries (every request is cut the same way, so equal text gives
+// equal blocks).
 type prefixWriter struct {
 	d       xxhash.Digest
-	left    int // budget left; 0 once a cut was made
+	limit   int // bytes hashed at most
 	written int
+	// The fixed-length key: its budget, whether it was cut, the digest
+	// and length at the cut.
+	fixed      int
+	fixedDone  bool
+	fixedSum   uint64
+	fixedBytes int
+	info       *KeyInfo // chain destination, or nil
 }
 
-// raw writes p, or as much of it as the budget allows, cut back to the start
-// of a rune.
+// reset starts over: a repeated prompt field replaces the earlier one.
 func (w *prefixWriter) reset() {
 	w.d.Reset()
-	w.left += w.written
-	w.written = 0
+	w.written, w.fixedDone, w.fixedSum, w.fixedBytes = 0, false, 0, 0
+	if w.info != nil {
+		w.info.Blocks = 0
+	}
 }
 
+// full reports whether nothing more will be hashed.
+func (w *prefixWriter) full() bool { return w.written >= w.limit || w.fixedDone }
+
+// raw writes p, or as much of it as the limit allows.
 func (w *prefixWriter) raw(p []byte) {
-	if w.left <= 0 || len(p) == 0 {
-		return
+	for len(p) > 0 && !w.full() {
+		if w.fixed > 0 && !w.fixedDone && w.written+len(p) >= w.fixed {
+			// The fixed key ends in p: cut back to the start of a rune
+			// (unless p ends exactly at the budget).
+			cut := w.fixed - w.written
+			if cut < len(p) {
+				for cut > 0 && !utf8.RuneStart(p[cut]) {
+					cut--
+				}
+			}
+			w.d.Write(p[:cut])
+			w.written += cut
+			w.fixedSum, w.fixedBytes, w.fixedDone = w.d.Sum64(), w.written, true
+			return // limit == fixed: nothing more is hashed
+		}
+		n := len(p)
+		if w.info != nil {
+			n = min(n, ChainBlockBytes-w.written%ChainBlockBytes)
+		}
+		n = min(n, w.limit-w.written)
+		w.d.Write(p[:n])
+		w.written += n
+		p = p[n:]
+		if w.info != nil && w.written%ChainBlockBytes == 0 {
+			w.info.Chain[w.info.Blocks] = w.d.Sum64()
+			w.info.Blocks++
+		}
 	}
-	if len(p) <= w.left {
-		w.d.Write(p)
-		w.left -= len(p)
-		w.written += len(p)
-		return
-	}
-	cut := w.left
-	for cut > 0 && !utf8.RuneStart(p[cut]) {
-		cut--
-	}
-	w.d.Write(p[:cut])
-	w.written += cut
-	w.left = 0
 }
 
 // json writes the unescaped content of a raw JSON string.
 func (w *prefixWriter) json(raw []byte) error {
 	var buf [utf8.UTFMax]byte
-	for len(raw) > 0 && w.left > 0 {
+	for len(raw) > 0 && !w.full() {
 		// Escapes only shorten text, so nothing past left+1 raw bytes can
 		// be written (raw needs the byte at the cut to find a rune start):
 		// the search for an escape stops there.
 		win := raw
-		if len(win) > w.left+1 {
-			win = win[:w.left+1]
+		if left := w.limit - w.written; len(win) > left+1 {
+			win = win[:left+1]
 		}
 		i := bytes.IndexByte(win, '\\')
 		if i < 0 {
@@ -460,10 +537,6 @@ func (w *prefixWriter) json(raw []byte) error {
 		r, n, err := decodeEscape(raw[i:], &buf)
 		if err != nil {
 			return err
-		}
-		if len(r) > w.left {
-			w.left = 0
-			return nil
 		}
 		w.raw(r)
 		raw = raw[i+n:]

@@ -82,11 +82,24 @@ func (r *Ring) eligible(b int, loads Loads) bool {
 // same ring, key and loads give the same decision on every node, except
 // for RANDOM, ROUND_ROBIN and the tie-break of LEAST_OUTSTANDING_REQUESTS.
 func (r *Ring) Pick(key uint64, loads Loads) (Decision, error) {
+	return r.PickCost(key, 1, loads)
+}
+
+// PickCost is Pick for a request whose prefill, redone on a backend that
+// does not hold its prefix, costs about recompute average requests (its
+// prompt length over the mean): the COST overflow rule leaves the owner
+// only when the owner is that much more loaded than the alternative.
+func (r *Ring) PickCost(key uint64, recompute int64, loads Loads) (Decision, error) {
 	if len(r.backends) == 0 {
 		return noDecision, ErrNoBackend
 	}
 	switch r.cfg.Strategy {
 	case PrefixAware:
+		if r.cfg.Overflow == CostOverflow {
+			if d, ok := r.pickByCost(key, recompute, loads); ok {
+				return d, nil
+			}
+		}
 		return r.pickPrefixAware(key, loads)
 	case ConsistentHash:
 		p := r.Partition(key)
@@ -148,6 +161,55 @@ func (r *Ring) pickPrefixAware(key uint64, loads Loads) (Decision, error) {
 		}
 	}
 	return r.pickLeast(p, loads, ReasonFallback, false)
+}
+
+// pickByCost applies the COST rule: the owner unless it queues (its engine
+// reports waiting requests) while a later backend in the key's order is
+// eligible, under its limit, not queueing and less loaded than the owner
+// by more than recompute (the prefill the request would redo there). When
+// it reports !ok the threshold walk decides: the owner is over its hard
+// cap, unhealthy or outside the bounded-loads cap.
+func (r *Ring) pickByCost(key uint64, recompute int64, loads Loads) (Decision, bool) {
+	p := r.Partition(key)
+	order := r.Order(p)
+	o := int(order[0])
+	if !r.eligible(o, loads) {
+		return Decision{}, false
+	}
+	no := loads.InFlight(o)
+	if no >= r.limits[o] {
+		return Decision{}, false
+	}
+	if r.cfg.LoadFactor > 0 && no > 0 && no+1 > r.loadBound(loads) {
+		return Decision{}, false
+	}
+	affinity := Decision{Backend: o, Reason: ReasonAffinity, Rank: 0}
+	if !loads.Busy(o) {
+		return affinity, true
+	}
+	recompute = max(recompute, 1)
+	for pass := 0; pass < 2; pass++ {
+		for rank := 1; rank < len(order); rank++ {
+			b := int(order[rank])
+			if r.zoneAware() && (r.backends[b].Zone == r.cfg.LocalZone) != (pass == 0) {
+				continue
+			}
+			if !r.eligible(b, loads) || loads.Busy(b) {
+				continue
+			}
+			n := loads.InFlight(b)
+			if n >= r.limits[b] || no-n <= recompute {
+				continue
+			}
+			return Decision{Backend: b, Reason: ReasonOverflow, Rank: rank}, true
+		}
+		if !r.zoneAware() {
+			break
+		}
+	}
+	// Every alternative queues too, or is not enough less loaded: wait on
+	// the warm owner.
+	return affinity, true
 }
 
 // candidate carries the lazily computed bounded-loads cap through a walk.

@@ -157,6 +157,7 @@ func TestOverflowSpreads(t *testing.T) {
 func TestPickPrefixAware(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.ConcurrencyThreshold = 2
+	cfg.Overflow, cfg.BusyIsFull = ThresholdOverflow, true
 	r := mustRing(t, cfg, gpus(5))
 	loads := newLoads(5)
 	key := uint64(12345)
@@ -478,6 +479,7 @@ func TestLoadFactorPickMatchesDefinition(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.LoadFactor = 1.25
 	cfg.ConcurrencyThreshold = 6
+	cfg.Overflow, cfg.BusyIsFull = ThresholdOverflow, true
 	const n = 12
 	r := mustRing(t, cfg, gpus(n))
 	rng := rand.New(rand.NewPCG(3, 4))

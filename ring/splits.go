@@ -1,0 +1,194 @@
+package ring
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// KeyDepth says how deep into the prompt PREFIX_AWARE's key reaches.
+type KeyDepth uint8
+
+const (
+	// FixedDepth keys on the first PrefixLength bytes of prompt text
+	// (SageMaker's rule).
+	FixedDepth KeyDepth = iota
+	// AdaptiveDepth keys on the shortest prefix of the prompt's block chain
+	// that is not split: one block (ChainBlockBytes) unless the agreed
+	// Splits say that prefix carries more traffic than one backend should
+	// take, in which case one block deeper, and so on. PrefixLength is not
+	// used.
+	AdaptiveDepth
+)
+
+var keyDepthNames = [...]string{FixedDepth: "FIXED", AdaptiveDepth: "ADAPTIVE"}
+
+func (k KeyDepth) String() string {
+	if int(k) < len(keyDepthNames) {
+		return keyDepthNames[k]
+	}
+	return fmt.Sprintf("KeyDepth(%d)", uint8(k))
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (k KeyDepth) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler: FIXED or ADAPTIVE, in
+// any case.
+func (k *KeyDepth) UnmarshalText(b []byte) error {
+	i := slices.Index(keyDepthNames[:], strings.ToUpper(strings.TrimSpace(string(b))))
+	if i < 0 {
+		return fmt.Errorf("%w: unknown key depth %q (want ADAPTIVE or FIXED)", ErrConfig, b)
+	}
+	*k = KeyDepth(i)
+	return nil
+}
+
+// OverflowRule says when PREFIX_AWARE leaves a key's owner.
+type OverflowRule uint8
+
+const (
+	// ThresholdOverflow leaves the owner when it has ConcurrencyThreshold
+	// requests in flight (or, with BusyIsFull, when its engine queues).
+	ThresholdOverflow OverflowRule = iota
+	// CostOverflow also leaves the owner below the threshold, but only
+	// when that pays: the owner has requests waiting for their first token
+	// (a queue) while a later backend in the key's order has none and
+	// fewer in flight, and the owner's queue is longer than the prefill the
+	// request would redo on that backend. When every candidate queues too,
+	// the request waits on the warm owner: overflow never adds prefill
+	// work to a fleet that is already busy. ConcurrencyThreshold stays a
+	// hard cap.
+	CostOverflow
+)
+
+var overflowNames = [...]string{ThresholdOverflow: "THRESHOLD", CostOverflow: "COST"}
+
+func (o OverflowRule) String() string {
+	if int(o) < len(overflowNames) {
+		return overflowNames[o]
+	}
+	return fmt.Sprintf("OverflowRule(%d)", uint8(o))
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (o OverflowRule) MarshalText() ([]byte, error) { return []byte(o.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler: THRESHOLD or COST, in
+// any case.
+func (o *OverflowRule) UnmarshalText(b []byte) error {
+	i := slices.Index(overflowNames[:], strings.ToUpper(strings.TrimSpace(string(b))))
+	if i < 0 {
+		return fmt.Errorf("%w: unknown overflow rule %q (want COST or THRESHOLD)", ErrConfig, b)
+	}
+	*o = OverflowRule(i)
+	return nil
+}
+
+// Split marks a prefix that carries more traffic than one backend should
+// take: a request whose key at Depth (KeyInfo.KeyAt) is Key routes on a
+// deeper prefix, so the prefix's continuations (conversations, documents)
+// spread over the fleet while each stays on one backend.
+type Split struct {
+	Key   uint64
+	Depth int
+}
+
+// MaxSplits bounds a split set.
+const MaxSplits = 4096
+
+// SplitLookahead is how many blocks past the deepest split Extract reads,
+// so that the next level of a hot prefix can be counted before it is split.
+const SplitLookahead = 4
+
+// Splits is an immutable set of splits. The nil *Splits is the empty set.
+type Splits struct {
+	keys     map[uint64]struct{}
+	list     []Split
+	maxDepth int // deepest split + 1
+}
+
+// NewSplits builds a set from list (any order, duplicates merged). It
+// rejects more than MaxSplits splits and depths outside [0, MaxChainBlocks).
+func NewSplits(list []Split) (*Splits, error) {
+	if len(list) > MaxSplits {
+		return nil, fmt.Errorf("%w: %d splits, at most %d", ErrConfig, len(list), MaxSplits)
+	}
+	s := &Splits{keys: make(map[uint64]struct{}, len(list))}
+	for _, sp := range list {
+		if sp.Depth < 0 || sp.Depth >= MaxChainBlocks {
+			return nil, fmt.Errorf("%w: split depth %d out of range [0, %d)", ErrConfig, sp.Depth, MaxChainBlocks)
+		}
+		if _, dup := s.keys[sp.Key]; dup {
+			continue
+		}
+		s.keys[sp.Key] = struct{}{}
+		s.list = append(s.list, sp)
+		s.maxDepth = max(s.maxDepth, sp.Depth+1)
+	}
+	SortSplits(s.list)
+	return s, nil
+}
+
+// SortSplits sorts list by depth, then key: the canonical order.
+func SortSplits(list []Split) {
+	slices.SortFunc(list, func(a, b Split) int {
+		if a.Depth != b.Depth {
+			return a.Depth - b.Depth
+		}
+		switch {
+		case a.Key < b.Key:
+			return -1
+		case a.Key > b.Key:
+			return 1
+		}
+		return 0
+	})
+}
+
+// Len is the number of splits.
+func (s *Splits) Len() int {
+	if s == nil {
+		return 0
+	}
+	return len(s.list)
+}
+
+// List returns the splits in canonical order; do not modify it.
+func (s *Splits) List() []Split {
+	if s == nil {
+		return nil
+	}
+	return s.list
+}
+
+// Has reports whether key is split.
+func (s *Splits) Has(key uint64) bool {
+	if s == nil {
+		return false
+	}
+	_, ok := s.keys[key]
+	return ok
+}
+
+// ChainBlocks is how many blocks Extract must read for s: the deepest
+// split, the block past it and SplitLookahead more.
+func (s *Splits) ChainBlocks() int {
+	d := 0
+	if s != nil {
+		d = s.maxDepth
+	}
+	return min(d+1+SplitLookahead, MaxChainBlocks)
+}
+
+// Depth returns the depth PREFIX_AWARE routes info on: the first block
+// whose key is not split, or info.Blocks (all the text read) when every
+// full block is split. KeyAt(Depth(info)) is the routing key.
+func (s *Splits) Depth(info *KeyInfo) int {
+	for d := 0; d < info.Blocks; d++ {
+		if !s.Has(info.KeyAt(d)) {
+			return d
+		}
+	}
+	return info.Blocks
+}

@@ -1,0 +1,155 @@
+package ring
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// chainOf extracts body's chain of up to blocks blocks.
+func chainOf(t *testing.T, body string, blocks int) KeyInfo {
+	t.Helper()
+	var info KeyInfo
+	if err := Extract(KeyConfig{ChainBlocks: blocks}, Chat, []byte(body), nil, &info); err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+func chatWith(system, user string) string {
+	return fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, system, user)
+}
+
+func TestChainBlocks(t *testing.T) {
+	pre := strings.Repeat("p", 3000)
+	a := chainOf(t, chatWith(pre, "question one"), 8)
+	b := chainOf(t, chatWith(pre, "question two, longer"), 8)
+	// "system\n" + 3000 bytes + "\nuser\n": the first two blocks are the
+	// preamble's, the third holds the question and is not full.
+	if a.Blocks != 2 || b.Blocks != 2 {
+		t.Fatalf("blocks %d, %d; want 2", a.Blocks, b.Blocks)
+	}
+	for d := 0; d < 2; d++ {
+		if a.KeyAt(d) != b.KeyAt(d) {
+			t.Fatalf("shared block %d keys differ", d)
+		}
+	}
+	if a.KeyAt(2) == b.KeyAt(2) {
+		t.Fatal("the whole prompts' keys agree")
+	}
+	if a.KeyAt(0) == a.KeyAt(1) || a.KeyAt(1) == a.KeyAt(2) {
+		t.Fatal("keys of different depths agree")
+	}
+	// The limit: 2 blocks read of a longer prompt.
+	c := chainOf(t, chatWith(strings.Repeat("q", 5000), "x"), 2)
+	if c.Blocks != 2 || c.PrefixBytes != 2*ChainBlockBytes {
+		t.Fatalf("limited read: %d blocks, %d bytes", c.Blocks, c.PrefixBytes)
+	}
+	// Tenants and models never share a key.
+	var t1, t2 KeyInfo
+	body := []byte(chatWith(pre, "q"))
+	if err := Extract(KeyConfig{ChainBlocks: 4}, Chat, body, []byte("tenant-a"), &t1); err != nil {
+		t.Fatal(err)
+	}
+	if err := Extract(KeyConfig{ChainBlocks: 4}, Chat, body, []byte("tenant-b"), &t2); err != nil {
+		t.Fatal(err)
+	}
+	if t1.Chain[0] != t2.Chain[0] || t1.KeyAt(0) == t2.KeyAt(0) {
+		t.Fatal("tenants share a key, or their text hashes differently")
+	}
+	// Key is the first block's key.
+	if a.Key != a.KeyAt(0) {
+		t.Fatal("Key is not KeyAt(0)")
+	}
+}
+
+func TestSplitsDepth(t *testing.T) {
+	pre := strings.Repeat("p", 3000)
+	a := chainOf(t, chatWith(pre, strings.Repeat("a", 2000)), 8)
+	b := chainOf(t, chatWith(pre, strings.Repeat("b", 2000)), 8)
+	var none *Splits
+	if none.Depth(&a) != 0 || none.ChainBlocks() != 1+SplitLookahead {
+		t.Fatalf("empty set: depth %d, chain %d", none.Depth(&a), none.ChainBlocks())
+	}
+	// Splitting the shared preamble's blocks sends each prompt to its own
+	// third block.
+	s, err := NewSplits([]Split{{Key: a.KeyAt(1), Depth: 1}, {Key: a.KeyAt(0), Depth: 0}, {Key: a.KeyAt(0), Depth: 0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Len() != 2 || s.List()[0].Depth != 0 || s.ChainBlocks() != 2+1+SplitLookahead {
+		t.Fatalf("set %+v, chain %d", s.List(), s.ChainBlocks())
+	}
+	da, db := s.Depth(&a), s.Depth(&b)
+	if da != 2 || db != 2 || a.KeyAt(da) == b.KeyAt(db) {
+		t.Fatalf("depths %d, %d", da, db)
+	}
+	// A split below an unsplit block is never reached.
+	s2, _ := NewSplits([]Split{{Key: a.KeyAt(1), Depth: 1}})
+	if s2.Depth(&a) != 0 {
+		t.Fatal("an unsplit first block was passed")
+	}
+	// Every full block split: the whole text.
+	short := chainOf(t, chatWith(pre, "x"), 8)
+	s3, _ := NewSplits([]Split{{Key: short.KeyAt(0), Depth: 0}, {Key: short.KeyAt(1), Depth: 1}})
+	if d := s3.Depth(&short); d != short.Blocks {
+		t.Fatalf("depth %d, want the whole text (%d)", d, short.Blocks)
+	}
+	if _, err := NewSplits([]Split{{Depth: MaxChainBlocks}}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("depth out of range: %v", err)
+	}
+	if _, err := NewSplits(make([]Split, MaxSplits+1)); !errors.Is(err, ErrConfig) {
+		t.Fatalf("too many: %v", err)
+	}
+}
+
+func TestPickCost(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.ConcurrencyThreshold = 8
+	r := mustRing(t, cfg, gpus(5))
+	loads := newLoads(5)
+	key := uint64(12345)
+	order := r.Order(r.Partition(key))
+	o, alt := int(order[0]), int(order[1])
+	pick := func(recompute int64) Decision {
+		t.Helper()
+		d, err := r.PickCost(key, recompute, loads)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	// A loaded owner that does not queue keeps the key.
+	loads.inflight[o] = 6
+	if d := pick(1); d.Backend != o || d.Reason != ReasonAffinity {
+		t.Fatalf("loaded owner without a queue: %+v", d)
+	}
+	// A queueing owner: overflow to the first alternative that does not
+	// queue and is less loaded by more than the recompute.
+	loads.busy[o] = true
+	if d := pick(1); d.Backend != alt || d.Reason != ReasonOverflow || d.Rank != 1 {
+		t.Fatalf("queueing owner: %+v, want %d", d, alt)
+	}
+	// A long prompt (recompute 6 average requests) waits on the owner.
+	if d := pick(6); d.Backend != o {
+		t.Fatalf("long prompt left a queueing owner: %+v", d)
+	}
+	// Every alternative queues: wait on the warm owner.
+	for b := range loads.busy {
+		loads.busy[b] = true
+	}
+	if d := pick(1); d.Backend != o || d.Reason != ReasonAffinity {
+		t.Fatalf("busy fleet: %+v", d)
+	}
+	// The threshold stays a hard cap.
+	loads.inflight[o] = 8
+	if d := pick(1); d.Backend == o {
+		t.Fatalf("owner at its hard cap kept the key: %+v", d)
+	}
+	// An unhealthy owner is left as before.
+	loads.inflight[o], loads.down[o] = 0, true
+	if d := pick(1); d.Backend == o {
+		t.Fatalf("down owner picked: %+v", d)
+	}
+}
