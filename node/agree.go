@@ -153,18 +153,26 @@ func (n *Node) applyAgreed() {
 	if !st.Seeded {
 		return
 	}
+	if err := n.proxy.SetSplits(st.Splits); err != nil {
+		n.log.Error("cannot install the agreed prefix splits; keeping the last ones", "epoch", epoch, "err", err)
+	}
 	if _, cur := n.proxy.Ring(); cur == epoch {
 		return
 	}
 	rc := ring.ConfigFor(st.Routing)
 	rc.LocalZone = n.cfg.Cluster.Zone
-	if err := n.installRing(rc, st.RingBackends(), epoch); err != nil {
+	rebuilt, err := n.installRing(rc, st.RingBackends(), epoch)
+	if err != nil {
 		// validateState runs on the leader before every write, so this
 		// means a node of another version: keep routing on the last ring.
 		n.log.Error("cannot build the agreed ring; keeping the last one", "epoch", epoch, "err", err)
 		return
 	}
-	n.log.Info("ring updated", "epoch", epoch, "backends", len(st.Backends), "strategy", st.Routing.Strategy)
+	if rebuilt {
+		n.log.Info("ring updated", "epoch", epoch, "backends", len(st.Backends), "strategy", st.Routing.Strategy)
+	} else {
+		n.log.Debug("agreed state applied", "epoch", epoch, "splits", len(st.Splits))
+	}
 }
 
 // followAgreement rebuilds the ring after every applied change until ctx

@@ -108,7 +108,7 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 	}
 	// Epoch 0: the config file's ring, routed on until the agreed state
 	// arrives (and reused then when the agreed state is the same).
-	if err := n.installRing(cfg.RingConfig(), backends, 0); err != nil {
+	if _, err := n.installRing(cfg.RingConfig(), backends, 0); err != nil {
 		return nil, fmt.Errorf("routing: %w", err)
 	}
 
@@ -165,17 +165,17 @@ const (
 // installRing builds a ring and hands it to the proxy, or hands it the
 // ring it has when that one was built from the same settings and
 // backends (the agreed state usually repeats the config file's).
-func (n *Node) installRing(rc ring.Config, backends []ring.Backend, epoch uint64) error {
+func (n *Node) installRing(rc ring.Config, backends []ring.Backend, epoch uint64) (rebuilt bool, err error) {
 	n.ringMu.Lock()
 	defer n.ringMu.Unlock()
 	if cur, _ := n.proxy.Ring(); cur != nil && sameRing(cur, rc, backends) {
-		return n.proxy.SetRing(cur, epoch)
+		return false, n.proxy.SetRing(cur, epoch)
 	}
 	r, err := ring.New(rc, backends)
 	if err != nil {
-		return err
+		return false, err
 	}
-	return n.proxy.SetRing(r, epoch)
+	return true, n.proxy.SetRing(r, epoch)
 }
 
 // sameRing reports whether r was built from rc's settings and zone and
@@ -245,10 +245,14 @@ func (n *Node) Run(ctx context.Context) error {
 			n.followGossip(bg)
 		}()
 	}
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		n.followAgreement(bg)
+	}()
+	go func() {
+		defer wg.Done()
+		n.learnSplits(bg)
 	}()
 	defer func() {
 		stopBG()

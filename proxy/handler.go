@@ -18,6 +18,9 @@ type reqState struct {
 	now   int64
 	tried []uint64 // bitset of backend indexes already tried
 	info  ring.KeyInfo
+	// recompute is the request's prefill cost in mean requests (its body
+	// size over the mean), for the COST overflow rule.
+	recompute int64
 	// scratch holds Connection field options while hop-by-hop fields are
 	// removed.
 	scratch []byte
@@ -145,12 +148,7 @@ func (p *Proxy) routeLLM(ctx *fasthttp.RequestCtx, rt route, api ring.API) {
 	t := p.tab.Load()
 	start := time.Now()
 	st.reset(t, start)
-	kc, body := t.ring.Config().Key(), ctx.PostBody()
-	err := ring.Extract(kc, api, body, ctx.Request.Header.Peek(HeaderTenant), &st.info)
-	if err == nil {
-		err = checkUTF8(kc, api, body)
-	}
-	if err != nil {
+	if err := p.readKey(t, api, ctx.PostBody(), ctx.Request.Header.Peek(HeaderTenant), st, true); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, badRequestCode(err), err.Error())
 		p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusBadRequest)
 		return
@@ -159,6 +157,49 @@ func (p *Proxy) routeLLM(ctx *fasthttp.RequestCtx, rt route, api ring.API) {
 	// read whole and sent in one write. /invocations is opaque: always
 	// streamed.
 	p.dispatch(ctx, st, rt, start, st.info.Stream || api == ring.Invocations)
+}
+
+// readKey reads the request's routing key into st: the fixed-length key,
+// or under ADAPTIVE the block chain, routed past the split prefixes (and,
+// with count, counted towards the next splits). It also sets st.recompute.
+func (p *Proxy) readKey(t *table, api ring.API, body, tenant []byte, st *reqState, count bool) error {
+	rc := t.ring.Config()
+	kc := rc.Key()
+	var splits *ring.Splits
+	if rc.Adaptive() {
+		splits = p.splits.Load()
+		kc.ChainBlocks = splits.ChainBlocks()
+	}
+	err := ring.Extract(kc, api, body, tenant, &st.info)
+	if err == nil {
+		err = checkUTF8(kc, api, body)
+	}
+	if err != nil {
+		return err
+	}
+	mean := p.meanBody.Load()
+	st.recompute = 1
+	if mean > 0 {
+		st.recompute = max(1, (int64(len(body))+mean/2)/mean)
+	}
+	if rc.Adaptive() {
+		splits.Route(&st.info)
+	}
+	if !count {
+		return nil
+	}
+	// A running mean over about 64 requests; racing updates may lose one.
+	if mean == 0 {
+		mean = int64(len(body))
+	}
+	p.meanBody.Store(mean + (int64(len(body))-mean)/64)
+	if rc.Adaptive() {
+		p.hot.Request()
+		for d := 0; d < st.info.Blocks; d++ {
+			p.hot.Add(st.info.KeyAt(d), d)
+		}
+	}
+	return nil
 }
 
 // routeAny sends a key-less request (GET /v1/models) to a healthy backend.
@@ -203,7 +244,7 @@ func (p *Proxy) send(ctx *fasthttp.RequestCtx, st *reqState, rt route, start tim
 	var lastErr error
 	allBusy := true // every failure so far was a backend out of connections
 	for attempt := 0; attempt <= p.cfg.Retries; attempt++ {
-		d, err := t.ring.Pick(st.info.Key, st)
+		d, err := t.ring.PickCost(st.info.Key, st.recompute, st)
 		var decided time.Time
 		if attempt == 0 {
 			decided = p.m.observeDecision(start)

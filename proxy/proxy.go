@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+	"github.com/warmroute/warmroute/proxy/internal/hot"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -43,6 +44,14 @@ type Proxy struct {
 	m   *metrics
 
 	tab atomic.Pointer[table]
+
+	// splits are the prefixes ADAPTIVE keys route past; hot counts the
+	// traffic that proposes them; meanBody is the running mean body size
+	// (bytes), the unit of a request's recompute cost.
+	splits      atomic.Pointer[ring.Splits]
+	hot         *hot.Counter
+	meanBody    atomic.Int64
+	splitsGauge prometheus.Gauge
 
 	mu       sync.Mutex // serialises SetRing; guards backends
 	backends map[string]*backend
@@ -79,6 +88,14 @@ func New(cfg Config) (*Proxy, error) {
 		m:        newMetrics(cfg.Registry),
 		backends: map[string]*backend{},
 		stop:     make(chan struct{}),
+		hot:      hot.New(),
+		splitsGauge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "warmroute_prefix_splits",
+			Help: "Prompt prefixes in use as split (ADAPTIVE keys route one block past them): those carrying more traffic than one backend should take.",
+		}),
+	}
+	if cfg.Registry != nil {
+		cfg.Registry.MustRegister(p.splitsGauge)
 	}
 	p.states.New = func() any { return new(reqState) }
 	p.streams.New = func() any { return new(trackedStream) }
@@ -135,6 +152,35 @@ func (p *Proxy) SetRing(r *ring.Ring, epoch uint64) error {
 	p.backends = next
 	p.tab.Store(t)
 	return nil
+}
+
+// SetSplits installs the split prefixes ADAPTIVE keys route past.
+func (p *Proxy) SetSplits(list []ring.Split) error {
+	s, err := ring.NewSplits(list)
+	if err != nil {
+		return err
+	}
+	p.splits.Store(s)
+	p.splitsGauge.Set(float64(s.Len()))
+	return nil
+}
+
+// Splits returns the split prefixes in use.
+func (p *Proxy) Splits() []ring.Split { return p.splits.Load().List() }
+
+// HotSplits closes a counting period and returns the splits this router's
+// own traffic calls for, given the ones in use (see package hot). Call it
+// periodically from one goroutine; a router that decides alone installs
+// the result with SetSplits, a cluster's leader commits it.
+func (p *Proxy) HotSplits() []ring.Split {
+	t := p.tab.Load()
+	n := 0
+	for i := range t.bs {
+		if t.ring.Backend(i).State == ring.Active {
+			n++
+		}
+	}
+	return p.hot.Rotate(n, p.Splits())
 }
 
 // Ring returns the current snapshot and its epoch.
@@ -248,18 +294,12 @@ func (p *Proxy) unreadyReason() string {
 // and why, without sending it.
 func (p *Proxy) Explain(api ring.API, body, tenant []byte) (ring.KeyInfo, ring.Explanation, error) {
 	t := p.tab.Load()
-	var info ring.KeyInfo
-	kc := t.ring.Config().Key()
-	err := ring.Extract(kc, api, body, tenant, &info)
-	if err == nil {
-		err = checkUTF8(kc, api, body)
-	}
-	if err != nil {
-		return info, ring.Explanation{}, err
-	}
 	st := &reqState{}
 	st.reset(t, time.Now())
-	return info, t.ring.Explain(info.Key, st), nil
+	if err := p.readKey(t, api, body, tenant, st, false); err != nil {
+		return st.info, ring.Explanation{}, err
+	}
+	return st.info, t.ring.ExplainCost(st.info.Key, st.recompute, st), nil
 }
 
 // Serve accepts client connections on ln until Shutdown. It also runs the

@@ -330,6 +330,11 @@ type Explanation struct {
 // ROUND_ROBIN the pick shown is one draw; it allocates and is meant for the
 // admin API, not the request path.
 func (r *Ring) Explain(key uint64, loads Loads) Explanation {
+	return r.ExplainCost(key, 1, loads)
+}
+
+// ExplainCost is Explain for PickCost.
+func (r *Ring) ExplainCost(key uint64, recompute int64, loads Loads) Explanation {
 	e := Explanation{Strategy: r.cfg.Strategy.String(), Partition: r.Partition(key), Rank: -1}
 	for rank, b32 := range r.Order(e.Partition) {
 		b := int(b32)
@@ -343,7 +348,7 @@ func (r *Ring) Explain(key uint64, loads Loads) Explanation {
 			Busy:     loads.Busy(b),
 		})
 	}
-	d, err := r.Pick(key, loads)
+	d, err := r.PickCost(key, recompute, loads)
 	e.Reason = d.Reason.String()
 	e.Rank = d.Rank
 	if err != nil {

@@ -90,8 +90,8 @@ func (o *OverflowRule) UnmarshalText(b []byte) error {
 // deeper prefix, so the prefix's continuations (conversations, documents)
 // spread over the fleet while each stays on one backend.
 type Split struct {
-	Key   uint64
-	Depth int
+	Key   uint64 `json:"key,string"`
+	Depth int    `json:"depth"`
 }
 
 // MaxSplits bounds a split set.
@@ -191,4 +191,16 @@ func (s *Splits) Depth(info *KeyInfo) int {
 		}
 	}
 	return info.Blocks
+}
+
+// Route sets info.Key to the key PREFIX_AWARE routes on under s (see
+// Depth) and info.PrefixBytes to the bytes of prompt text in it, and
+// returns the depth.
+func (s *Splits) Route(info *KeyInfo) int {
+	d := s.Depth(info)
+	info.Key = info.KeyAt(d)
+	if d < info.Blocks {
+		info.PrefixBytes = (d + 1) * ChainBlockBytes
+	}
+	return d
 }

@@ -320,12 +320,12 @@ func settingValue(key, v string) (any, error) {
 			return false, nil
 		}
 		return nil, fmt.Errorf("%s=%q: want true or false", key, v)
-	case *ring.Strategy:
-		st, err := ring.ParseStrategy(v)
-		if err != nil {
+	case textSetting:
+		if err := p.UnmarshalText([]byte(v)); err != nil {
 			return nil, fmt.Errorf("%s=%q: %w", key, v, err)
 		}
-		return st.String(), nil
+		b, _ := p.MarshalText()
+		return string(b), nil
 	default:
 		return nil, fmt.Errorf("setting %s: no command-line form for %T", key, p)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding"
 	"errors"
 	"flag"
 	"fmt"
@@ -142,13 +143,20 @@ func routingFlags(fs *flag.FlagSet, r *ring.Settings) {
 				fs.Float64Var(p, n[0], *p, n[1])
 			case *bool:
 				fs.BoolVar(p, n[0], *p, n[1])
-			case *ring.Strategy:
-				fs.TextVar(p, n[0], *p, n[1])
+			case textSetting:
+				fs.TextVar(p, n[0], p, n[1])
 			default:
 				panic(fmt.Sprintf("routing setting %s: no flag type for %T", info.Field, p))
 			}
 		}
 	}
+}
+
+// textSetting is a routing setting spelled as a name (Strategy,
+// KeyDepth, OverflowRule).
+type textSetting interface {
+	encoding.TextMarshaler
+	encoding.TextUnmarshaler
 }
 
 // sageMakerAlias reports whether a flag is a SageMaker alias, which takes

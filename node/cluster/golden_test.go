@@ -16,11 +16,16 @@ var updateGolden = flag.Bool("update-golden", false, "rewrite testdata/log.golde
 // goldenCommands are one command of every op, with every field set, so
 // every name of the Raft log's JSON appears.
 func goldenCommands() []Command {
-	r := ring.DefaultSettings()
+	// The settings as they were before key_depth and overflow existed:
+	// their entries must keep their bytes.
+	old := ring.Settings{Strategy: ring.PrefixAware, PrefixLength: 4096, ConcurrencyThreshold: 16, BusyIsFull: true, OverflowDepth: 8}
+	r := old
 	r.PrefixLength, r.ConcurrencyThreshold, r.LoadFactor = 8192, 24, 1.25
 	r.InvocationsJSON, r.BusyIsFull, r.OverflowDepth, r.PartitionCount, r.ZoneAware = true, true, 4, 271, true
-	off := ring.DefaultSettings()
+	off := old
 	off.BusyIsFull = false
+	adaptive := off
+	adaptive.KeyDepth, adaptive.Overflow = ring.AdaptiveDepth, ring.CostOverflow
 	b := Backend{ID: "gpu-1/", URL: "http://10.0.0.1:8000", Zone: "z1", Weight: 2, State: StateDraining, StateBy: ByAdmin,
 		Labels: map[string]string{"gpu": "h100", "model": "llama"}, Source: SourceAdmin}
 	return []Command{
@@ -33,6 +38,8 @@ func goldenCommands() []Command {
 		SetRouting(off),
 		{Op: OpSyncDiscovered, Backends: []Backend{{ID: "d:1", URL: "http://d:1", Zone: "z2"}}},
 		SetClusterID("fedcba9876543210fedcba9876543210"),
+		SetRouting(adaptive),
+		SetSplits([]ring.Split{{Key: 0x8000000000000001, Depth: 0}, {Key: 42, Depth: 3}}),
 	}
 }
 

@@ -91,6 +91,10 @@ type State struct {
 	// directory and refuses to exchange Raft messages with a node whose
 	// data belong to another cluster.
 	ClusterID string `json:"cluster_id,omitempty"`
+	// Splits are the prefixes that carry too much traffic for one
+	// backend (see ring.Splits), in canonical order; the leader commits
+	// them from the traffic it routes.
+	Splits []ring.Split `json:"splits,omitempty"`
 }
 
 // Backend returns the backend with the given ID.
@@ -118,6 +122,7 @@ func (s *State) RingBackends() []ring.Backend {
 // Clone returns a deep copy.
 func (s State) Clone() State {
 	out := s
+	out.Splits = slices.Clone(s.Splits)
 	out.Backends = make([]Backend, len(s.Backends))
 	for i, b := range s.Backends {
 		b.Labels = maps.Clone(b.Labels)
@@ -151,6 +156,8 @@ const (
 	// OpSetClusterID sets the cluster ID of a state seeded without one.
 	// It never changes an ID that is set.
 	OpSetClusterID Op = "set_cluster_id"
+	// OpSetSplits replaces the split prefixes.
+	OpSetSplits Op = "set_splits"
 )
 
 // Command is one change to the state: a Raft log entry, JSON encoded. Build
@@ -165,7 +172,12 @@ type Command struct {
 	Routing  *ring.Settings `json:"routing,omitempty"`
 	// ClusterID is the cluster's ID (OpSeed, OpSetClusterID).
 	ClusterID string `json:"cluster_id,omitempty"`
+	// Splits are OpSetSplits' prefixes.
+	Splits []ring.Split `json:"splits,omitempty"`
 }
+
+// SetSplits returns the command that makes splits the split prefixes.
+func SetSplits(splits []ring.Split) Command { return Command{Op: OpSetSplits, Splits: splits} }
 
 // Seed returns a seed command (see OpSeed). The leader that commits it
 // gives it a new cluster ID.
@@ -276,11 +288,14 @@ func (c *Command) normalize() {
 	if c.Backend != nil && len(c.Backend.Labels) == 0 {
 		c.Backend.Labels = nil
 	}
+	if len(c.Splits) == 0 {
+		c.Splits = nil
+	}
 }
 
 func knownOp(op Op) bool {
 	switch op {
-	case OpSeed, OpUpsertBackend, OpRemoveBackend, OpSetBackendState, OpSetRouting, OpSyncDiscovered, OpSetClusterID:
+	case OpSeed, OpUpsertBackend, OpRemoveBackend, OpSetBackendState, OpSetRouting, OpSyncDiscovered, OpSetClusterID, OpSetSplits:
 		return true
 	}
 	return false
@@ -374,6 +389,15 @@ func apply(cur *State, cmd Command) (next State, changed bool, err error) {
 			return *cur, false, fmt.Errorf("%w: empty cluster ID", ErrInvalid)
 		}
 		next.ClusterID = cmd.ClusterID
+	case OpSetSplits:
+		set, err := ring.NewSplits(cmd.Splits)
+		if err != nil {
+			return *cur, false, fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+		next.Splits = nil
+		if set.Len() > 0 {
+			next.Splits = slices.Clone(set.List())
+		}
 	case OpSyncDiscovered:
 		want := make(map[string]bool, len(cmd.Backends))
 		for _, d := range cmd.Backends {
@@ -471,6 +495,9 @@ func (s *State) validate() error {
 		}
 	}
 	if err := checkClusterID(s.ClusterID); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if _, err := ring.NewSplits(s.Splits); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	if s.Seeded {
