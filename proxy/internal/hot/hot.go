@@ -41,7 +41,7 @@ func New() *Counter {
 }
 
 func slots(key uint64) (uint64, uint64) {
-	return key & mask, (key >> 32 ^ key*0x9e3779b97f4a7c15>>40) & mask
+	return key & mask, (key>>32 ^ key*0x9e3779b97f4a7c15>>40) & mask
 }
 
 // Request counts one routed request: the denominator of every share.
