@@ -35,6 +35,8 @@ type Router interface {
 	Status() []proxy.BackendStatus
 	Ready() bool
 	Explain(api ring.API, body, tenant []byte) (ring.KeyInfo, ring.Explanation, error)
+	// Splits are the prompt prefixes ADAPTIVE keys route past.
+	Splits() []ring.Split
 }
 
 // Members is the router's view of the other routers (gossip).

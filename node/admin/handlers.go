@@ -22,6 +22,7 @@ func (s *Server) Status() Status {
 		Routing:  routing,
 		Ready:    s.cfg.Router.Ready(),
 		Backends: s.cfg.Router.Status(),
+		Splits:   s.cfg.Router.Splits(),
 	}
 	if s.cfg.Members != nil {
 		st.Members = s.cfg.Members.Members()

@@ -23,6 +23,9 @@ type Status struct {
 	// Halted says why this router stopped applying the Raft log, when it
 	// did (it is then not ready).
 	Halted string `json:"halted,omitempty"`
+	// Splits are the prompt prefixes that carry too much traffic for one
+	// backend: ADAPTIVE keys route one block past them.
+	Splits []ring.Split `json:"splits,omitempty"`
 }
 
 // BackendView is a backend as the admin API shows it: the agreed record
