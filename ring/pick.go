@@ -163,12 +163,26 @@ func (r *Ring) pickPrefixAware(key uint64, loads Loads) (Decision, error) {
 	return r.pickLeast(p, loads, ReasonFallback, false)
 }
 
-// pickByCost applies the COST rule: the owner unless it queues (its engine
-// reports waiting requests) while a later backend in the key's order is
-// eligible, under its limit, not queueing and less loaded than the owner
-// by more than recompute (the prefill the request would redo there). When
-// it reports !ok the threshold walk decides: the owner is over its hard
-// cap, unhealthy or outside the bounded-loads cap.
+// costLoadFactor is the bounded-loads factor of the COST rule when
+// LoadFactor is not set: a key leaves its owner when the owner has more
+// than 1.25x the fleet's average in flight (plus the request's recompute
+// cost), as in consistent hashing with bounded loads.
+const costLoadFactor = 1.25
+
+// pickByCost applies the COST rule. The owner keeps the key unless
+//   - its in-flight count exceeds the bounded-loads cap (LoadFactor, else
+//     costLoadFactor, x the fleet's average) by more than recompute - 1:
+//     the request would redo recompute mean requests' worth of prefill
+//     elsewhere, so a long prompt tolerates a more loaded owner; or
+//   - its engine queues (Busy) and an alternative is less loaded by more
+//     than recompute.
+//
+// It then takes the first backend in the key's order that is eligible,
+// under its limit, not queueing and under the cap (for the second case:
+// less loaded by more than recompute). With none, the request waits on the
+// warm owner: overflow never adds prefill work to a fleet that is busy
+// everywhere. It reports !ok when the owner is over its hard cap or not
+// eligible: the threshold walk decides then.
 func (r *Ring) pickByCost(key uint64, recompute int64, loads Loads) (Decision, bool) {
 	p := r.Partition(key)
 	order := r.Order(p)
@@ -180,14 +194,22 @@ func (r *Ring) pickByCost(key uint64, recompute int64, loads Loads) (Decision, b
 	if no >= r.limits[o] {
 		return Decision{}, false
 	}
-	if r.cfg.LoadFactor > 0 && no > 0 && no+1 > r.loadBound(loads) {
-		return Decision{}, false
-	}
 	affinity := Decision{Backend: o, Reason: ReasonAffinity, Rank: 0}
-	if !loads.Busy(o) {
+	recompute = max(recompute, 1)
+	bound := int64(math.MaxInt64)
+	over := false
+	if no > 0 {
+		f := r.cfg.LoadFactor
+		if f == 0 {
+			f = costLoadFactor
+		}
+		bound = r.loadBoundFactor(f, loads)
+		over = no+1 > bound+recompute-1
+	}
+	busy := loads.Busy(o)
+	if !over && !busy {
 		return affinity, true
 	}
-	recompute = max(recompute, 1)
 	for pass := 0; pass < 2; pass++ {
 		for rank := 1; rank < len(order); rank++ {
 			b := int(order[rank])
@@ -198,7 +220,10 @@ func (r *Ring) pickByCost(key uint64, recompute int64, loads Loads) (Decision, b
 				continue
 			}
 			n := loads.InFlight(b)
-			if n >= r.limits[b] || no-n <= recompute {
+			if n >= r.limits[b] || n+1 > bound {
+				continue
+			}
+			if !over && no-n <= recompute {
 				continue
 			}
 			return Decision{Backend: b, Reason: ReasonOverflow, Rank: rank}, true
@@ -251,7 +276,10 @@ func (r *Ring) zoneAware() bool { return r.cfg.ZoneAware && r.cfg.LocalZone != "
 // loadBound is the bounded-loads cap: ceil(LoadFactor x (total+1) / n) over
 // eligible backends, the +1 counting the request being placed (as HAProxy's
 // hash-balance-factor does).
-func (r *Ring) loadBound(loads Loads) int64 {
+func (r *Ring) loadBound(loads Loads) int64 { return r.loadBoundFactor(r.cfg.LoadFactor, loads) }
+
+// loadBoundFactor is loadBound for factor f.
+func (r *Ring) loadBoundFactor(f float64, loads Loads) int64 {
 	var total, n int64
 	for b := range r.backends {
 		if r.backends[b].State == Active && loads.Healthy(b) {
@@ -262,7 +290,7 @@ func (r *Ring) loadBound(loads Loads) int64 {
 	if n == 0 {
 		return math.MaxInt64
 	}
-	return int64(math.Ceil(r.cfg.LoadFactor * float64(total+1) / float64(n)))
+	return int64(math.Ceil(f * float64(total+1) / float64(n)))
 }
 
 // pickLeast returns the eligible backend with the fewest in-flight

@@ -106,7 +106,7 @@ func TestSplitsDepth(t *testing.T) {
 
 func TestPickCost(t *testing.T) {
 	cfg := DefaultConfig()
-	cfg.ConcurrencyThreshold = 8
+	cfg.ConcurrencyThreshold = 16
 	r := mustRing(t, cfg, gpus(5))
 	loads := newLoads(5)
 	key := uint64(12345)
@@ -120,18 +120,25 @@ func TestPickCost(t *testing.T) {
 		}
 		return d
 	}
-	// A loaded owner that does not queue keeps the key.
-	loads.inflight[o] = 6
+	set := func(owner, others int64) {
+		for b := range loads.inflight {
+			loads.inflight[b] = others
+		}
+		loads.inflight[o] = owner
+	}
+	// A loaded owner within the bounded-loads cap, no queue: kept.
+	set(6, 5) // cap ceil(1.25 x 27 / 5) = 7
 	if d := pick(1); d.Backend != o || d.Reason != ReasonAffinity {
-		t.Fatalf("loaded owner without a queue: %+v", d)
+		t.Fatalf("owner within the cap: %+v", d)
 	}
 	// A queueing owner: overflow to the first alternative that does not
 	// queue and is less loaded by more than the recompute.
 	loads.busy[o] = true
+	loads.inflight[alt] = 2
 	if d := pick(1); d.Backend != alt || d.Reason != ReasonOverflow || d.Rank != 1 {
 		t.Fatalf("queueing owner: %+v, want %d", d, alt)
 	}
-	// A long prompt (recompute 6 average requests) waits on the owner.
+	// A long prompt (recompute 6 mean requests) waits on the owner.
 	if d := pick(6); d.Backend != o {
 		t.Fatalf("long prompt left a queueing owner: %+v", d)
 	}
@@ -142,13 +149,24 @@ func TestPickCost(t *testing.T) {
 	if d := pick(1); d.Backend != o || d.Reason != ReasonAffinity {
 		t.Fatalf("busy fleet: %+v", d)
 	}
-	// The threshold stays a hard cap.
-	loads.inflight[o] = 8
-	if d := pick(1); d.Backend == o {
+	clear(loads.busy)
+	// Over the cap: the first backend under it takes the key...
+	set(12, 2) // cap ceil(1.25 x 21 / 5) = 6
+	if d := pick(1); d.Backend != alt || d.Reason != ReasonOverflow {
+		t.Fatalf("owner over the cap: %+v", d)
+	}
+	// ...unless the prompt's recompute outweighs the excess.
+	if d := pick(8); d.Backend != o {
+		t.Fatalf("a long prompt left an owner 7 over the cap: %+v", d)
+	}
+	// The threshold stays a hard cap, whatever the recompute.
+	set(16, 15)
+	if d := pick(100); d.Backend == o {
 		t.Fatalf("owner at its hard cap kept the key: %+v", d)
 	}
 	// An unhealthy owner is left as before.
-	loads.inflight[o], loads.down[o] = 0, true
+	set(0, 0)
+	loads.down[o] = true
 	if d := pick(1); d.Backend == o {
 		t.Fatalf("down owner picked: %+v", d)
 	}
