@@ -33,7 +33,9 @@ func TestSplitsAgreedAcrossRouters(t *testing.T) {
 		t.Fatal("the default settings do not use ADAPTIVE keys")
 	}
 	preamble := strings.Repeat("Shared operating manual, version 7. ", 90) // 3,240 bytes
-	prompt := func(conv int) string { return chat(preamble + fmt.Sprintf("conversation %d asks about item %d", conv, conv*7)) }
+	prompt := func(conv int) string {
+		return chat(preamble + fmt.Sprintf("conversation %d asks about item %d", conv, conv*7))
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	var wg sync.WaitGroup

@@ -72,7 +72,7 @@ func (f fakeRouter) Ring() (*ring.Ring, uint64) { _, e := f.a.State(); return f.
 func (f fakeRouter) Status() []proxy.BackendStatus {
 	return []proxy.BackendStatus{{ID: "gpu-1", Addr: "http://127.0.0.1:9001", State: "active", Healthy: true, Limit: 16}}
 }
-func (f fakeRouter) Ready() bool { return true }
+func (f fakeRouter) Ready() bool          { return true }
 func (f fakeRouter) Splits() []ring.Split { return nil }
 
 func (f fakeRouter) Explain(api ring.API, body, tenant []byte) (ring.KeyInfo, ring.Explanation, error) {
