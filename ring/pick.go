@@ -163,15 +163,9 @@ func (r *Ring) pickPrefixAware(key uint64, loads Loads) (Decision, error) {
 	return r.pickLeast(p, loads, ReasonFallback, false)
 }
 
-// costLoadFactor is the bounded-loads factor of the COST rule when
-// LoadFactor is not set: a key leaves its owner when the owner has more
-// than 1.25x the fleet's average in flight (plus the request's recompute
-// cost), as in consistent hashing with bounded loads.
-const costLoadFactor = 1.25
-
 // pickByCost applies the COST rule. The owner keeps the key unless
-//   - its in-flight count exceeds the bounded-loads cap (LoadFactor, else
-//     costLoadFactor, x the fleet's average) by more than recompute - 1:
+//   - with LoadFactor set, its in-flight count exceeds the bounded-loads
+//     cap (LoadFactor x the fleet's average) by more than recompute - 1:
 //     the request would redo recompute mean requests' worth of prefill
 //     elsewhere, so a long prompt tolerates a more loaded owner; or
 //   - its engine queues (Busy) and an alternative is less loaded by more
@@ -198,12 +192,8 @@ func (r *Ring) pickByCost(key uint64, recompute int64, loads Loads) (Decision, b
 	recompute = max(recompute, 1)
 	bound := int64(math.MaxInt64)
 	over := false
-	if no > 0 {
-		f := r.cfg.LoadFactor
-		if f == 0 {
-			f = costLoadFactor
-		}
-		bound = r.loadBoundFactor(f, loads)
+	if no > 0 && r.cfg.LoadFactor > 0 {
+		bound = r.loadBound(loads)
 		over = no+1 > bound+recompute-1
 	}
 	busy := loads.Busy(o)
@@ -276,10 +266,7 @@ func (r *Ring) zoneAware() bool { return r.cfg.ZoneAware && r.cfg.LocalZone != "
 // loadBound is the bounded-loads cap: ceil(LoadFactor x (total+1) / n) over
 // eligible backends, the +1 counting the request being placed (as HAProxy's
 // hash-balance-factor does).
-func (r *Ring) loadBound(loads Loads) int64 { return r.loadBoundFactor(r.cfg.LoadFactor, loads) }
-
-// loadBoundFactor is loadBound for factor f.
-func (r *Ring) loadBoundFactor(f float64, loads Loads) int64 {
+func (r *Ring) loadBound(loads Loads) int64 {
 	var total, n int64
 	for b := range r.backends {
 		if r.backends[b].State == Active && loads.Healthy(b) {
@@ -290,7 +277,7 @@ func (r *Ring) loadBoundFactor(f float64, loads Loads) int64 {
 	if n == 0 {
 		return math.MaxInt64
 	}
-	return int64(math.Ceil(f * float64(total+1) / float64(n)))
+	return int64(math.Ceil(r.cfg.LoadFactor * float64(total+1) / float64(n)))
 }
 
 // pickLeast returns the eligible backend with the fewest in-flight

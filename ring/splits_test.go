@@ -107,6 +107,7 @@ func TestSplitsDepth(t *testing.T) {
 func TestPickCost(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.ConcurrencyThreshold = 16
+	cfg.LoadFactor = 1.25
 	r := mustRing(t, cfg, gpus(5))
 	loads := newLoads(5)
 	key := uint64(12345)
@@ -158,6 +159,12 @@ func TestPickCost(t *testing.T) {
 	// ...unless the prompt's recompute outweighs the excess.
 	if d := pick(8); d.Backend != o {
 		t.Fatalf("a long prompt left an owner 7 over the cap: %+v", d)
+	}
+	// Without LoadFactor a loaded owner that does not queue keeps its keys.
+	cfg.LoadFactor = 0
+	r = mustRing(t, cfg, gpus(5))
+	if d := pick(1); d.Backend != o {
+		t.Fatalf("no LoadFactor, owner 10 above the others: %+v", d)
 	}
 	// The threshold stays a hard cap, whatever the recompute.
 	set(16, 15)
