@@ -116,7 +116,7 @@ type Settings struct {
 	ConcurrencyThreshold int      `json:"concurrency_threshold" yaml:"concurrency_threshold" flag:"concurrency-threshold" sagemaker:"ConcurrencyThreshold" help:"in-flight requests per backend at which PREFIX_AWARE overflows (1-1024)"`
 	LoadFactor           float64  `json:"load_factor,omitempty" yaml:"load_factor" flag:"load-factor" help:"also cap a backend at this multiple of the fleet's average in-flight (bounded loads); 0 = off, else >= 1"`
 	InvocationsJSON      bool     `json:"invocations_json,omitempty" yaml:"invocations_json" flag:"invocations-json" help:"/invocations: key on prompt fields of JSON bodies (messages, prompt, inputs) instead of the raw body"`
-	BusyIsFull           bool     `json:"busy_is_full,omitempty" yaml:"busy_is_full" flag:"busy-is-full" help:"treat a backend whose engine reports queued requests as over its limit"`
+	BusyIsFull           bool     `json:"busy_is_full,omitempty" yaml:"busy_is_full" flag:"busy-is-full" help:"THRESHOLD overflow: treat a backend whose engine reports queued requests as over its limit"`
 	OverflowDepth        int      `json:"overflow_depth" yaml:"overflow_depth" flag:"overflow-depth" help:"backends in each partition's overflow order before falling back to least-loaded"`
 	PartitionCount       int      `json:"partition_count,omitempty" yaml:"partition_count" flag:"partition-count" help:"ring partitions; 0 = chosen from the backend count"`
 	ZoneAware            bool     `json:"zone_aware,omitempty" yaml:"zone_aware" flag:"zone-aware" help:"overflow to backends in this router's --zone first (the owner is still taken wherever it is)"`
