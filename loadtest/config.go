@@ -91,6 +91,44 @@ type Config struct {
 
 	// AllowRemote permits targets outside 127.0.0.0/8.
 	AllowRemote bool
+
+	// Bounds sizes the offline hit-rate bounds computed from the requests
+	// sent (Summary.Bounds).
+	Bounds BoundsConfig
+}
+
+// BoundsConfig sizes the offline hit-rate bounds of a run (stats.Bounds):
+// the blocks of every request sent are computed as gpusim would compute
+// them (gpusim.PromptBlocks), and run through an infinite cache and through
+// Instances LRU caches of KVBlocks blocks. Zero fields take gpusim's
+// defaults.
+type BoundsConfig struct {
+	// Off turns the bounds off.
+	Off bool
+	// Instances is the number of finite caches (0: one per expected
+	// backend: Backends, else MetricsURLs, else Targets).
+	Instances int
+	// KVBlocks is each cache's capacity in blocks (gpusim --kv-blocks;
+	// 0: gpusim's default, 84,000).
+	KVBlocks int
+	// BlockSize and BytesPerToken are gpusim's --block-size and
+	// --bytes-per-token (0: 16 and 4).
+	BlockSize, BytesPerToken int
+}
+
+// Validate reports the first problem with c.
+func (c BoundsConfig) Validate() error {
+	switch {
+	case c.Instances < 0 || c.Instances > 1024:
+		return fmt.Errorf("%w: bound instances %d outside 0-1024", ErrBadConfig, c.Instances)
+	case c.KVBlocks < 0 || c.KVBlocks > 1<<24:
+		return fmt.Errorf("%w: bound KV blocks %d outside 0-%d", ErrBadConfig, c.KVBlocks, 1<<24)
+	case c.BlockSize < 0 || c.BlockSize > 1<<16:
+		return fmt.Errorf("%w: bound block size %d outside 0-65536", ErrBadConfig, c.BlockSize)
+	case c.BytesPerToken < 0 || c.BytesPerToken > 64:
+		return fmt.Errorf("%w: bound bytes per token %d outside 0-64", ErrBadConfig, c.BytesPerToken)
+	}
+	return nil
 }
 
 // DefaultConfig returns an open-loop run of 30 s at 10 requests/s against
@@ -164,7 +202,7 @@ func (c Config) Validate() error {
 	if c.BackendHeader == "" || c.DecisionHeader == "" {
 		return bad("empty header name")
 	}
-	return nil
+	return c.Bounds.Validate()
 }
 
 // checkURL accepts http(s)://host:port[/] on loopback (unless remote is

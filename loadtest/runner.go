@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,9 +15,24 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/warmroute/warmroute/loadtest/gpusim"
 	"github.com/warmroute/warmroute/loadtest/stats"
 	"github.com/warmroute/warmroute/loadtest/workload"
 )
+
+// Scheduled is a workload whose requests carry their own send times (a
+// trace replay, trace.Replay). When the generator given to Run implements
+// it, the open loop sends each request at its time instead of drawing
+// Poisson arrivals at Rate, and the run ends after the last request; the
+// closed loop sends the requests in order, back to back, ignoring their
+// times.
+type Scheduled interface {
+	workload.Generator
+	// NextAt renders the next request into r, reusing r.Body's storage,
+	// and returns its send time from the start of the run; false after
+	// the last request.
+	NextAt(r *workload.Request) (at time.Duration, ok bool)
+}
 
 // Models returns the ids of the models target serves (GET /v1/models). An
 // unreachable target gives an error wrapping ErrUnreachable.
@@ -67,10 +83,12 @@ func rootCause(err error) error {
 }
 
 // Run drives cfg.Targets with the requests of gen until cfg.Duration has
-// passed or cfg.Requests were sent, waits for the answers, and returns the
-// Summary (Label and Workload are left to the caller). When ctx is
-// cancelled, requests in flight are cancelled and Run returns the partial
-// Summary (Partial set) with an error wrapping ErrInterrupted.
+// passed or cfg.Requests were sent (or, when gen is Scheduled, its last
+// request was), waits for the answers, and returns the Summary (Label and
+// Workload are left to the caller), with the offline hit-rate bounds of
+// the requests sent unless cfg.Bounds.Off. When ctx is cancelled, requests
+// in flight are cancelled and Run returns the partial Summary (Partial
+// set) with an error wrapping ErrInterrupted.
 func Run(ctx context.Context, cfg Config, gen workload.Generator) (stats.Summary, error) {
 	if err := cfg.Validate(); err != nil {
 		return stats.Summary{}, err
@@ -87,6 +105,7 @@ func Run(ctx context.Context, cfg Config, gen workload.Generator) (stats.Summary
 		}
 	}
 	r := &run{cfg: cfg, gen: gen, rec: stats.NewRecorder()}
+	r.sched, _ = gen.(Scheduled)
 	conns := cfg.MaxInFlight
 	if cfg.Mode == ClosedLoop {
 		conns = cfg.Concurrency
@@ -113,9 +132,11 @@ func Run(ctx context.Context, cfg Config, gen workload.Generator) (stats.Summary
 type run struct {
 	cfg     Config
 	gen     workload.Generator
+	sched   Scheduled // gen, when it carries send times
 	rec     *stats.Recorder
 	client  *client
 	scraper *scraper
+	bounds  *boundsFeed // nil when off
 
 	start    time.Time
 	measure  time.Time // start + Warmup: outcomes before it are not recorded
@@ -138,6 +159,14 @@ func (r *run) execute(ctx context.Context) (stats.Summary, error) {
 	r.reqPool.New = func() any { return new(workload.Request) }
 	r.outPool.New = func() any { return new(stats.Outcome) }
 
+	if !r.cfg.Bounds.Off {
+		feed, err := startBounds(r.boundsConfig())
+		if err != nil {
+			return stats.Summary{}, err
+		}
+		r.bounds = feed
+		defer feed.close() // idempotent: normally closed after the drain
+	}
 	// reqCtx is the parent of every request: cancelled on interruption or
 	// when the drain time runs out.
 	reqCtx, cancelReqs := context.WithCancel(context.Background())
@@ -183,6 +212,12 @@ func (r *run) execute(ctx context.Context) (stats.Summary, error) {
 	<-done
 	stopBg()
 	bg.Wait()
+	var bounds *stats.BoundsResult
+	if r.bounds != nil {
+		if b := r.bounds.close(); b.Requests > 0 {
+			bounds = &b
+		}
+	}
 
 	interrupted := ctx.Err() != nil
 	end := time.Unix(0, r.lastDone.Load())
@@ -212,6 +247,7 @@ func (r *run) execute(ctx context.Context) (stats.Summary, error) {
 		s.KV = &kv
 		s.KVSeries = r.kvSeries
 	}
+	s.Bounds = bounds
 	if interrupted {
 		return s, fmt.Errorf("%w after %.1fs", ErrInterrupted, time.Since(r.start).Seconds())
 	}
@@ -236,7 +272,22 @@ func (r *run) openLoop(ctx, reqCtx context.Context, wg *sync.WaitGroup) {
 	defer timer.Stop()
 	<-timer.C
 	intended := r.start
+	// A scheduled workload renders each request first, to learn its time.
+	var req *workload.Request
+	defer func() {
+		if req != nil {
+			r.reqPool.Put(req)
+		}
+	}()
 	for i := 0; r.cfg.Requests == 0 || i < r.cfg.Requests; i++ {
+		if r.sched != nil {
+			req = r.reqPool.Get().(*workload.Request)
+			at, ok := r.sched.NextAt(req)
+			if !ok {
+				return
+			}
+			intended = r.start.Add(at)
+		}
 		if r.cfg.Duration > 0 && intended.Sub(r.measure) >= r.cfg.Duration {
 			return
 		}
@@ -253,19 +304,25 @@ func (r *run) openLoop(ctx, reqCtx context.Context, wg *sync.WaitGroup) {
 			return
 		case sem <- struct{}{}:
 		}
-		req := r.reqPool.Get().(*workload.Request)
-		r.gen.Next(req)
+		if r.sched == nil {
+			req = r.reqPool.Get().(*workload.Request)
+			r.gen.Next(req)
+		}
+		r.bounds.add(req, !intended.Before(r.measure))
 		target := r.cfg.Targets[i%len(r.cfg.Targets)]
 		wg.Add(1)
 		r.sent.Add(1)
 		r.inFlight.Add(1)
-		go func(at time.Time) {
+		go func(req *workload.Request, at time.Time) {
 			defer wg.Done()
 			r.send(reqCtx, target, req, at)
 			<-sem
-		}(intended)
-		gap := rng.ExpFloat64() / r.cfg.Rate
-		intended = intended.Add(time.Duration(gap * float64(time.Second)))
+		}(req, intended)
+		req = nil
+		if r.sched == nil {
+			gap := rng.ExpFloat64() / r.cfg.Rate
+			intended = intended.Add(time.Duration(gap * float64(time.Second)))
+		}
 	}
 }
 
@@ -284,7 +341,13 @@ func (r *run) closedLoop(ctx, reqCtx context.Context, wg *sync.WaitGroup) {
 			return nil, ""
 		}
 		req := r.reqPool.Get().(*workload.Request)
-		r.gen.Next(req)
+		if r.sched == nil {
+			r.gen.Next(req)
+		} else if _, ok := r.sched.NextAt(req); !ok {
+			r.reqPool.Put(req)
+			return nil, ""
+		}
+		r.bounds.add(req, !time.Now().Before(r.measure))
 		target := r.cfg.Targets[n%len(r.cfg.Targets)]
 		n++
 		return req, target
@@ -422,4 +485,83 @@ func (r *run) progress(ctx context.Context) {
 			fmt.Fprintln(r.cfg.Progress, line)
 		}
 	}
+}
+
+// boundsConfig resolves cfg.Bounds against gpusim's defaults and the
+// expected backends.
+func (r *run) boundsConfig() (stats.BoundsConfig, int) {
+	c := r.cfg.Bounds
+	def := gpusim.DefaultConfig()
+	n := c.Instances
+	if n == 0 {
+		n = len(r.expected())
+	}
+	if n == 0 {
+		n = len(r.cfg.Targets)
+	}
+	return stats.BoundsConfig{
+		Caches:      n,
+		CacheBlocks: cmp.Or(c.KVBlocks, def.KVCacheBlocks),
+		BlockTokens: cmp.Or(c.BlockSize, def.BlockSize),
+	}, cmp.Or(c.BytesPerToken, def.BytesPerToken)
+}
+
+// boundsQueue is how many requests the bounds may lag behind the sender
+// before it waits for them.
+const boundsQueue = 1024
+
+// boundsFeed computes the offline hit-rate bounds in a goroutine of its
+// own, fed a copy of every request sent, so that the sender only copies
+// a body. Its methods are called by the sender, one at a time; add on a
+// nil feed does nothing.
+type boundsFeed struct {
+	ch            chan boundsItem
+	done          chan struct{}
+	bytesPerToken int
+	b             *stats.Bounds
+	once          sync.Once
+}
+
+type boundsItem struct {
+	path     string
+	body     []byte
+	measured bool
+}
+
+func startBounds(c stats.BoundsConfig, bytesPerToken int) (*boundsFeed, error) {
+	b, err := stats.NewBounds(c)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadConfig, err)
+	}
+	f := &boundsFeed{ch: make(chan boundsItem, boundsQueue), done: make(chan struct{}), bytesPerToken: bytesPerToken, b: b}
+	go f.loop(c.BlockTokens)
+	return f, nil
+}
+
+func (f *boundsFeed) loop(blockTokens int) {
+	defer close(f.done)
+	for it := range f.ch {
+		chain, tokens, err := gpusim.PromptBlocks(it.path, it.body, f.bytesPerToken, blockTokens)
+		if err != nil {
+			f.b.Skip()
+			continue
+		}
+		f.b.Add(chain, tokens, it.measured)
+	}
+}
+
+// add queues a copy of req (waiting when the queue is full).
+func (f *boundsFeed) add(req *workload.Request, measured bool) {
+	if f == nil {
+		return
+	}
+	f.ch <- boundsItem{path: req.Path, body: append([]byte(nil), req.Body...), measured: measured}
+}
+
+// close waits for the queued requests and returns the bounds. Calling it
+// again returns the same.
+func (f *boundsFeed) close() stats.BoundsResult {
+	f.once.Do(func() { close(f.ch) })
+	<-f.done
+	return f.b.Result()
 }

@@ -11,14 +11,15 @@ import (
 )
 
 type htmlRow struct {
-	Label, KV, ReqS, TokS, TTFT50, TTFT90, TTFT99, ITL50, E2E50, E2E99, Range, Ratio, Errors, Decisions string
-	Partial                                                                                             bool
+	Label, KV, Bound, FleetBound, ReqS, TokS, TTFT50, TTFT90, TTFT99, ITL50, E2E50, E2E99, Range, Ratio, Errors, Decisions string
+	Partial                                                                                                                bool
 }
 
 type htmlWorkload struct {
-	Name   string
-	Rows   []htmlRow
-	Charts []template.HTML
+	Name       string
+	Rows       []htmlRow
+	BoundsNote string
+	Charts     []template.HTML
 }
 
 type htmlPage struct {
@@ -51,9 +52,10 @@ svg .legend{font-size:11px}svg .grid{stroke:#eee}svg .ref{stroke:#555;stroke-das
 {{range .Workloads}}
 <h2>{{.Name}}</h2>
 <table>
-<tr><th>strategy</th><th>KV hit</th><th>req/s</th><th>out tok/s</th><th>TTFT p50 ms</th><th>p90</th><th>p99</th><th>ITL p50 ms</th><th>E2E p50 ms</th><th>p99</th><th>share min-max</th><th>max/min</th><th>errors</th><th>decisions</th></tr>
-{{range .Rows}}<tr><td>{{.Label}}{{if .Partial}} (partial){{end}}</td><td>{{.KV}}</td><td>{{.ReqS}}</td><td>{{.TokS}}</td><td>{{.TTFT50}}</td><td>{{.TTFT90}}</td><td>{{.TTFT99}}</td><td>{{.ITL50}}</td><td>{{.E2E50}}</td><td>{{.E2E99}}</td><td>{{.Range}}</td><td>{{.Ratio}}</td><td>{{.Errors}}</td><td>{{.Decisions}}</td></tr>
+<tr><th>strategy</th><th>KV hit</th><th>bound</th><th>fleet bound</th><th>req/s</th><th>out tok/s</th><th>TTFT p50 ms</th><th>p90</th><th>p99</th><th>ITL p50 ms</th><th>E2E p50 ms</th><th>p99</th><th>share min-max</th><th>max/min</th><th>errors</th><th>decisions</th></tr>
+{{range .Rows}}<tr><td>{{.Label}}{{if .Partial}} (partial){{end}}</td><td>{{.KV}}</td><td>{{.Bound}}</td><td>{{.FleetBound}}</td><td>{{.ReqS}}</td><td>{{.TokS}}</td><td>{{.TTFT50}}</td><td>{{.TTFT90}}</td><td>{{.TTFT99}}</td><td>{{.ITL50}}</td><td>{{.E2E50}}</td><td>{{.E2E99}}</td><td>{{.Range}}</td><td>{{.Ratio}}</td><td>{{.Errors}}</td><td>{{.Decisions}}</td></tr>
 {{end}}</table>
+{{if .BoundsNote}}<p class="meta">{{.BoundsNote}}</p>{{end}}
 <div class="charts">{{range .Charts}}{{.}}{{end}}</div>
 {{end}}
 </body></html>
@@ -94,8 +96,9 @@ func WriteHTML(w io.Writer, r *Report) error {
 		}
 		for _, s := range runs {
 			rng, ratio := shareRange(s)
+			bound, fleet := boundTexts(s)
 			hw.Rows = append(hw.Rows, htmlRow{
-				Label: s.Label, KV: kvText(s), Partial: s.Partial,
+				Label: s.Label, KV: kvText(s), Bound: bound, FleetBound: fleet, Partial: s.Partial,
 				ReqS: fmt.Sprintf("%.1f", s.RequestsPerSec), TokS: fmt.Sprintf("%.0f", s.OutputTokensPerSec),
 				TTFT50: msec(s.TTFT.P50Ms), TTFT90: msec(s.TTFT.P90Ms), TTFT99: msec(s.TTFT.P99Ms),
 				ITL50: msec(s.ITL.P50Ms), E2E50: msec(s.E2E.P50Ms), E2E99: msec(s.E2E.P99Ms),
@@ -107,6 +110,11 @@ func WriteHTML(w io.Writer, r *Report) error {
 			template.HTML(shareChart(wl, runs, col)),
 			template.HTML(hitChart(wl, runs, col)),
 		}
+		var own []stats.Summary
+		for _, s := range runs {
+			own = append(own, *s)
+		}
+		hw.BoundsNote = boundsNote(own)
 		p.Workloads = append(p.Workloads, hw)
 	}
 	return page.Execute(w, p)

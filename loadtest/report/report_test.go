@@ -40,6 +40,8 @@ func sampleRuns() []stats.Summary {
 	p.Decisions = map[string]int64{"affinity": 80, "overflow": 15, "fallback": 5}
 	p.Failed, p.Errors = 3, map[string]int64{"http_503": 2, "timeout": 1}
 	r.WarmupSeconds, p.WarmupSeconds = 3, 3
+	p.Bounds = &stats.BoundsResult{HitRate: 0.955, FleetHitRate: 0.9375, Caches: 2, CacheBlocks: 6000, BlockTokens: 16}
+	r.Bounds = &stats.BoundsResult{HitRate: 0.955, FleetHitRate: 0.9375, Caches: 2, CacheBlocks: 6000, BlockTokens: 16, Truncated: true}
 	c := mk("chat", "RANDOM", 0.2, 300, 200, even, 1)
 	c.Partial = true
 	return []stats.Summary{r, p, c}
@@ -68,10 +70,20 @@ func TestTable(t *testing.T) {
 	for _, want := range []string{
 		"PREFIX_AWARE", "90.0%", "30.0%", "40.0-60.0%", "1.50", "http_503 2, timeout 1",
 		"aff 80% ovf 15% fb 5%", "RANDOM (partial)", "rag: PREFIX_AWARE vs RANDOM",
+		"fleet bound: 2 caches of 6000 blocks of 16 tokens", "~ over the first requests only",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
+	}
+	for _, re := range []string{`KV hit\s+bound\s+fleet bound`, `90\.0%\s+95\.5%\s+93\.8%`, `30\.0%\s+95\.5%~\s+93\.8%~`} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("table does not match %s:\n%s", re, out)
+		}
+	}
+	// a run without bounds shows dashes
+	if !regexp.MustCompile(`chat\s+RANDOM \(partial\)\s+\S+\s+\S+\s+20\.0%\s+-\s+-\s`).MatchString(out) {
+		t.Errorf("chat row without bounds:\n%s", out)
 	}
 	// rows are grouped by workload in first-seen order
 	if strings.Index(out, "rag ") > strings.Index(out, "chat ") {
@@ -89,8 +101,14 @@ func TestJSONRoundTrip(t *testing.T) {
 	if err := json.Unmarshal(b.Bytes(), &back); err != nil {
 		t.Fatal(err)
 	}
-	if len(back.Runs) != 3 || back.Runs[1].KV.HitRate != 0.9 || back.Runs[1].Decisions["overflow"] != 15 {
+	if len(back.Runs) != 3 || back.Runs[1].KV.HitRate != 0.9 || back.Runs[1].Decisions["overflow"] != 15 ||
+		back.Runs[1].Bounds == nil || back.Runs[1].Bounds.FleetHitRate != 0.9375 || back.Runs[2].Bounds != nil {
 		t.Fatalf("round trip lost data: %+v", back.Runs[1])
+	}
+	for _, key := range []string{`"bound_hit_rate": 0.955`, `"bound_fleet_hit_rate": 0.9375`} {
+		if !strings.Contains(b.String(), key) {
+			t.Errorf("JSON lacks %s", key)
+		}
 	}
 }
 
@@ -127,7 +145,8 @@ func TestHTMLIsSelfContained(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"TTFT distribution", "traffic share per instance", "hit rate over time", "#1", "#2", "polyline", "rect", "end of warm-up"} {
+	for _, want := range []string{"TTFT distribution", "traffic share per instance", "hit rate over time", "#1", "#2", "polyline", "rect", "end of warm-up",
+		"<th>fleet bound</th>", "<td>95.5%</td><td>93.8%</td>", "fleet bound: 2 caches"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("page lacks %q", want)
 		}

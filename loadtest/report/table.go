@@ -147,12 +147,58 @@ func kvText(s *stats.Summary) string {
 	return pct(s.KV.HitRate)
 }
 
+// boundTexts gives the offline bounds next to the measured hit rate: the
+// infinite cache's and the fleet's ("-" when not computed; "~" when they
+// cover only the first requests).
+func boundTexts(s *stats.Summary) (string, string) {
+	b := s.Bounds
+	if b == nil {
+		return "-", "-"
+	}
+	mark := ""
+	if b.Truncated {
+		mark = "~"
+	}
+	return pct(b.HitRate) + mark, pct(b.FleetHitRate) + mark
+}
+
+// boundsNote describes the bounds of runs in one line ("" when none has
+// them).
+func boundsNote(runs []stats.Summary) string {
+	var fleets []string
+	seen := map[string]bool{}
+	truncated := false
+	for i := range runs {
+		b := runs[i].Bounds
+		if b == nil {
+			continue
+		}
+		truncated = truncated || b.Truncated
+		f := fmt.Sprintf("%d caches of %d blocks of %d tokens", b.Caches, b.CacheBlocks, b.BlockTokens)
+		if !seen[f] {
+			seen[f] = true
+			fleets = append(fleets, f)
+		}
+	}
+	if len(fleets) == 0 {
+		return ""
+	}
+	note := "bound: KV hit rate of an infinite cache on the requests sent; fleet bound: " +
+		strings.Join(fleets, "; ") + ", each request on the cache with its longest cached prefix under a load cap (docs/loadtest.md)"
+	if truncated {
+		note += "; ~ over the first requests only (too many distinct blocks)"
+	}
+	return note
+}
+
 // WriteTable writes one row per run, grouped by workload, then for every
 // workload run under both RANDOM and PREFIX_AWARE the ratios between them.
+// Next to the measured KV hit rate are the offline bounds of the requests
+// sent, when computed.
 func WriteTable(w io.Writer, runs []stats.Summary) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "workload\tstrategy\treq/s\tout tok/s\tKV hit\tTTFT p50\tp90\tp99\tITL p50\tE2E p50\tp99\tshare min-max\tmax/min\terrors\tdecisions\t")
-	fmt.Fprintln(tw, "\t\t\t\t\t(ms)\t(ms)\t(ms)\t(ms)\t(ms)\t(ms)\t\t\t\t\t")
+	fmt.Fprintln(tw, "workload\tstrategy\treq/s\tout tok/s\tKV hit\tbound\tfleet bound\tTTFT p50\tp90\tp99\tITL p50\tE2E p50\tp99\tshare min-max\tmax/min\terrors\tdecisions\t")
+	fmt.Fprintln(tw, "\t\t\t\t\t\t\t(ms)\t(ms)\t(ms)\t(ms)\t(ms)\t(ms)\t\t\t\t\t")
 	usage := false
 	for _, wl := range workloads(runs) {
 		for i := range runs {
@@ -168,8 +214,9 @@ func WriteTable(w io.Writer, runs []stats.Summary) error {
 				label += " (partial)"
 			}
 			rng, ratio := shareRange(s)
-			fmt.Fprintf(tw, "%s\t%s\t%.1f\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
-				wl, label, s.RequestsPerSec, s.OutputTokensPerSec, kvText(s),
+			bound, fleet := boundTexts(s)
+			fmt.Fprintf(tw, "%s\t%s\t%.1f\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+				wl, label, s.RequestsPerSec, s.OutputTokensPerSec, kvText(s), bound, fleet,
 				msec(s.TTFT.P50Ms), msec(s.TTFT.P90Ms), msec(s.TTFT.P99Ms), msec(s.ITL.P50Ms),
 				msec(s.E2E.P50Ms), msec(s.E2E.P99Ms), rng, ratio, errorText(s), decisionText(s))
 		}
@@ -179,6 +226,9 @@ func WriteTable(w io.Writer, runs []stats.Summary) error {
 	}
 	if usage {
 		fmt.Fprintln(w, "* from the responses' usage.prompt_tokens_details.cached_tokens (no backend metrics)")
+	}
+	if note := boundsNote(runs); note != "" {
+		fmt.Fprintln(w, note)
 	}
 	for _, c := range comparisons(runs, "RANDOM", "PREFIX_AWARE") {
 		fmt.Fprintln(w, c.String())

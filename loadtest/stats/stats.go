@@ -210,6 +210,10 @@ type Summary struct {
 	KV *KVResult `json:"kv,omitempty"`
 	// KVSeries is the fleet hit rate per scrape interval.
 	KVSeries []KVSample `json:"kv_series,omitempty"`
+	// Bounds are the offline references for KV: the hit rates an infinite
+	// cache and the fleet's caches under perfect prefix affinity would
+	// give the measured requests (see Bounds); nil when not computed.
+	Bounds *BoundsResult `json:"bounds,omitempty"`
 }
 
 // Summarize returns the Summary of everything recorded. window is the
