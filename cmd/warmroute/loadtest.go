@@ -15,6 +15,7 @@ import (
 	"github.com/warmroute/warmroute/loadtest/proc"
 	"github.com/warmroute/warmroute/loadtest/report"
 	"github.com/warmroute/warmroute/loadtest/stats"
+	"github.com/warmroute/warmroute/loadtest/trace"
 	"github.com/warmroute/warmroute/loadtest/workload"
 )
 
@@ -118,11 +119,17 @@ func cmdLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.DurationVar(&lc.ProgressInterval, "progress-interval", lc.ProgressInterval, "period of the progress line on stderr")
 	quiet := fs.Bool("quiet", false, "no progress line")
 	wc.BindFlags(fs)
+	tracePath := fs.String("trace", "", "replay this Mooncake-format trace (JSON lines) instead of a generated workload: arrivals come from the trace's timestamps, not --rate; --requests and --duration (default: the whole trace) cut it short")
+	rc := bindReplayFlags(fs)
+	fs.IntVar(&lc.Bounds.Instances, "bound-instances", 0, "caches of the fleet bound, one per backend (0: one per --backends, --metrics URL or --target)")
+	fs.IntVar(&lc.Bounds.KVBlocks, "bound-kv-blocks", 0, "KV blocks of 16 tokens per cache of the fleet bound: the backends' gpusim --kv-blocks (0: gpusim's default, 84000)")
 	usage := "usage: warmroute loadtest [flags]\n\n" +
 		"Drives an OpenAI-compatible endpoint (a warmroute router, one backend, or another\n" +
-		"router) with a seeded workload and reports TTFT, inter-token and end-to-end latency\n" +
-		"(p50/p90/p99), throughput, errors by kind, traffic share per backend, the router's\n" +
-		"decisions and, with --metrics, the backends' KV-cache hit rate.\n" +
+		"router) with a seeded workload, or replays a Mooncake-format trace (--trace), and\n" +
+		"reports TTFT, inter-token and end-to-end latency (p50/p90/p99), throughput, errors\n" +
+		"by kind, traffic share per backend, the router's decisions and, with --metrics, the\n" +
+		"backends' KV-cache hit rate, next to two offline bounds computed from the requests\n" +
+		"sent (an infinite cache, and --bound-instances LRU caches of --bound-kv-blocks).\n" +
 		"To compare routing strategies on a local fleet, see 'warmroute demo'.\n" +
 		"See docs/loadtest.md.\n\nflags:\n"
 	if err := parseCommand(fs, args, usage); err != nil {
@@ -133,6 +140,25 @@ func cmdLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	lc.Workload = string(wc.Kind)
 	if !*quiet {
 		lc.Progress = stderr
+	}
+	var recs []trace.Record
+	if *tracePath != "" {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		var err error
+		if recs, err = readTrace(*tracePath, rc.BlockTokens); err != nil {
+			return err
+		}
+		if !set["duration"] {
+			lc.Duration = 0 // the whole trace
+		}
+		rc.MaxRequests, rc.Stream = lc.Requests, wc.Stream
+		replay, err := trace.NewReplay(recs, *rc)
+		if err != nil {
+			return err
+		}
+		lc.Requests = replay.Len()
+		lc.Workload = string(trace.Kind)
 	}
 	if err := lc.Validate(); err != nil {
 		return err
@@ -150,12 +176,27 @@ func cmdLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 		wc.Model = ids[0]
 	}
-	gen, err := workload.New(wc)
-	if err != nil {
-		return err
+	var (
+		gen  workload.Generator
+		what string
+		err  error
+	)
+	if recs != nil {
+		rc.Model = wc.Model
+		replay, err := trace.NewReplay(recs, *rc)
+		if err != nil {
+			return err
+		}
+		gen = replay
+		what = fmt.Sprintf("trace %s: %s", *tracePath, describeReplay(replay, rc))
+	} else {
+		if gen, err = workload.New(wc); err != nil {
+			return err
+		}
+		what = fmt.Sprintf("%s workload", wc.Kind)
 	}
-	fmt.Fprintf(stderr, "loadtest: %s workload (model %s, seed %d) against %s, %s\n",
-		wc.Kind, wc.Model, wc.Seed, strings.Join(lc.Targets, ","), describeLoad(&lc))
+	fmt.Fprintf(stderr, "loadtest: %s (model %s, seed %d) against %s, %s\n",
+		what, wc.Model, wc.Seed, strings.Join(lc.Targets, ","), describeLoad(&lc, recs != nil))
 	s, runErr := loadtest.Run(ctx, lc, gen)
 	if runErr != nil && !errors.Is(runErr, loadtest.ErrInterrupted) {
 		return runErr
@@ -170,7 +211,7 @@ func cmdLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		Title:       "warmroute load test",
 		GeneratedAt: time.Now(),
 		Command:     "warmroute loadtest " + strings.Join(args, " "),
-		Setup:       []string{fmt.Sprintf("%s workload, %s, targets %s", wc.Kind, describeLoad(&lc), strings.Join(lc.Targets, ","))},
+		Setup:       []string{fmt.Sprintf("%s, %s, targets %s", what, describeLoad(&lc, recs != nil), strings.Join(lc.Targets, ","))},
 		Partial:     s.Partial,
 		Runs:        []stats.Summary{s},
 	}
@@ -180,10 +221,13 @@ func cmdLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	return runErr
 }
 
-func describeLoad(c *loadtest.Config) string {
+func describeLoad(c *loadtest.Config, scheduled bool) string {
 	d := fmt.Sprintf("open loop at %g req/s", c.Rate)
-	if c.Mode == loadtest.ClosedLoop {
+	switch {
+	case c.Mode == loadtest.ClosedLoop:
 		d = fmt.Sprintf("closed loop with %d workers", c.Concurrency)
+	case scheduled:
+		d = "open loop at the trace's times"
 	}
 	if c.Warmup > 0 {
 		d += " after a " + c.Warmup.String() + " warm-up"

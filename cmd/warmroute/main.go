@@ -25,6 +25,7 @@ func commands() map[string]command {
 		"gpusim":   {"serve simulated vLLM GPU instances", cmdGpusim},
 		"loadtest": {"drive an OpenAI-compatible endpoint and report", cmdLoadtest},
 		"demo":     {"compare routing strategies on a local fleet", cmdDemo},
+		"trace":    {"generate a Mooncake-format trace, or print a trace's offline hit-rate bounds", cmdTrace},
 		"chaos":    {"fault-inject a cluster under load and measure routing stability", cmdChaos},
 		"status":   {"show a cluster's members, leader, epoch and backends", cmdStatus},
 		"backends": {"list, add, remove or drain backends", cmdBackends},
