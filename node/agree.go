@@ -161,7 +161,7 @@ func (n *Node) applyAgreed() {
 	}
 	rc := ring.ConfigFor(st.Routing)
 	rc.LocalZone = n.cfg.Cluster.Zone
-	rebuilt, err := n.installRing(rc, st.RingBackends(), epoch)
+	rebuilt, err := n.installRing(rc, st.RingBackends(), st.Moves, epoch)
 	if err != nil {
 		// validateState runs on the leader before every write, so this
 		// means a node of another version: keep routing on the last ring.
@@ -171,7 +171,7 @@ func (n *Node) applyAgreed() {
 	if rebuilt {
 		n.log.Info("ring updated", "epoch", epoch, "backends", len(st.Backends), "strategy", st.Routing.Strategy)
 	} else {
-		n.log.Debug("agreed state applied", "epoch", epoch, "splits", len(st.Splits))
+		n.log.Debug("agreed state applied", "epoch", epoch, "splits", len(st.Splits), "moves", len(st.Moves))
 	}
 }
 

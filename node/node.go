@@ -49,8 +49,10 @@ type Node struct {
 	adminLn   net.Listener
 	admin     *http.Server
 
-	// ringMu serialises ring rebuilds.
-	ringMu sync.Mutex
+	// ringMu serialises ring rebuilds and guards baseRing: the ring built
+	// from the agreed backends and settings, before the balancer's moves.
+	ringMu   sync.Mutex
+	baseRing *ring.Ring
 	// started is set by the first Run or Close: each releases what New
 	// took, once.
 	started atomic.Bool
@@ -108,7 +110,7 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 	}
 	// Epoch 0: the config file's ring, routed on until the agreed state
 	// arrives (and reused then when the agreed state is the same).
-	if _, err := n.installRing(cfg.RingConfig(), backends, 0); err != nil {
+	if _, err := n.installRing(cfg.RingConfig(), backends, nil, 0); err != nil {
 		return nil, fmt.Errorf("routing: %w", err)
 	}
 
@@ -165,17 +167,17 @@ const (
 // installRing builds a ring and hands it to the proxy, or hands it the
 // ring it has when that one was built from the same settings and
 // backends (the agreed state usually repeats the config file's).
-func (n *Node) installRing(rc ring.Config, backends []ring.Backend, epoch uint64) (rebuilt bool, err error) {
+func (n *Node) installRing(rc ring.Config, backends []ring.Backend, moves []ring.Move, epoch uint64) (rebuilt bool, err error) {
 	n.ringMu.Lock()
 	defer n.ringMu.Unlock()
-	if cur, _ := n.proxy.Ring(); cur != nil && sameRing(cur, rc, backends) {
-		return false, n.proxy.SetRing(cur, epoch)
+	base := n.baseRing
+	if base == nil || !sameRing(base, rc, backends) {
+		if base, err = ring.New(rc, backends); err != nil {
+			return false, err
+		}
+		n.baseRing, rebuilt = base, true
 	}
-	r, err := ring.New(rc, backends)
-	if err != nil {
-		return false, err
-	}
-	return true, n.proxy.SetRing(r, epoch)
+	return rebuilt, n.proxy.SetRing(base.WithMoves(moves), epoch)
 }
 
 // sameRing reports whether r was built from rc's settings and zone and
@@ -245,7 +247,7 @@ func (n *Node) Run(ctx context.Context) error {
 			n.followGossip(bg)
 		}()
 	}
-	wg.Add(2)
+	wg.Add(3)
 	go func() {
 		defer wg.Done()
 		n.followAgreement(bg)
@@ -253,6 +255,10 @@ func (n *Node) Run(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		n.learnSplits(bg)
+	}()
+	go func() {
+		defer wg.Done()
+		n.balance(bg)
 	}()
 	defer func() {
 		stopBG()

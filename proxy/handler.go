@@ -199,6 +199,11 @@ func (p *Proxy) readKey(t *table, api ring.API, body, tenant []byte, st *reqStat
 			p.hot.Add(st.info.KeyAt(d), d)
 		}
 	}
+	if rc.Strategy == ring.PrefixAware {
+		if h := p.partHits.Load(); h != nil && len(*h) == t.ring.Partitions() && len(*h) > 0 {
+			(*h)[t.ring.Partition(st.info.Key)].Add(1)
+		}
+	}
 	return nil
 }
 

@@ -52,6 +52,9 @@ type Proxy struct {
 	hot         *hot.Counter
 	meanBody    atomic.Int64
 	splitsGauge prometheus.Gauge
+	// partHits counts PREFIX_AWARE requests per partition of the ring in
+	// use, for the leader's balancer (PartitionLoads).
+	partHits atomic.Pointer[[]atomic.Uint32]
 
 	mu       sync.Mutex // serialises SetRing; guards backends
 	backends map[string]*backend
@@ -150,8 +153,32 @@ func (p *Proxy) SetRing(r *ring.Ring, epoch uint64) error {
 		next[rb.ID] = b
 	}
 	p.backends = next
+	if h := p.partHits.Load(); h == nil || len(*h) != r.Partitions() {
+		hits := make([]atomic.Uint32, r.Partitions())
+		p.partHits.Store(&hits)
+	}
 	p.tab.Store(t)
 	return nil
+}
+
+// PartitionLoads returns the requests counted per partition since the
+// last call, halved at each call (so they follow the last few periods),
+// and the ring they were counted on. Call it from one goroutine.
+func (p *Proxy) PartitionLoads(dst []uint32) ([]uint32, *ring.Ring) {
+	t := p.tab.Load()
+	h := p.partHits.Load()
+	dst = dst[:0]
+	if h == nil || len(*h) != t.ring.Partitions() {
+		return dst, t.ring
+	}
+	for i := range *h {
+		v := (*h)[i].Load()
+		dst = append(dst, v)
+		if v != 0 {
+			(*h)[i].Store(v / 2)
+		}
+	}
+	return dst, t.ring
 }
 
 // SetSplits installs the split prefixes ADAPTIVE keys route past.

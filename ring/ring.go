@@ -26,6 +26,7 @@ type Ring struct {
 	// the owner, then the overflow order.
 	order []int32
 	rr    *atomic.Uint64
+	moved int // partitions WithMoves gave another owner
 }
 
 // memberName is a backend's member name on the circle. Virtual nodes are

@@ -40,6 +40,7 @@ func goldenCommands() []Command {
 		SetClusterID("fedcba9876543210fedcba9876543210"),
 		SetRouting(adaptive),
 		SetSplits([]ring.Split{{Key: 0x8000000000000001, Depth: 0}, {Key: 42, Depth: 3}}),
+		SetMoves([]ring.Move{{Partition: 7, Backend: "gpu-2/"}}),
 	}
 }
 

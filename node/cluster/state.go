@@ -95,6 +95,9 @@ type State struct {
 	// backend (see ring.Splits), in canonical order; the leader commits
 	// them from the traffic it routes.
 	Splits []ring.Split `json:"splits,omitempty"`
+	// Moves are the partitions the leader's balancer handed to another
+	// backend (see ring.Move), by partition.
+	Moves []ring.Move `json:"moves,omitempty"`
 }
 
 // Backend returns the backend with the given ID.
@@ -123,6 +126,7 @@ func (s *State) RingBackends() []ring.Backend {
 func (s State) Clone() State {
 	out := s
 	out.Splits = slices.Clone(s.Splits)
+	out.Moves = slices.Clone(s.Moves)
 	out.Backends = make([]Backend, len(s.Backends))
 	for i, b := range s.Backends {
 		b.Labels = maps.Clone(b.Labels)
@@ -158,6 +162,8 @@ const (
 	OpSetClusterID Op = "set_cluster_id"
 	// OpSetSplits replaces the split prefixes.
 	OpSetSplits Op = "set_splits"
+	// OpSetMoves replaces the moved partitions.
+	OpSetMoves Op = "set_moves"
 )
 
 // Command is one change to the state: a Raft log entry, JSON encoded. Build
@@ -174,7 +180,12 @@ type Command struct {
 	ClusterID string `json:"cluster_id,omitempty"`
 	// Splits are OpSetSplits' prefixes.
 	Splits []ring.Split `json:"splits,omitempty"`
+	// Moves are OpSetMoves' partitions.
+	Moves []ring.Move `json:"moves,omitempty"`
 }
+
+// SetMoves returns the command that makes moves the moved partitions.
+func SetMoves(moves []ring.Move) Command { return Command{Op: OpSetMoves, Moves: moves} }
 
 // SetSplits returns the command that makes splits the split prefixes.
 func SetSplits(splits []ring.Split) Command { return Command{Op: OpSetSplits, Splits: splits} }
@@ -291,11 +302,14 @@ func (c *Command) normalize() {
 	if len(c.Splits) == 0 {
 		c.Splits = nil
 	}
+	if len(c.Moves) == 0 {
+		c.Moves = nil
+	}
 }
 
 func knownOp(op Op) bool {
 	switch op {
-	case OpSeed, OpUpsertBackend, OpRemoveBackend, OpSetBackendState, OpSetRouting, OpSyncDiscovered, OpSetClusterID, OpSetSplits:
+	case OpSeed, OpUpsertBackend, OpRemoveBackend, OpSetBackendState, OpSetRouting, OpSyncDiscovered, OpSetClusterID, OpSetSplits, OpSetMoves:
 		return true
 	}
 	return false
@@ -398,6 +412,15 @@ func apply(cur *State, cmd Command) (next State, changed bool, err error) {
 		if set.Len() > 0 {
 			next.Splits = slices.Clone(set.List())
 		}
+	case OpSetMoves:
+		if err := ring.CheckMoves(cmd.Moves); err != nil {
+			return *cur, false, fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+		next.Moves = nil
+		if len(cmd.Moves) > 0 {
+			next.Moves = slices.Clone(cmd.Moves)
+			ring.SortMoves(next.Moves)
+		}
 	case OpSyncDiscovered:
 		want := make(map[string]bool, len(cmd.Backends))
 		for _, d := range cmd.Backends {
@@ -499,6 +522,14 @@ func (s *State) validate() error {
 	}
 	if _, err := ring.NewSplits(s.Splits); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if err := ring.CheckMoves(s.Moves); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	for _, m := range s.Moves {
+		if err := CheckBackendID(m.Backend); err != nil {
+			return fmt.Errorf("%w: partition %d moved: %v", ErrInvalid, m.Partition, err)
+		}
 	}
 	if s.Seeded {
 		if err := s.Routing.Validate(); err != nil {

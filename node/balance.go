@@ -1,0 +1,148 @@
+package node
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/warmroute/warmroute/node/cluster"
+	"github.com/warmroute/warmroute/ring"
+)
+
+const (
+	// balancePeriod is how often the leader's balancer looks at traffic.
+	balancePeriod = 2 * time.Second
+	// balanceSlack: a backend is overloaded above this multiple of the
+	// fleet's mean share of requests.
+	balanceSlack = 1.1
+	// balanceMinCount is the least traffic (decayed request count) the
+	// balancer acts on: below it shares are noise.
+	balanceMinCount = 200
+	// balanceMovesPerRound bounds the partitions moved per period, so a
+	// burst cannot reshuffle many caches at once.
+	balanceMovesPerRound = 4
+)
+
+// balance evens out PREFIX_AWARE traffic every balancePeriod until ctx
+// ends. Consistent hashing gives each backend an equal share of
+// partitions, not of traffic: a few busy conversations or documents landing
+// together make one backend take far more than its share. The leader counts
+// requests per partition (the proxy's PartitionLoads) and, while the
+// busiest active backend has more than balanceSlack x the mean, hands its
+// busiest partition that fits (at most half the gap) to the least busy one.
+// Moves are committed through Raft (set_moves), so every router routes the
+// moved keys alike from the same epoch; a moved key recomputes its prefix
+// once, where an overflowing one would recompute it again and again.
+// Moves of partitions that carried nothing for a while are dropped.
+func (n *Node) balance(ctx context.Context) {
+	t := time.NewTicker(balancePeriod)
+	defer t.Stop()
+	var buf []uint32
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var r *ring.Ring
+		buf, r = n.proxy.PartitionLoads(buf)
+		if r.Config().Strategy != ring.PrefixAware || len(buf) == 0 || !n.agree.IsLeader() {
+			continue
+		}
+		st, _ := n.agree.State()
+		if !st.Seeded {
+			continue
+		}
+		next := planMoves(r, buf, st.Moves)
+		if slices.Equal(next, st.Moves) || (len(next) == 0 && len(st.Moves) == 0) {
+			continue
+		}
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := n.agree.Apply(actx, cluster.SetMoves(next))
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			n.log.Debug("committing partition moves", "moves", len(next), "err", err)
+		}
+	}
+}
+
+// planMoves returns the moves after one balancing round on ring r (which
+// has cur applied) with per-partition request counts loads.
+func planMoves(r *ring.Ring, loads []uint32, cur []ring.Move) []ring.Move {
+	next := make([]ring.Move, 0, len(cur)+balanceMovesPerRound)
+	at := make(map[int]int, len(cur)) // partition -> index in next
+	for _, m := range cur {
+		b, ok := r.Index(m.Backend)
+		if !ok || r.Backend(b).State != ring.Active || m.Partition >= len(loads) || loads[m.Partition] == 0 {
+			continue // gone, drained, or cold: let it go home
+		}
+		at[m.Partition] = len(next)
+		next = append(next, m)
+	}
+	load := make([]uint64, r.Len())
+	var total uint64
+	active := 0
+	for b := range r.Backends() {
+		if r.Backend(b).State == ring.Active {
+			active++
+		}
+	}
+	for p, c := range loads {
+		if c == 0 {
+			continue
+		}
+		o := r.Order(p)[0]
+		load[o] += uint64(c)
+		total += uint64(c)
+	}
+	if active < 2 || total < balanceMinCount {
+		return next
+	}
+	mean := float64(total) / float64(active)
+	owner := make([]int32, len(loads)) // owner after this round's moves
+	for p := range loads {
+		owner[p] = r.Order(p)[0]
+	}
+	for k := 0; k < balanceMovesPerRound; k++ {
+		hot, cold := -1, -1
+		for b := range load {
+			if r.Backend(b).State != ring.Active {
+				continue
+			}
+			if hot < 0 || load[b] > load[hot] {
+				hot = b
+			}
+			if cold < 0 || load[b] < load[cold] {
+				cold = b
+			}
+		}
+		if float64(load[hot]) <= balanceSlack*mean {
+			break
+		}
+		budget := (load[hot] - load[cold]) / 2
+		best, bestC := -1, uint64(0)
+		for p, c := range loads {
+			if owner[p] == int32(hot) && uint64(c) <= budget && uint64(c) > bestC {
+				best, bestC = p, uint64(c)
+			}
+		}
+		if best < 0 {
+			break
+		}
+		load[hot] -= bestC
+		load[cold] += bestC
+		owner[best] = int32(cold)
+		m := ring.Move{Partition: best, Backend: r.Backends()[cold].ID}
+		if i, ok := at[best]; ok {
+			next[i] = m
+		} else {
+			at[best] = len(next)
+			next = append(next, m)
+		}
+	}
+	if len(next) > ring.MaxMoves {
+		next = next[:ring.MaxMoves]
+	}
+	ring.SortMoves(next)
+	return next
+}
