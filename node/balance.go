@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"math"
 	"slices"
 	"time"
 
@@ -11,13 +12,13 @@ import (
 
 const (
 	// balancePeriod is how often the leader's balancer looks at traffic.
-	balancePeriod = 2 * time.Second
-	// balanceSlack: a backend is overloaded above this multiple of the
-	// fleet's mean share of requests.
+	balancePeriod = time.Second
+	// balanceSlack: the busiest and the least busy backend may differ by
+	// 2 x (balanceSlack - 1) x the mean share of requests.
 	balanceSlack = 1.1
 	// balanceMinCount is the least traffic (decayed request count) the
 	// balancer acts on: below it shares are noise.
-	balanceMinCount = 200
+	balanceMinCount = 100
 	// balanceMovesPerRound bounds the partitions moved per period, so a
 	// burst cannot reshuffle many caches at once.
 	balanceMovesPerRound = 4
@@ -28,8 +29,9 @@ const (
 // partitions, not of traffic: a few busy conversations or documents landing
 // together make one backend take far more than its share. The leader counts
 // requests per partition (the proxy's PartitionLoads) and, while the
-// busiest active backend has more than balanceSlack x the mean, hands its
-// busiest partition that fits (at most half the gap) to the least busy one.
+// busiest and the least busy active backends differ clearly (see
+// planMoves), hands the busiest one's busiest partition that fits (at most
+// half the gap) to the least busy one.
 // Moves are committed through Raft (set_moves), so every router routes the
 // moved keys alike from the same epoch; a moved key recomputes its prefix
 // once, where an overflowing one would recompute it again and again.
@@ -116,7 +118,10 @@ func planMoves(r *ring.Ring, loads []uint32, cur []ring.Move) []ring.Move {
 				cold = b
 			}
 		}
-		if float64(load[hot]) <= balanceSlack*mean {
+		// The busiest and the least busy differ by more than the slack
+		// and clearly so (three standard deviations of a Poisson count at
+		// the mean), so that a small sample's noise moves nothing.
+		if gap := float64(load[hot]) - float64(load[cold]); gap <= max(2*(balanceSlack-1)*mean, 3*math.Sqrt(mean)) {
 			break
 		}
 		budget := (load[hot] - load[cold]) / 2

@@ -161,9 +161,9 @@ func (p *Proxy) SetRing(r *ring.Ring, epoch uint64) error {
 	return nil
 }
 
-// PartitionLoads returns the requests counted per partition since the
-// last call, halved at each call (so they follow the last few periods),
-// and the ring they were counted on. Call it from one goroutine.
+// PartitionLoads returns the requests counted per partition, decayed by
+// 1/8 at each call (so they follow the last eight or so calls), and the
+// ring they were counted on. Call it from one goroutine.
 func (p *Proxy) PartitionLoads(dst []uint32) ([]uint32, *ring.Ring) {
 	t := p.tab.Load()
 	h := p.partHits.Load()
@@ -175,7 +175,7 @@ func (p *Proxy) PartitionLoads(dst []uint32) ([]uint32, *ring.Ring) {
 		v := (*h)[i].Load()
 		dst = append(dst, v)
 		if v != 0 {
-			(*h)[i].Store(v / 2)
+			(*h)[i].Store(v - (v+7)/8)
 		}
 	}
 	return dst, t.ring

@@ -122,3 +122,46 @@ func retained(b *testing.B, bs []Backend) uint64 {
 	}
 	return after.HeapAlloc - before.HeapAlloc
 }
+
+// BenchmarkRouteAdaptive is the routing decision under ADAPTIVE keys: the
+// block chain read to the depth the splits call for, the depth chosen and
+// Pick. "splits=0" reads 5 blocks (no split); "splits=12" routes past a
+// 12 KiB preamble split block by block, reading 17.
+func BenchmarkRouteAdaptive(b *testing.B) {
+	r := mustRing(b, DefaultConfig(), gpus(7))
+	loads := newLoads(7)
+	for _, size := range []int{1 << 10, 16 << 10, 64 << 10} {
+		body := chatBody(size)
+		for _, nsplit := range []int{0, 12} {
+			var info KeyInfo
+			if err := Extract(KeyConfig{ChainBlocks: MaxChainBlocks}, Chat, body, nil, &info); err != nil {
+				b.Fatal(err)
+			}
+			var list []Split
+			for d := 0; d < nsplit && d < info.Blocks; d++ {
+				list = append(list, Split{Key: info.KeyAt(d), Depth: d})
+			}
+			splits, err := NewSplits(list)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cfg := r.Config().Key()
+			cfg.ChainBlocks = splits.ChainBlocks()
+			b.Run(fmt.Sprintf("prompt=%dKiB/splits=%d", size>>10, len(list)), func(b *testing.B) {
+				b.SetBytes(int64(len(body)))
+				b.ReportAllocs()
+				start := cpuTime()
+				for b.Loop() {
+					if err := Extract(cfg, Chat, body, nil, &info); err != nil {
+						b.Fatal(err)
+					}
+					splits.Route(&info)
+					if _, err := r.PickCost(info.Key, 1, loads); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(cpuTime()-start)/float64(b.N), "cpu-ns/op")
+			})
+		}
+	}
+}

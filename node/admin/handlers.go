@@ -23,6 +23,8 @@ func (s *Server) Status() Status {
 		Ready:    s.cfg.Router.Ready(),
 		Backends: s.cfg.Router.Status(),
 		Splits:   s.cfg.Router.Splits(),
+
+		MovedPartitions: r.Moved(),
 	}
 	if s.cfg.Members != nil {
 		st.Members = s.cfg.Members.Members()

@@ -26,6 +26,9 @@ type Status struct {
 	// Splits are the prompt prefixes that carry too much traffic for one
 	// backend: ADAPTIVE keys route one block past them.
 	Splits []ring.Split `json:"splits,omitempty"`
+	// MovedPartitions is how many partitions the balancer gave another
+	// owner in the ring in use.
+	MovedPartitions int `json:"moved_partitions"`
 }
 
 // BackendView is a backend as the admin API shows it: the agreed record
