@@ -194,6 +194,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if err != nil {
 			return err
 		}
+		c.Load.Bounds.Instances, c.Load.Bounds.KVBlocks = *instances, *kvBlocks // the fleet bound's caches are the fleet's
 		plan.Cases = append(plan.Cases, c)
 	}
 	if err := plan.Validate(); err != nil {
