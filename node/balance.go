@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/node/cluster"
+	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -64,12 +65,15 @@ func (n *Node) balance(ctx context.Context) {
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			n.log.Debug("committing partition moves", "moves", len(next), "err", err)
+		} else if err == nil {
+			n.log.Debug("partition moves committed", "moves", len(next), "was", len(st.Moves))
 		}
 	}
 }
 
 // planMoves returns the moves after one balancing round on ring r (which
-// has cur applied) with per-partition request counts loads.
+// has cur applied) with per-partition request counts loads, in
+// proxy.PartitionUnit per request.
 func planMoves(r *ring.Ring, loads []uint32, cur []ring.Move) []ring.Move {
 	next := make([]ring.Move, 0, len(cur)+balanceMovesPerRound)
 	at := make(map[int]int, len(cur)) // partition -> index in next
@@ -97,10 +101,12 @@ func planMoves(r *ring.Ring, loads []uint32, cur []ring.Move) []ring.Move {
 		load[o] += uint64(c)
 		total += uint64(c)
 	}
-	if active < 2 || total < balanceMinCount {
+	if active < 2 || total < balanceMinCount*proxy.PartitionUnit {
 		return next
 	}
 	mean := float64(total) / float64(active)
+	// The noise of a count of requests, in the loads' unit.
+	noise := 2 * math.Sqrt(2*mean/proxy.PartitionUnit) * proxy.PartitionUnit
 	owner := make([]int32, len(loads)) // owner after this round's moves
 	for p := range loads {
 		owner[p] = r.Order(p)[0]
@@ -119,9 +125,10 @@ func planMoves(r *ring.Ring, loads []uint32, cur []ring.Move) []ring.Move {
 			}
 		}
 		// The busiest and the least busy differ by more than the slack
-		// and clearly so (three standard deviations of a Poisson count at
-		// the mean), so that a small sample's noise moves nothing.
-		if gap := float64(load[hot]) - float64(load[cold]); gap <= max(2*(balanceSlack-1)*mean, 3*math.Sqrt(mean)) {
+		// and clearly so (two standard deviations of the difference of two
+		// Poisson counts at the mean), so that a small sample's noise moves
+		// little.
+		if gap := float64(load[hot]) - float64(load[cold]); gap <= max(2*(balanceSlack-1)*mean, noise) {
 			break
 		}
 		budget := (load[hot] - load[cold]) / 2

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -36,14 +37,14 @@ func TestPlanMovesEvensTraffic(t *testing.T) {
 	owned0 := 0
 	for p := 0; p < r.Partitions() && owned0 < 25; p++ {
 		if r.Order(p)[0] == 0 {
-			loads[p] = 20
+			loads[p] = 20 * proxy.PartitionUnit
 			owned0++
 		}
 	}
 	others := 0
 	for p := 0; p < r.Partitions() && others < 15; p++ {
 		if r.Order(p)[0] != 0 {
-			loads[p] = 20
+			loads[p] = 20 * proxy.PartitionUnit
 			others++
 		}
 	}
@@ -61,7 +62,7 @@ func TestPlanMovesEvensTraffic(t *testing.T) {
 	for _, v := range s {
 		lo, hi = min(lo, v), max(hi, v)
 	}
-	if float64(hi) > 1.1*float64(800)/4+20 {
+	if float64(hi) > (1.1*float64(800)/4+20)*proxy.PartitionUnit {
 		t.Fatalf("after balancing, shares %v (moves %v)", s, moves)
 	}
 	if len(moves) == 0 || len(moves) > 20 {
@@ -84,15 +85,15 @@ func TestPlanMovesLeavesBalancedAlone(t *testing.T) {
 	r := balanceRing(t, 4)
 	loads := make([]uint32, r.Partitions())
 	for p := range loads {
-		loads[p] = 1
+		loads[p] = proxy.PartitionUnit
 	}
 	if got := planMoves(r, loads, nil); len(got) != 0 {
 		t.Fatalf("balanced traffic moved %v", got)
 	}
-	// Too little traffic to judge.
+	// Too little traffic to judge (under balanceMinCount requests).
 	small := make([]uint32, r.Partitions())
-	small[0] = 100
+	small[0] = 90 * proxy.PartitionUnit
 	if got := planMoves(r, small, nil); len(got) != 0 {
-		t.Fatalf("100 requests moved %v", got)
+		t.Fatalf("90 requests moved %v", got)
 	}
 }

@@ -201,7 +201,7 @@ func (p *Proxy) readKey(t *table, api ring.API, body, tenant []byte, st *reqStat
 	}
 	if rc.Strategy == ring.PrefixAware {
 		if h := p.partHits.Load(); h != nil && len(*h) == t.ring.Partitions() && len(*h) > 0 {
-			(*h)[t.ring.Partition(st.info.Key)].Add(1)
+			(*h)[t.ring.Partition(st.info.Key)].Add(PartitionUnit)
 		}
 	}
 	return nil

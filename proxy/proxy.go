@@ -161,9 +161,15 @@ func (p *Proxy) SetRing(r *ring.Ring, epoch uint64) error {
 	return nil
 }
 
-// PartitionLoads returns the requests counted per partition, decayed by
-// 1/8 at each call (so they follow the last eight or so calls), and the
-// ring they were counted on. Call it from one goroutine.
+// PartitionUnit is what one request adds to its partition's count in
+// PartitionLoads: counts are fixed-point, so that decaying the count of a
+// partition with a request or two does not round it away.
+const PartitionUnit = 256
+
+// PartitionLoads returns the requests counted per partition, in
+// PartitionUnit per request, decayed by 1/16 at each call (so they follow
+// the last sixteen or so calls), and the ring they were counted on. Call it
+// from one goroutine.
 func (p *Proxy) PartitionLoads(dst []uint32) ([]uint32, *ring.Ring) {
 	t := p.tab.Load()
 	h := p.partHits.Load()
@@ -175,7 +181,7 @@ func (p *Proxy) PartitionLoads(dst []uint32) ([]uint32, *ring.Ring) {
 		v := (*h)[i].Load()
 		dst = append(dst, v)
 		if v != 0 {
-			(*h)[i].Store(v - (v+7)/8)
+			(*h)[i].Store(v - (v+15)/16)
 		}
 	}
 	return dst, t.ring
