@@ -20,9 +20,10 @@ import (
 )
 
 // The demo's fleet and workloads. docs/loadtest.md explains the sizing:
-// each workload's working set (about 150-190k tokens) is several times one
-// instance's KV cache (demoKVBlocks x 16 = 64,000 tokens) but fits in the
-// seven instances' caches together (448,000 tokens).
+// each workload's working set (about 290-310k tokens for rag, chat,
+// sysprompt, preamble and agent) is several times one instance's KV cache
+// (demoKVBlocks x 16 = 96,000 tokens) but fits in the seven instances'
+// caches together (672,000 tokens).
 const (
 	demoInstances    = 7
 	demoKVBlocks     = 6000
@@ -34,6 +35,9 @@ const (
 	demoDuration     = 20 * time.Second
 	demoNoReuse      = 10 * time.Second
 )
+
+// demoWorkloads lists the workloads demoCase knows.
+const demoWorkloads = "rag, chat, noreuse, bot, code, mix, sysprompt, preamble, agent"
 
 // demoCase returns the calibrated workload and load of one demo workload.
 func demoCase(name string, seed uint64, warmup, duration time.Duration, rateScale float64) (compare.Case, error) {
@@ -78,6 +82,33 @@ func demoCase(name string, seed uint64, warmup, duration time.Duration, rateScal
 		w.Kind = workload.KindCode
 		w.Code = workload.CodeConfig{Files: 64, FileTokens: 3000, EditTokens: 12, MinCursor: 0.5}
 		l.Rate = 25
+	case "sysprompt":
+		// 288 system prompts of 2,000-6,000 characters (1,040 tokens on
+		// average, 299,000 in all), Zipf 1.1: the most popular gets a fifth
+		// of the requests, more than one instance's fair share. Prompts
+		// of RAG's size at RAG's rate.
+		w.Kind = workload.KindSysPrompt
+		w.SysPrompt = workload.SysPromptConfig{Prompts: 288, MinChars: 2000, MaxChars: 6000, QuestionTokens: 40, Zipf: 1.1}
+		l.Rate = 60
+	case "preamble":
+		// a 12,288-character preamble (3,072 tokens, longer than the
+		// routing prefix) in front of 200 conversations of 8 turns
+		// opening with 800 tokens: about 290,000 tokens. Every instance
+		// soon holds the preamble; what is left to prefill, the
+		// histories, is about a third of the fleet's capacity at 28/s
+		// (at 36/s, --rate-scale 1.5 overloaded PREFIX_AWARE, which put
+		// the single key's load on six instances)
+		w.Kind = workload.KindPreamble
+		w.Preamble = workload.PreambleConfig{Chars: 12288, Active: 200, Turns: 8, FirstUserTokens: 800, UserTokens: 60, AssistantTokens: 120, Stagger: true}
+		l.Rate = 28
+	case "agent":
+		// 64 sessions of 12 turns behind a 1,500-token tool-use prompt,
+		// growing by 150-1,550 tokens a turn: about 313,000 tokens, and
+		// prompts of 7,400 tokens on average; 8/s leaves about 36% of the
+		// fleet's prefill capacity to do when turns miss their history
+		w.Kind = workload.KindAgent
+		w.Agent = workload.AgentConfig{Active: 64, Turns: 12, SystemTokens: 1500, TaskTokens: 200, CallTokens: 50, MinResultTokens: 100, MaxResultTokens: 1500, Stagger: true}
+		l.Rate = 8
 	case "mix":
 		w.Kind = workload.KindMix
 		w.RAG = workload.RAGConfig{Documents: 32, DocumentTokens: 2000, QuestionsPerDoc: 8, QuestionTokens: 24}
@@ -86,7 +117,7 @@ func demoCase(name string, seed uint64, warmup, duration time.Duration, rateScal
 		w.Code = workload.CodeConfig{Files: 16, FileTokens: 3000, EditTokens: 12, MinCursor: 0.5}
 		l.Rate = 30
 	default:
-		return compare.Case{}, fmt.Errorf("unknown workload %q (want rag, chat, bot, code, noreuse or mix)", name)
+		return compare.Case{}, fmt.Errorf("unknown workload %q (want %s)", name, demoWorkloads)
 	}
 	l.Rate *= rateScale
 	return compare.Case{Name: name, Workload: w, Load: l}, nil
@@ -134,7 +165,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	strategies := []string{"RANDOM", "PREFIX_AWARE"}
 	workloads := []string{"rag", "chat", "noreuse"}
 	fs.Var(listFlag{&strategies}, "strategies", "routing strategies to compare, comma-separated, or 'all' ("+strings.Join(fleet.Strategies(), ", ")+")")
-	fs.Var(listFlag{&workloads}, "workloads", "workloads, comma-separated: rag, chat, noreuse, bot, code, mix")
+	fs.Var(listFlag{&workloads}, "workloads", "workloads, comma-separated: "+demoWorkloads)
 	warmup := fs.Duration("warmup", demoWarmup, "load before the measured part of each run (noreuse has none)")
 	duration := fs.Duration("duration", demoDuration, "measured load per run (noreuse runs half as long by default)")
 	rateScale := fs.Float64("rate-scale", 1, "multiply every workload's calibrated arrival rate")
@@ -276,6 +307,18 @@ func describeWorkload(w workload.Config) string {
 		return fmt.Sprintf("%d templates with %d-token policies", w.Bot.Templates, w.Bot.PolicyTokens)
 	case workload.KindCode:
 		return fmt.Sprintf("%d files of %d tokens", w.Code.Files, w.Code.FileTokens)
+	case workload.KindSysPrompt:
+		p := w.SysPrompt
+		return fmt.Sprintf("%d system prompts of %d-%d characters, Zipf %g, %d-token questions",
+			p.Prompts, p.MinChars, p.MaxChars, p.Zipf, p.QuestionTokens)
+	case workload.KindPreamble:
+		p := w.Preamble
+		return fmt.Sprintf("a %d-character preamble shared by all, %d open conversations of %d turns on top, first message %d tokens, +%d tokens per turn",
+			p.Chars, p.Active, p.Turns, p.FirstUserTokens, p.UserTokens+p.AssistantTokens)
+	case workload.KindAgent:
+		a := w.Agent
+		return fmt.Sprintf("%d open agent sessions of %d turns, %d-token tool-use prompt shared by all, %d-token task, +%d-token call and %d-%d-token result per turn",
+			a.Active, a.Turns, a.SystemTokens, a.TaskTokens, a.CallTokens, a.MinResultTokens, a.MaxResultTokens)
 	}
 	return string(w.Kind)
 }

@@ -13,17 +13,20 @@ type Kind string
 
 // The workloads.
 const (
-	KindRAG     Kind = "rag"     // documents of a given size, several questions each
-	KindChat    Kind = "chat"    // multi-turn conversations resending their history
-	KindBot     Kind = "bot"     // templated bots: a long policy block shared by all users
-	KindCode    Kind = "code"    // code completion: a file's text up to a cursor
-	KindNoReuse Kind = "noreuse" // unrelated prompts: the control
-	KindMix     Kind = "mix"     // a weighted mix of the above
+	KindRAG       Kind = "rag"       // documents of a given size, several questions each
+	KindChat      Kind = "chat"      // multi-turn conversations resending their history
+	KindBot       Kind = "bot"       // templated bots: a long policy block shared by all users
+	KindCode      Kind = "code"      // code completion: a file's text up to a cursor
+	KindNoReuse   Kind = "noreuse"   // unrelated prompts: the control
+	KindSysPrompt Kind = "sysprompt" // Zipf-popular system prompts, each request a question of its own
+	KindPreamble  Kind = "preamble"  // one long preamble shared by all, multi-turn conversations on top
+	KindAgent     Kind = "agent"     // agentic sessions whose histories grow by tool calls and results
+	KindMix       Kind = "mix"       // a weighted mix of the above
 )
 
 // Kinds lists the workloads in a fixed order.
 func Kinds() []Kind {
-	return []Kind{KindRAG, KindChat, KindBot, KindCode, KindNoReuse, KindMix}
+	return []Kind{KindRAG, KindChat, KindBot, KindCode, KindNoReuse, KindSysPrompt, KindPreamble, KindAgent, KindMix}
 }
 
 // API paths the generated requests use.
@@ -91,6 +94,58 @@ type NoReuseConfig struct {
 	PromptTokens int
 }
 
+// SysPromptConfig shapes the popular-system-prompt workload: a request is
+// one of Prompts system prompts, drawn by Zipf popularity, and a user
+// question of its own. Each prompt's length is drawn once, from the seed,
+// between MinChars and MaxChars characters; distinct prompts differ from
+// their first characters on.
+type SysPromptConfig struct {
+	Prompts        int // distinct system prompts
+	MinChars       int // shortest system prompt, in characters
+	MaxChars       int // longest system prompt, in characters
+	QuestionTokens int // tokens of the user's question, unique to the request
+	// Zipf is the popularity skew over the prompts: prompt i (0-based) is
+	// drawn with probability proportional to 1/(i+1)^Zipf. It is this
+	// workload's own; Config.Zipf does not apply.
+	Zipf float64
+}
+
+// PreambleConfig shapes the shared-preamble workload: every request opens
+// with the same preamble of Chars characters (the system message), and
+// Active multi-turn conversations, as in the chat workload, continue after
+// it. A conversation's identity is its first user message, right after the
+// preamble, so a routing key shorter than the preamble sees one prefix.
+type PreambleConfig struct {
+	Chars           int // the preamble, in characters; the same for every request
+	Active          int // open conversations at any time
+	Turns           int // turns per conversation
+	FirstUserTokens int // first user message, right after the preamble
+	UserTokens      int // later user messages
+	AssistantTokens int // assistant replies written into the history
+	// Stagger starts the first conversations part way through, as
+	// ChatConfig.Stagger does.
+	Stagger bool
+}
+
+// AgentConfig shapes the agentic workload. A session is a tool-use system
+// prompt shared by every session and a task message of its own; each later
+// turn appends an assistant tool call and the tool's result (of a size drawn
+// between MinResultTokens and MaxResultTokens) and resends the whole
+// history. Active sessions are interleaved as chat conversations are; one
+// that has had Turns turns is replaced by a new one.
+type AgentConfig struct {
+	Active          int // open sessions at any time
+	Turns           int // turns per session: the task, then Turns-1 tool calls with their results
+	SystemTokens    int // tool-use system prompt, shared by every session
+	TaskTokens      int // the session's task message
+	CallTokens      int // each assistant tool call
+	MinResultTokens int // smallest tool result
+	MaxResultTokens int // largest tool result
+	// Stagger starts the first sessions part way through, as
+	// ChatConfig.Stagger does.
+	Stagger bool
+}
+
 // Weight is one component of a mix.
 type Weight struct {
 	Kind   Kind
@@ -123,6 +178,11 @@ type Config struct {
 	Bot     BotConfig
 	Code    CodeConfig
 	NoReuse NoReuseConfig
+	// SysPrompt, Preamble and Agent are the sections of the workloads of
+	// the same names.
+	SysPrompt SysPromptConfig
+	Preamble  PreambleConfig
+	Agent     AgentConfig
 	// Mix is used when Kind is KindMix.
 	Mix []Weight
 }
@@ -162,6 +222,32 @@ func DefaultConfig() Config {
 			MinCursor:  0.5,
 		},
 		NoReuse: NoReuseConfig{PromptTokens: 2000},
+		SysPrompt: SysPromptConfig{
+			Prompts:        64,
+			MinChars:       2000,
+			MaxChars:       6000,
+			QuestionTokens: 40,
+			Zipf:           1.1,
+		},
+		Preamble: PreambleConfig{
+			Chars:           12288,
+			Active:          200,
+			Turns:           8,
+			FirstUserTokens: 400,
+			UserTokens:      60,
+			AssistantTokens: 120,
+			Stagger:         true,
+		},
+		Agent: AgentConfig{
+			Active:          64,
+			Turns:           12,
+			SystemTokens:    1500,
+			TaskTokens:      200,
+			CallTokens:      50,
+			MinResultTokens: 100,
+			MaxResultTokens: 1500,
+			Stagger:         true,
+		},
 		Mix: []Weight{
 			{KindRAG, 0.3}, {KindChat, 0.3}, {KindBot, 0.15},
 			{KindCode, 0.15}, {KindNoReuse, 0.1},
@@ -223,6 +309,7 @@ func (c Config) validateKind(k Kind) error {
 		v, lo, h int
 	}
 	var fs []field
+	var cross error // a check beyond the ranges, reported after them
 	switch k {
 	case KindRAG:
 		r := c.RAG
@@ -261,13 +348,51 @@ func (c Config) validateKind(k Kind) error {
 		}
 	case KindNoReuse:
 		fs = []field{{"noreuse prompt tokens", c.NoReuse.PromptTokens, 1, maxTokens}}
+	case KindSysPrompt:
+		p := c.SysPrompt
+		fs = []field{
+			{"sysprompt prompts", p.Prompts, 1, 1 << 20},
+			{"sysprompt min chars", p.MinChars, minSysPromptChars, 4 * maxTokens},
+			{"sysprompt max chars", p.MaxChars, minSysPromptChars, 4 * maxTokens},
+			{"sysprompt question tokens", p.QuestionTokens, 1, maxTokens},
+		}
+		switch {
+		case p.Zipf < 0 || p.Zipf > 10:
+			cross = fmt.Errorf("%w: sysprompt zipf %g outside 0-10", ErrBadConfig, p.Zipf)
+		case p.MinChars > p.MaxChars:
+			cross = fmt.Errorf("%w: sysprompt min chars %d > max chars %d", ErrBadConfig, p.MinChars, p.MaxChars)
+		}
+	case KindPreamble:
+		p := c.Preamble
+		fs = []field{
+			{"preamble chars", p.Chars, 1, 4 * maxTokens},
+			{"preamble active conversations", p.Active, 1, 1 << 20},
+			{"preamble turns", p.Turns, 1, 1024},
+			{"preamble first user tokens", p.FirstUserTokens, 1, maxTokens},
+			{"preamble user tokens", p.UserTokens, 1, maxTokens},
+			{"preamble assistant tokens", p.AssistantTokens, 1, maxTokens},
+		}
+	case KindAgent:
+		a := c.Agent
+		fs = []field{
+			{"agent active sessions", a.Active, 1, 1 << 20},
+			{"agent turns", a.Turns, 1, 1024},
+			{"agent system tokens", a.SystemTokens, 0, maxTokens},
+			{"agent task tokens", a.TaskTokens, 1, maxTokens},
+			{"agent call tokens", a.CallTokens, 1, maxTokens},
+			{"agent min result tokens", a.MinResultTokens, 1, maxTokens},
+			{"agent max result tokens", a.MaxResultTokens, 1, maxTokens},
+		}
+		if a.MinResultTokens > a.MaxResultTokens {
+			cross = fmt.Errorf("%w: agent min result tokens %d > max result tokens %d", ErrBadConfig, a.MinResultTokens, a.MaxResultTokens)
+		}
 	}
 	for _, f := range fs {
 		if f.v < f.lo || f.v > f.h {
 			return fmt.Errorf("%w: %s %d outside %d-%d", ErrBadConfig, f.name, f.v, f.lo, f.h)
 		}
 	}
-	return nil
+	return cross
 }
 
 func validKind(k Kind) bool {

@@ -1,7 +1,10 @@
 // Package workload generates the request streams of a load test: the
 // prompt-reuse patterns that prefix-aware routing is meant for (retrieval-
 // augmented generation, multi-turn chat, templated bots, code completion),
-// a no-reuse control and a weighted mix of them.
+// patterns it was not designed on (many system prompts of skewed
+// popularity, one preamble longer than a routing key in front of every
+// request, agentic sessions whose histories grow by tool calls and
+// results), a no-reuse control and a weighted mix of them.
 //
 // A Generator is a deterministic sequence: the same Config (seed included)
 // always yields the same requests in the same order, byte for byte, so two

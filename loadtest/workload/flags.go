@@ -78,4 +78,27 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.Code.MinCursor, "code-min-cursor", c.Code.MinCursor, "code: earliest cursor as a fraction of the file")
 
 	fs.IntVar(&c.NoReuse.PromptTokens, "noreuse-tokens", c.NoReuse.PromptTokens, "noreuse: tokens per prompt")
+
+	fs.IntVar(&c.SysPrompt.Prompts, "sysprompt-prompts", c.SysPrompt.Prompts, "sysprompt: distinct system prompts")
+	fs.IntVar(&c.SysPrompt.MinChars, "sysprompt-min-chars", c.SysPrompt.MinChars, "sysprompt: characters of the shortest system prompt")
+	fs.IntVar(&c.SysPrompt.MaxChars, "sysprompt-max-chars", c.SysPrompt.MaxChars, "sysprompt: characters of the longest system prompt")
+	fs.IntVar(&c.SysPrompt.QuestionTokens, "sysprompt-question-tokens", c.SysPrompt.QuestionTokens, "sysprompt: tokens of the user's question, unique to the request")
+	fs.Float64Var(&c.SysPrompt.Zipf, "sysprompt-zipf", c.SysPrompt.Zipf, "sysprompt: popularity skew of the system prompts (0 = uniform; --zipf does not apply)")
+
+	fs.IntVar(&c.Preamble.Chars, "preamble-chars", c.Preamble.Chars, "preamble: characters of the preamble every request opens with")
+	fs.IntVar(&c.Preamble.Active, "preamble-active", c.Preamble.Active, "preamble: conversations open at once")
+	fs.IntVar(&c.Preamble.Turns, "preamble-turns", c.Preamble.Turns, "preamble: turns per conversation")
+	fs.IntVar(&c.Preamble.FirstUserTokens, "preamble-first-tokens", c.Preamble.FirstUserTokens, "preamble: tokens of a conversation's first message, right after the preamble")
+	fs.IntVar(&c.Preamble.UserTokens, "preamble-user-tokens", c.Preamble.UserTokens, "preamble: tokens of later user messages")
+	fs.IntVar(&c.Preamble.AssistantTokens, "preamble-assistant-tokens", c.Preamble.AssistantTokens, "preamble: tokens of each assistant reply in the history")
+	fs.BoolVar(&c.Preamble.Stagger, "preamble-stagger", c.Preamble.Stagger, "preamble: start the first conversations part way through, for a steady mix of turns from the start")
+
+	fs.IntVar(&c.Agent.Active, "agent-active", c.Agent.Active, "agent: sessions open at once")
+	fs.IntVar(&c.Agent.Turns, "agent-turns", c.Agent.Turns, "agent: turns per session (the task, then one tool call and result a turn)")
+	fs.IntVar(&c.Agent.SystemTokens, "agent-system-tokens", c.Agent.SystemTokens, "agent: tool-use system prompt shared by all sessions")
+	fs.IntVar(&c.Agent.TaskTokens, "agent-task-tokens", c.Agent.TaskTokens, "agent: tokens of a session's task message")
+	fs.IntVar(&c.Agent.CallTokens, "agent-call-tokens", c.Agent.CallTokens, "agent: tokens of each assistant tool call")
+	fs.IntVar(&c.Agent.MinResultTokens, "agent-min-result-tokens", c.Agent.MinResultTokens, "agent: tokens of the smallest tool result")
+	fs.IntVar(&c.Agent.MaxResultTokens, "agent-max-result-tokens", c.Agent.MaxResultTokens, "agent: tokens of the largest tool result")
+	fs.BoolVar(&c.Agent.Stagger, "agent-stagger", c.Agent.Stagger, "agent: start the first sessions part way through, for a steady mix of turns from the start")
 }

@@ -92,6 +92,12 @@ func newSource(c *Config, k Kind) source {
 		return newBot(c, r)
 	case KindCode:
 		return newCode(c, r)
+	case KindSysPrompt:
+		return newSysPrompt(c, r)
+	case KindPreamble:
+		return newPreamble(c, r)
+	case KindAgent:
+		return newAgent(c, r)
 	default:
 		return newNoReuse(c, r)
 	}
@@ -185,8 +191,10 @@ func appendTail(b []byte, c *Config, tenant string) []byte {
 
 // SharedTokens estimates the working set of c: the tokens of all distinct
 // long prefixes a fleet would have to keep cached to serve every reuse
-// (documents, open conversation histories, policy blocks, files). The
-// no-reuse control has none. For a mix it is the sum over its kinds.
+// (documents, open conversation histories, policy blocks, files, system
+// prompts, the preamble, open agent sessions). The no-reuse control has
+// none. For a mix it is the sum over its kinds. Lengths given in
+// characters count 4 to a token, as the generated text does.
 func (c Config) SharedTokens() int {
 	kinds := []Kind{c.Kind}
 	if c.Kind == KindMix {
@@ -212,6 +220,24 @@ func (c Config) SharedTokens() int {
 			total += c.Bot.Templates * c.Bot.PolicyTokens
 		case KindCode:
 			total += c.Code.Files * c.Code.FileTokens
+		case KindSysPrompt:
+			// every prompt's length, as the generator draws it
+			chars := 0
+			for i := 0; i < c.SysPrompt.Prompts; i++ {
+				_, n := sysPromptRand(&c, i)
+				chars += n
+			}
+			total += (chars + 3) / 4
+		case KindPreamble:
+			p := c.Preamble
+			avg := p.FirstUserTokens + (p.Turns-1)*(p.UserTokens+p.AssistantTokens)/2
+			total += (p.Chars+3)/4 + p.Active*avg
+		case KindAgent:
+			a := c.Agent
+			// a session is half way through its turns on average, and a
+			// tool result is of average size
+			perTurn := a.CallTokens + (a.MinResultTokens+a.MaxResultTokens)/2
+			total += a.SystemTokens + a.Active*(a.TaskTokens+(a.Turns-1)*perTurn/2)
 		}
 	}
 	return total

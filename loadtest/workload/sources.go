@@ -68,13 +68,29 @@ func (s *rag) next(r *Request) {
 // replies in the history are written by the generator (a simulated model's
 // own words cannot be known in advance, and fixed replies keep runs
 // repeatable), so a turn reuses the cache of the previous turn's prompt.
+// The preamble and agent workloads run on the same engine with their own
+// system prompt and dialogue.
 type chat struct {
-	cfg    *Config
-	rng    *rand.Rand
-	system string
-	slots  []*conversation
-	nextID int
-	msgs   []message
+	cfg *Config
+	rng *rand.Rand
+	// name is the workload's name: the prefix of its groups and the tag of
+	// its conversations' seeds.
+	name    string
+	system  string
+	turns   int
+	stagger bool
+	talk    dialogue
+	slots   []*conversation
+	nextID  int
+	msgs    []message
+}
+
+// A dialogue writes the messages of one kind of conversation.
+type dialogue interface {
+	// open returns the first message of conversation id.
+	open(id int, r *rand.Rand) message
+	// turn appends the messages of one more turn to msgs.
+	turn(r *rand.Rand, msgs []message) []message
 }
 
 type conversation struct {
@@ -86,11 +102,33 @@ type conversation struct {
 }
 
 func newChat(c *Config, r *rand.Rand) *chat {
-	s := &chat{cfg: c, rng: r, slots: make([]*conversation, c.Chat.Active)}
-	if c.Chat.SystemTokens > 0 {
-		s.system = words(subRand(c.Seed, "chat-system", 0), c.Chat.SystemTokens)
+	h := &c.Chat
+	s := &chat{cfg: c, rng: r, name: "chat", turns: h.Turns, stagger: h.Stagger,
+		talk:  userTalk{h.FirstUserTokens, h.UserTokens, h.AssistantTokens},
+		slots: make([]*conversation, h.Active)}
+	if h.SystemTokens > 0 {
+		s.system = words(subRand(c.Seed, "chat-system", 0), h.SystemTokens)
 	}
 	return s
+}
+
+var _ dialogue = userTalk{}
+
+// userTalk is a chat between a user and an assistant: the user opens with
+// a message naming the conversation, and each turn adds the assistant's
+// reply and the user's next message.
+type userTalk struct {
+	first, user, assistant int // tokens
+}
+
+func (t userTalk) open(id int, r *rand.Rand) message {
+	return message{"user", []string{"Conversation " + strconv.Itoa(id) + ". " + words(r, t.first)}}
+}
+
+func (t userTalk) turn(r *rand.Rand, msgs []message) []message {
+	return append(msgs,
+		message{"assistant", []string{words(r, t.assistant)}},
+		message{"user", []string{words(r, t.user)}})
 }
 
 // start opens a new conversation. skip > 0 opens it skip turns in: the
@@ -99,27 +137,18 @@ func newChat(c *Config, r *rand.Rand) *chat {
 func (s *chat) start(skip int) *conversation {
 	id := s.nextID
 	s.nextID++
-	r := subRand(s.cfg.Seed, "chat-conversation", id)
-	first := "Conversation " + strconv.Itoa(id) + ". " + words(r, s.cfg.Chat.FirstUserTokens)
+	r := subRand(s.cfg.Seed, s.name+"-conversation", id)
 	c := &conversation{
 		id:    id,
-		group: "chat/conv-" + strconv.Itoa(id),
+		group: s.name + "/conv-" + strconv.Itoa(id),
 		rng:   r,
-		msgs:  []message{{"user", []string{first}}},
+		msgs:  []message{s.talk.open(id, r)},
 	}
 	for ; skip > 0; skip-- {
-		c.addTurn(&s.cfg.Chat)
+		c.msgs = s.talk.turn(c.rng, c.msgs)
 		c.turn++
 	}
 	return c
-}
-
-// addTurn appends the assistant's reply to the last message and the
-// user's next message.
-func (c *conversation) addTurn(h *ChatConfig) {
-	c.msgs = append(c.msgs,
-		message{"assistant", []string{words(c.rng, h.AssistantTokens)}},
-		message{"user", []string{words(c.rng, h.UserTokens)}})
 }
 
 func (s *chat) next(r *Request) {
@@ -127,20 +156,20 @@ func (s *chat) next(r *Request) {
 	c := s.slots[i]
 	switch {
 	case c == nil:
-		// With Stagger, the first conversation of slot i starts i/Active
+		// With stagger, the first conversation of slot i starts i/Active
 		// of the way through its turns, so the mix of turns is the same
 		// from the first request on as in the long run.
 		skip := 0
-		if s.cfg.Chat.Stagger {
-			skip = i * s.cfg.Chat.Turns / len(s.slots)
+		if s.stagger {
+			skip = i * s.turns / len(s.slots)
 		}
 		c = s.start(skip)
 		s.slots[i] = c
-	case c.turn >= s.cfg.Chat.Turns:
+	case c.turn >= s.turns:
 		c = s.start(0)
 		s.slots[i] = c
 	default:
-		c.addTurn(&s.cfg.Chat)
+		c.msgs = s.talk.turn(c.rng, c.msgs)
 	}
 	c.turn++
 	s.msgs = s.msgs[:0]

@@ -87,6 +87,19 @@ func appendWords(b []byte, r *rand.Rand, n int) []byte {
 	return b
 }
 
+// appendChars appends exactly n bytes of pseudo-words to b (the last word
+// may be cut): text of a length given in characters rather than tokens.
+func appendChars(b []byte, r *rand.Rand, n int) []byte {
+	end := len(b) + n
+	for first := true; len(b) < end; first = false {
+		if !first {
+			b = append(b, ' ')
+		}
+		b = appendWords(b, r, (end-len(b))/4+1)
+	}
+	return b[:end]
+}
+
 // words returns n pseudo-words as a string.
 func words(r *rand.Rand, n int) string {
 	return string(appendWords(make([]byte, 0, n*5), r, n))

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -79,6 +80,10 @@ func kindConfig(k Kind) Config {
 	c.Bot.PolicyTokens = 500
 	c.Code.FileTokens = 400
 	c.NoReuse.PromptTokens = 200
+	c.SysPrompt.MinChars, c.SysPrompt.MaxChars = 200, 600
+	c.Preamble.Chars, c.Preamble.FirstUserTokens, c.Preamble.AssistantTokens = 3000, 60, 30
+	c.Agent.SystemTokens, c.Agent.TaskTokens = 100, 40
+	c.Agent.MinResultTokens, c.Agent.MaxResultTokens = 20, 200
 	return c
 }
 
@@ -494,7 +499,7 @@ func FuzzAppendJSONString(f *testing.F) {
 }
 
 func BenchmarkNext(b *testing.B) {
-	for _, k := range []Kind{KindRAG, KindChat, KindBot} {
+	for _, k := range []Kind{KindRAG, KindChat, KindBot, KindSysPrompt, KindPreamble, KindAgent} {
 		b.Run(string(k), func(b *testing.B) {
 			g, err := New(DefaultConfig().withKind(k))
 			if err != nil {
@@ -572,6 +577,359 @@ func TestChatStagger(t *testing.T) {
 	for g, n := range count {
 		if start := first[g]/2 - 1; start+n > c.Chat.Turns {
 			t.Fatalf("%s sent %d turns after starting at %d", g, n, start)
+		}
+	}
+}
+
+// messagesEnd returns the body up to the end of its messages array: what a
+// later turn of the same conversation must resend byte for byte.
+func messagesEnd(t *testing.T, body []byte) []byte {
+	t.Helper()
+	i := bytes.Index(body, []byte(`],"max_tokens"`))
+	if i < 0 {
+		t.Fatalf("no end of messages in %.80s", body)
+	}
+	return body[:i]
+}
+
+func TestSysPromptSharing(t *testing.T) {
+	c := kindConfig(KindSysPrompt)
+	c.SysPrompt.Prompts = 40
+	ss := generate(t, c, 3000)
+	prompt := map[string]string{}
+	users := map[string]bool{}
+	lengths := map[int]bool{}
+	for _, s := range ss {
+		m := s.body.Messages
+		if len(m) != 2 || m[0].Role != "system" || m[1].Role != "user" {
+			t.Fatalf("sysprompt request is not [system, user]: %+v", m)
+		}
+		g := s.req.Group
+		if !strings.HasPrefix(g, "sysprompt/prompt-") {
+			t.Fatalf("group %q", g)
+		}
+		if p, ok := prompt[g]; ok && p != m[0].Content {
+			t.Fatalf("group %s sent two different system prompts", g)
+		}
+		prompt[g] = m[0].Content
+		if n := len(m[0].Content); n < c.SysPrompt.MinChars || n > c.SysPrompt.MaxChars {
+			t.Fatalf("system prompt of %d characters outside %d-%d", n, c.SysPrompt.MinChars, c.SysPrompt.MaxChars)
+		}
+		lengths[len(m[0].Content)] = true
+		if !near(countWords(m[1].Content), c.SysPrompt.QuestionTokens, 0.02) {
+			t.Fatalf("question of %d words, want ~%d", countWords(m[1].Content), c.SysPrompt.QuestionTokens)
+		}
+		if users[m[1].Content] {
+			t.Fatalf("request %d repeats an earlier question", s.req.Seq)
+		}
+		users[m[1].Content] = true
+	}
+	if len(prompt) < 35 {
+		t.Fatalf("only %d of 40 prompts used in 3000 requests", len(prompt))
+	}
+	if len(lengths) < len(prompt)*3/4 {
+		t.Fatalf("prompt lengths barely vary: %d distinct lengths for %d prompts", len(lengths), len(prompt))
+	}
+	// distinct prompts differ within their first 64 bytes, so a short
+	// routing prefix already tells them apart
+	heads := map[string]string{}
+	for g, p := range prompt {
+		if other, dup := heads[p[:64]]; dup {
+			t.Fatalf("groups %s and %s share their first 64 bytes", g, other)
+		}
+		heads[p[:64]] = g
+	}
+}
+
+func TestSysPromptZipf(t *testing.T) {
+	c := kindConfig(KindSysPrompt)
+	c.SysPrompt.Prompts = 16
+	c.SysPrompt.MaxChars = 200
+	c.SysPrompt.QuestionTokens = 2
+	const n = 10000
+	ss := generate(t, c, n)
+	counts := map[string]int{}
+	for _, s := range ss {
+		counts[s.req.Group]++
+	}
+	z := newZipf(16, c.SysPrompt.Zipf)
+	for i := 0; i < 16; i++ {
+		got := float64(counts["sysprompt/prompt-"+strconv.Itoa(i)]) / n
+		if want := z.prob(i); math.Abs(got-want) > 0.015 {
+			t.Errorf("prompt %d drawn %.3f of the time, want %.3f", i, got, want)
+		}
+	}
+	if first, last := counts["sysprompt/prompt-0"], counts["sysprompt/prompt-15"]; first < 10*last {
+		t.Errorf("no skew: first %d, last %d", first, last)
+	}
+	// the global --zipf does not apply; the workload's own skew does
+	c.Zipf, c.SysPrompt.Zipf = 3, 0
+	counts = map[string]int{}
+	for _, s := range generate(t, c, 4000) {
+		counts[s.req.Group]++
+	}
+	for g, k := range counts {
+		if math.Abs(float64(k)/4000-1.0/16) > 0.025 {
+			t.Errorf("uniform sysprompt: %s drawn %d of 4000 times", g, k)
+		}
+	}
+}
+
+func TestPreambleSharing(t *testing.T) {
+	c := kindConfig(KindPreamble)
+	c.Preamble.Active, c.Preamble.Turns, c.Preamble.Stagger = 6, 5, false
+	c.Preamble.Chars = DefaultConfig().Preamble.Chars
+	if c.Preamble.Chars != 12288 {
+		t.Fatalf("default preamble of %d characters, want 12288", c.Preamble.Chars)
+	}
+	ss := generate(t, c, 300)
+	preamble := ss[0].body.Messages[0].Content
+	if len(preamble) != 12288 {
+		t.Fatalf("preamble of %d characters, want 12288", len(preamble))
+	}
+	head := ss[0].body.prompt()[:12288]
+	last := map[string]sample{}
+	turns := map[string]int{}
+	firsts := map[string]string{}
+	for _, s := range ss {
+		m := s.body.Messages
+		if m[0].Role != "system" || m[0].Content != preamble {
+			t.Fatalf("request %d does not open with the preamble", s.req.Seq)
+		}
+		if !strings.HasPrefix(s.body.prompt(), head) {
+			t.Fatalf("request %d does not start with the same 12,288 characters", s.req.Seq)
+		}
+		g := s.req.Group
+		turns[g]++
+		if want := 2 * turns[g]; len(m) != want {
+			t.Fatalf("group %s turn %d has %d messages, want %d", g, turns[g], len(m), want)
+		}
+		if prev, ok := last[g]; ok {
+			if !bytes.HasPrefix(s.req.Body, messagesEnd(t, prev.req.Body)) {
+				t.Fatalf("group %s turn %d does not extend turn %d byte for byte", g, turns[g], turns[g]-1)
+			}
+			if !strings.HasPrefix(s.body.prompt(), prev.body.prompt()) {
+				t.Fatalf("group %s turn %d does not extend the prompt text of turn %d", g, turns[g], turns[g]-1)
+			}
+		} else {
+			first := m[1].Content
+			if m[1].Role != "user" || !strings.HasPrefix(first, "Conversation ") {
+				t.Fatalf("conversation %s does not open with its own user message right after the preamble", g)
+			}
+			if !near(countWords(first), c.Preamble.FirstUserTokens+2, 0.02) {
+				t.Fatalf("first message of %d words, want ~%d", countWords(first), c.Preamble.FirstUserTokens)
+			}
+			firsts[g] = first
+		}
+		last[g] = s
+	}
+	for g, n := range turns {
+		if n > c.Preamble.Turns {
+			t.Fatalf("conversation %s ran %d turns, limit %d", g, n, c.Preamble.Turns)
+		}
+	}
+	if len(turns) < 300/c.Preamble.Turns {
+		t.Fatalf("only %d conversations in 300 requests of %d turns", len(turns), c.Preamble.Turns)
+	}
+	// conversations differ from their first user message on
+	seen := map[string]string{}
+	for g, f := range firsts {
+		if other, dup := seen[f[:24]]; dup {
+			t.Fatalf("conversations %s and %s open with the same 24 characters", g, other)
+		}
+		seen[f[:24]] = g
+	}
+	// a different seed writes another preamble, of the same length
+	c.Seed++
+	other := generate(t, c, 1)[0].body.Messages[0].Content
+	if len(other) != 12288 || other == preamble {
+		t.Fatalf("preamble under another seed: %d characters, same text %v", len(other), other == preamble)
+	}
+}
+
+func TestAgentSessions(t *testing.T) {
+	c := kindConfig(KindAgent)
+	c.Agent.Active, c.Agent.Turns, c.Agent.Stagger = 5, 6, false
+	ss := generate(t, c, 400)
+	system := ss[0].body.Messages[0].Content
+	last := map[string]sample{}
+	turns := map[string]int{}
+	completed := 0
+	results := map[int]bool{}
+	for _, s := range ss {
+		m := s.body.Messages
+		if m[0].Role != "system" || m[0].Content != system {
+			t.Fatalf("request %d does not share the tool-use system prompt", s.req.Seq)
+		}
+		if m[1].Role != "user" || !strings.HasPrefix(m[1].Content, "Task ") {
+			t.Fatalf("request %d does not state its session's task after the system prompt", s.req.Seq)
+		}
+		g := s.req.Group
+		turns[g]++
+		if want := 2 * turns[g]; len(m) != want {
+			t.Fatalf("session %s turn %d has %d messages, want %d", g, turns[g], len(m), want)
+		}
+		if prev, ok := last[g]; ok {
+			if !bytes.HasPrefix(s.req.Body, messagesEnd(t, prev.req.Body)) {
+				t.Fatalf("session %s turn %d does not extend turn %d byte for byte", g, turns[g], turns[g]-1)
+			}
+			call, result := m[len(m)-2], m[len(m)-1]
+			if call.Role != "assistant" || result.Role != "tool" {
+				t.Fatalf("turn adds %s, %s; want assistant, tool", call.Role, result.Role)
+			}
+			if !strings.HasPrefix(call.Content, `{"tool":"`) || !near(len(call.Content)/4, c.Agent.CallTokens, 0.25) {
+				t.Fatalf("tool call of %d bytes (want ~%d tokens): %.60q", len(call.Content), c.Agent.CallTokens, call.Content)
+			}
+			n := countWords(result.Content)
+			if n < c.Agent.MinResultTokens || n > c.Agent.MaxResultTokens {
+				t.Fatalf("tool result of %d words outside %d-%d", n, c.Agent.MinResultTokens, c.Agent.MaxResultTokens)
+			}
+			results[n] = true
+		}
+		if turns[g] == c.Agent.Turns {
+			completed++
+		}
+		if turns[g] > c.Agent.Turns {
+			t.Fatalf("session %s ran %d turns, limit %d", g, turns[g], c.Agent.Turns)
+		}
+		// sessions are replaced only when done: never more than Active open
+		if open := len(turns) - completed; open > c.Agent.Active {
+			t.Fatalf("%d sessions open at request %d, limit %d", open, s.req.Seq, c.Agent.Active)
+		}
+		last[g] = s
+	}
+	if completed < 400/c.Agent.Turns-2*c.Agent.Active {
+		t.Fatalf("only %d sessions completed in 400 requests", completed)
+	}
+	if len(results) < 50 {
+		t.Fatalf("tool result sizes barely vary: %d distinct", len(results))
+	}
+}
+
+func TestAgentStagger(t *testing.T) {
+	c := kindConfig(KindAgent)
+	c.Agent.Active, c.Agent.Turns = 4, 8
+	ss := generate(t, c, 200)
+	// slot i's first session opens i x 8 / 4 turns in: 3 + 2 x (0, 2, 4, 6)
+	// messages with the system prompt
+	opening := map[int]bool{}
+	seen := map[string]bool{}
+	for _, s := range ss {
+		if seen[s.req.Group] {
+			continue
+		}
+		seen[s.req.Group] = true
+		var id int
+		fmt.Sscanf(s.req.Group, "agent/conv-%d", &id)
+		if id < 4 {
+			opening[len(s.body.Messages)] = true
+		} else if len(s.body.Messages) != 2 {
+			t.Fatalf("later session %s opens with %d messages", s.req.Group, len(s.body.Messages))
+		}
+	}
+	for _, n := range []int{2, 6, 10, 14} {
+		if !opening[n] {
+			t.Fatalf("no initial session opens with %d messages: %v", n, opening)
+		}
+	}
+}
+
+func TestLongPrefixValidate(t *testing.T) {
+	cases := []struct {
+		mut  func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.SysPrompt.Prompts = 0 }, "sysprompt prompts 0 outside"},
+		{func(c *Config) { c.SysPrompt.MinChars = 10 }, "sysprompt min chars 10 outside 32-"},
+		{func(c *Config) { c.SysPrompt.MinChars = 7000 }, "sysprompt min chars 7000 > max chars 6000"},
+		{func(c *Config) { c.SysPrompt.QuestionTokens = 0 }, "sysprompt question tokens 0 outside"},
+		{func(c *Config) { c.SysPrompt.Zipf = -1 }, "sysprompt zipf -1 outside 0-10"},
+		{func(c *Config) { c.Preamble.Chars = 0 }, "preamble chars 0 outside"},
+		{func(c *Config) { c.Preamble.Active = 0 }, "preamble active conversations 0 outside"},
+		{func(c *Config) { c.Preamble.Turns = 2000 }, "preamble turns 2000 outside 1-1024"},
+		{func(c *Config) { c.Preamble.UserTokens = -3 }, "preamble user tokens -3 outside"},
+		{func(c *Config) { c.Agent.Active = 0 }, "agent active sessions 0 outside"},
+		{func(c *Config) { c.Agent.Turns = 0 }, "agent turns 0 outside"},
+		{func(c *Config) { c.Agent.SystemTokens = -1 }, "agent system tokens -1 outside"},
+		{func(c *Config) { c.Agent.CallTokens = 0 }, "agent call tokens 0 outside"},
+		{func(c *Config) { c.Agent.MinResultTokens = 0 }, "agent min result tokens 0 outside"},
+		{func(c *Config) { c.Agent.MaxResultTokens = 50 }, "agent min result tokens 100 > max result tokens 50"},
+	}
+	for _, tc := range cases {
+		kind := Kind(strings.Fields(tc.want)[0])
+		c := DefaultConfig().withKind(kind)
+		tc.mut(&c)
+		err := c.Validate()
+		if err == nil || !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an ErrBadConfig naming %q", kind, err, tc.want)
+		}
+		// a section is checked when its kind is in a mix, not otherwise
+		c.Kind, c.Mix = KindMix, []Weight{{KindRAG, 1}, {kind, 1}}
+		if err := c.Validate(); err == nil {
+			t.Errorf("%s: mix with an invalid %s section accepted", tc.want, kind)
+		}
+		c.Mix = []Weight{{KindRAG, 1}}
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s: mix without %s rejected: %v", tc.want, kind, err)
+		}
+	}
+}
+
+func TestLongPrefixSharedTokens(t *testing.T) {
+	c := kindConfig(KindSysPrompt)
+	c.SysPrompt.Prompts = 12
+	// the estimate counts every prompt's generated length, 4 characters a
+	// token
+	s := newSysPrompt(&c, subRand(c.Seed, "x", 0))
+	chars := 0
+	for i := 0; i < 12; i++ {
+		chars += len(s.prompt(i))
+	}
+	if got := c.SharedTokens(); got != (chars+3)/4 {
+		t.Fatalf("sysprompt working set %d, want %d", got, (chars+3)/4)
+	}
+	c.Kind = KindPreamble
+	c.Preamble = PreambleConfig{Chars: 12288, Active: 10, Turns: 5, FirstUserTokens: 100, UserTokens: 20, AssistantTokens: 30}
+	if got, want := c.SharedTokens(), 3072+10*(100+4*50/2); got != want {
+		t.Fatalf("preamble working set %d, want %d", got, want)
+	}
+	c.Kind = KindAgent
+	c.Agent = AgentConfig{Active: 4, Turns: 3, SystemTokens: 1500, TaskTokens: 200, CallTokens: 50, MinResultTokens: 100, MaxResultTokens: 1500}
+	if got, want := c.SharedTokens(), 1500+4*(200+2*850/2); got != want {
+		t.Fatalf("agent working set %d, want %d", got, want)
+	}
+	c.Kind, c.Mix = KindMix, []Weight{{KindAgent, 1}, {KindPreamble, 2}}
+	if got, want := c.SharedTokens(), 1500+4*(200+850)+3072+10*200; got != want {
+		t.Fatalf("mix working set %d, want %d", got, want)
+	}
+}
+
+func TestLongPrefixFlags(t *testing.T) {
+	c := DefaultConfig()
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	c.BindFlags(fs)
+	err := fs.Parse([]string{"--workload", "agent",
+		"--sysprompt-prompts", "9", "--sysprompt-min-chars", "100", "--sysprompt-max-chars", "900",
+		"--sysprompt-question-tokens", "7", "--sysprompt-zipf", "0.5",
+		"--preamble-chars", "20000", "--preamble-active", "11", "--preamble-turns", "4",
+		"--preamble-first-tokens", "33", "--preamble-user-tokens", "22", "--preamble-assistant-tokens", "44", "--preamble-stagger=false",
+		"--agent-active", "13", "--agent-turns", "5", "--agent-system-tokens", "600", "--agent-task-tokens", "70",
+		"--agent-call-tokens", "30", "--agent-min-result-tokens", "10", "--agent-max-result-tokens", "90", "--agent-stagger=false"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := DefaultConfig()
+	want.Kind = KindAgent
+	want.SysPrompt = SysPromptConfig{Prompts: 9, MinChars: 100, MaxChars: 900, QuestionTokens: 7, Zipf: 0.5}
+	want.Preamble = PreambleConfig{Chars: 20000, Active: 11, Turns: 4, FirstUserTokens: 33, UserTokens: 22, AssistantTokens: 44}
+	want.Agent = AgentConfig{Active: 13, Turns: 5, SystemTokens: 600, TaskTokens: 70, CallTokens: 30, MinResultTokens: 10, MaxResultTokens: 90}
+	if c.Kind != want.Kind || c.SysPrompt != want.SysPrompt || c.Preamble != want.Preamble || c.Agent != want.Agent {
+		t.Fatalf("flags not applied:\n got %+v %+v %+v\nwant %+v %+v %+v", c.SysPrompt, c.Preamble, c.Agent, want.SysPrompt, want.Preamble, want.Agent)
+	}
+	for _, k := range []Kind{KindSysPrompt, KindPreamble, KindAgent} {
+		if err := (&kindFlag{new(Kind)}).Set(string(k)); err != nil {
+			t.Errorf("--workload %s: %v", k, err)
 		}
 	}
 }
