@@ -9,8 +9,8 @@ import (
 )
 
 // splitPeriod is how often a router closes a counting period of its hot
-// prefixes (the proxy's counts halve each time, so they follow about the
-// last second of traffic).
+// prefixes (the proxy's counts decay by a quarter each time, so they follow
+// about the last two seconds of traffic).
 const splitPeriod = 500 * time.Millisecond
 
 // learnSplits closes a counting period every splitPeriod until ctx ends.

@@ -10,10 +10,14 @@ import (
 const (
 	width = 1 << 13 // counters per row
 	mask  = width - 1
-	// minCount is the smallest decayed count that splits a prefix: about
-	// eight requests a rotation in steady state, so that a handful of
-	// requests never splits anything.
-	minCount = 16
+	// unit is what one request adds to a count: counts are fixed-point,
+	// so that decaying a count of a few requests does not round it away.
+	unit = 16
+	// minCount is the smallest decayed count that splits a prefix: four
+	// requests, about one a rotation in steady state (a router routing a
+	// few requests a second still learns within seconds), so that a
+	// request or two never splits anything.
+	minCount = 4 * unit
 	// maxCandidates bounds the prefixes tracked by name.
 	maxCandidates = 2048
 	// MaxSplits bounds what Rotate proposes.
@@ -45,16 +49,16 @@ func slots(key uint64) (uint64, uint64) {
 }
 
 // Request counts one routed request: the denominator of every share.
-func (c *Counter) Request() { c.total.Add(1) }
+func (c *Counter) Request() { c.total.Add(unit) }
 
 // Add counts one request's prefix key at depth.
 func (c *Counter) Add(key uint64, depth int) {
 	i, j := slots(key)
-	est := min(c.rows[0][i].Add(1), c.rows[1][j].Add(1))
+	est := min(c.rows[0][i].Add(unit), c.rows[1][j].Add(unit))
 	// Remember a key by name once it reaches the trigger, and again every
-	// 16 counts past it (a key already above a lowered trigger is caught
+	// 8 requests past it (a key already above a lowered trigger is caught
 	// too); the lock is taken only then.
-	if t := c.trigger.Load(); est >= t && (est-t)%16 == 0 {
+	if t := c.trigger.Load(); est >= t && (est-t)%(8*unit) < unit {
 		c.mu.Lock()
 		if _, ok := c.cand[key]; ok || len(c.cand) < maxCandidates {
 			c.cand[key] = depth
@@ -71,8 +75,8 @@ func (c *Counter) estimate(key uint64) uint32 {
 // Rotate returns the splits for a fleet of backends eligible backends,
 // given the current ones: the current splits whose share is still at least
 // half a backend's fair share, and the prefixes whose share reached a fair
-// share. Then it halves every count. The result is in canonical order and
-// holds at most MaxSplits splits, the shallowest first.
+// share. Then it decays every count by a quarter. The result is in
+// canonical order and holds at most MaxSplits splits, the shallowest first.
 func (c *Counter) Rotate(backends int, cur []ring.Split) []ring.Split {
 	backends = max(backends, 1)
 	total := c.total.Load()
@@ -98,16 +102,16 @@ func (c *Counter) Rotate(backends int, cur []ring.Split) []ring.Split {
 		}
 	}
 	c.mu.Unlock()
-	// Halve: an Add racing with this may lose its count, which an
-	// estimate can afford.
+	// Decay by a quarter: an Add racing with this may lose its count,
+	// which an estimate can afford.
 	for r := range c.rows {
 		for i := range c.rows[r] {
 			if v := c.rows[r][i].Load(); v != 0 {
-				c.rows[r][i].Store(v / 2)
+				c.rows[r][i].Store(v - (v+3)/4)
 			}
 		}
 	}
-	c.total.Store(total / 2)
+	c.total.Store(total - (total+3)/4)
 	c.trigger.Store(uint32(min(max(uint64(minCount/2), split/4), 1<<31)))
 	ring.SortSplits(out)
 	if len(out) > MaxSplits {
