@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -106,5 +108,82 @@ func BenchmarkProxy(b *testing.B) {
 			})
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
 		})
+	}
+}
+
+// newUsageStub is a raw backend whose answers report usage: answer (a
+// whole HTTP response) to a request for a complete answer, the events of
+// sse as a chunked event stream to a streamed one. It returns its URL.
+func newUsageStub(t testing.TB, answer []byte, sse ...string) string {
+	stream := append(append([]byte(nil), rawSSEHead...), chunked(sse...)...)
+	ln := serveConns(t, func(c net.Conn) {
+		br := bufio.NewReaderSize(c, 64<<10)
+		buf := make([]byte, 0, 256<<10)
+		for {
+			_, body, err := readMessage(br, buf)
+			if err != nil {
+				return
+			}
+			out := answer
+			if bytes.Contains(body, streamTrue) {
+				out = stream
+			}
+			if _, err := c.Write(out); err != nil {
+				return
+			}
+		}
+	})
+	return "http://" + ln.Addr().String()
+}
+
+// TestUsageAllocations: reading the usage of answers adds no allocation
+// to the request path: a complete answer with usage still allocates
+// nothing, and a stream of 200 events, each with a usage report (vLLM's
+// continuous usage stats) and arriving in reads that cut events, allocates
+// no more than one of 3 events.
+func TestUsageAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("under the race detector sync.Pool drops objects on purpose: a streamed chunk's pooled buffers are allocated again")
+	}
+	doc := usageDoc(vllmUsage(4000, 3008))
+	answer := []byte(fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(doc), doc))
+	short := []string{chunkEvent("a"), chunkEvent(" b"), usageChunk(vllmUsage(4000, 3008)) + "data: [DONE]\n\n"}
+	long := []string{chunkEvent("a")}
+	for range 200 {
+		long = append(long, usageEvent(`{"id":"chatcmpl-7a3f","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"content":" word"},"logprobs":null,"finish_reason":null}],"usage":`+vllmUsage(4000, 3008)+`}`))
+	}
+	long = append(long, usageChunk(vllmUsage(4000, 3008))+"data: [DONE]\n\n")
+
+	cfg := DefaultConfig()
+	cfg.ProbePath = ""
+	bs := []ring.Backend{{ID: "short/", Addr: newUsageStub(t, answer, short...)}, {ID: "long/", Addr: newUsageStub(t, answer, long...)}}
+	hShort := startProxyBackends(t, cfg, ring.DefaultConfig(), bs[:1])
+	hLong := startProxyBackends(t, cfg, ring.DefaultConfig(), bs[1:])
+	cShort := newRawClient(t, strings.TrimPrefix(hShort.url, "http://"))
+	cLong := newRawClient(t, strings.TrimPrefix(hLong.url, "http://"))
+
+	n := allocsPerRequest(t, cShort, chatRequest(4<<10, false), func(head, body []byte) bool {
+		return bytes.HasPrefix(head, []byte("HTTP/1.1 200")) && string(body) == doc
+	})
+	if want := maxRequestAllocs(); n > want {
+		t.Errorf("a request whose answer reports usage allocates %.2f times, want %v", n, want)
+	}
+	events := func(k int) func(head, body []byte) bool {
+		return func(head, body []byte) bool {
+			return bytes.HasPrefix(head, []byte("HTTP/1.1 200")) && bytes.Count(body, []byte("data: ")) == k+1
+		}
+	}
+	nShort := allocsPerRequest(t, cShort, chatRequest(4<<10, true), events(len(short)))
+	nLong := allocsPerRequest(t, cLong, chatRequest(4<<10, true), events(len(long)))
+	t.Logf("streams of %d and %d events allocate %.2f and %.2f times", len(short), len(long), nShort, nLong)
+	if nLong > nShort {
+		t.Errorf("a stream of %d events allocates %.2f times, one of %d %.2f: events allocate", len(long), nLong, len(short), nShort)
+	}
+	// 1,200 requests each (the warm-up, the measured runs and the one
+	// AllocsPerRun adds), every one counted.
+	waitFor(t, func() bool { return readUsage(hShort, "short/").ok == 2*1201 }, "the short stub's reports counted")
+	waitFor(t, func() bool { return readUsage(hLong, "long/").ok == 1201 }, "the long stub's reports counted")
+	if u := readUsage(hLong, "long/"); u.prompt != 1201*4000 || u.cached != 1201*3008 {
+		t.Errorf("long stub's usage %+v, want %d reports of 3008/4000", u, 1201)
 	}
 }

@@ -331,6 +331,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ri
 		b.m.ttfb.Observe(time.Since(sent).Seconds())
 		p.setHeaders(resp, st.t, b, d)
 		p.m.countRequest(b.m, rt, d.Reason, resp.StatusCode())
+		p.countBodyUsage(b, resp)
 		return false, nil
 	}
 
@@ -362,6 +363,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ri
 		// The whole body came with the headers.
 		b.m.ttfb.Observe(time.Since(sent).Seconds())
 		resp.SetBody(up.Body())
+		p.countBodyUsage(b, resp)
 		fasthttp.ReleaseResponse(up)
 		b.inflight.Add(-1)
 		return false, nil
@@ -370,6 +372,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ri
 	*ts = trackedStream{p: p, b: b, up: up, src: bs, sent: sent,
 		client: holdStreamHeaders(ctx.Conn(), up.LocalAddr()),
 		sse:    up.Header.ContentLength() < 0 && bytes.HasPrefix(up.Header.ContentType(), strEventStream)}
+	ts.usage.begin(&up.Header)
 	resp.ImmediateHeaderFlush = true
 	resp.SetBodyStream(ts, up.Header.ContentLength())
 	return false, nil

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -48,6 +49,22 @@ type metrics struct {
 	// connsRejected counts client connections refused over MaxConns.
 	connsRejected prometheus.Counter
 	none          *backendMetrics // requests that reached no backend
+
+	// The usage backends report in their answers (usage.go).
+	promptTokens *prometheus.CounterVec
+	cachedTokens *prometheus.CounterVec
+	usageReports *prometheus.CounterVec
+	// usage holds each backend's usage counters by backend id, replaced
+	// whole (under usageMu) when forBackend adds one, so that answers read
+	// it without a lock.
+	usage   atomic.Pointer[map[string]*usageCounters]
+	usageMu sync.Mutex
+}
+
+// usageCounters are one backend's usage series, resolved once.
+type usageCounters struct {
+	prompt, cached prometheus.Counter
+	reports        [numUsageResults]prometheus.Counter // by result; usageNone is nil
 }
 
 // requestCounters caches resolved counters so the request path does not
@@ -90,9 +107,22 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "warmroute_client_connections_rejected_total",
 			Help: "Client connections refused with 503 because MaxConns were open.",
 		}),
+		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmroute_backend_prompt_tokens_total",
+			Help: "Prompt tokens in the valid usage reports (usage.prompt_tokens) of the backend's 2xx answers, streamed (the last report of a stream) or not.",
+		}, []string{"backend"}),
+		cachedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmroute_backend_cached_prompt_tokens_total",
+			Help: "Prompt tokens the backend reported as found in its prefix (KV) cache (usage.prompt_tokens_details.cached_tokens; 0 for a report without it, as vLLM omits it when nothing was cached). Hit rate: rate of this over rate of warmroute_backend_prompt_tokens_total.",
+		}, []string{"backend"}),
+		usageReports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmroute_backend_usage_reports_total",
+			Help: "Answers with a usage report, by result: ok (prompt and cached tokens), no_details (prompt tokens only), invalid (a count missing, not a plain integer under 10^9, or cached > prompt: not counted).",
+		}, []string{"backend", "result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.decision, m.ttfb, m.retries, m.aborts, m.ejections, m.upErrors, m.connsRejected)
+		reg.MustRegister(m.requests, m.decision, m.ttfb, m.retries, m.aborts, m.ejections, m.upErrors, m.connsRejected,
+			m.promptTokens, m.cachedTokens, m.usageReports)
 	}
 	m.none = &backendMetrics{}
 	return m
@@ -110,7 +140,54 @@ func (m *metrics) forBackend(id string) *backendMetrics {
 	for _, k := range []string{"dial", "timeout", "no_free_conns", "protocol", "other"} {
 		bm.upErrors[k] = m.upErrors.WithLabelValues(id, k)
 	}
+	m.addUsageCounters(id)
 	return bm
+}
+
+// addUsageCounters resolves backend id's usage series, once per id.
+func (m *metrics) addUsageCounters(id string) {
+	m.usageMu.Lock()
+	defer m.usageMu.Unlock()
+	var old map[string]*usageCounters
+	if p := m.usage.Load(); p != nil {
+		old = *p
+	}
+	if old[id] != nil {
+		return
+	}
+	uc := &usageCounters{
+		prompt: m.promptTokens.WithLabelValues(id),
+		cached: m.cachedTokens.WithLabelValues(id),
+	}
+	for r := usageOK; r < numUsageResults; r++ {
+		uc.reports[r] = m.usageReports.WithLabelValues(id, usageResultNames[r])
+	}
+	next := make(map[string]*usageCounters, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	next[id] = uc
+	m.usage.Store(&next)
+}
+
+// countUsage counts the usage report r of an answer from backend id.
+func (m *metrics) countUsage(id string, r usageReport) {
+	if r.result == usageNone {
+		return
+	}
+	p := m.usage.Load()
+	if p == nil {
+		return
+	}
+	uc := (*p)[id]
+	if uc == nil {
+		return
+	}
+	uc.reports[r.result].Inc()
+	if r.result != usageInvalid {
+		uc.prompt.Add(float64(r.prompt))
+		uc.cached.Add(float64(r.cached))
+	}
 }
 
 // countRequest increments warmroute_requests_total without allocating for

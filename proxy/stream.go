@@ -10,9 +10,10 @@ import (
 
 // trackedStream passes an upstream body through to the client. It keeps
 // the backend's in-flight count up until the stream ends, times the first
-// body byte and, when the client went away (fasthttp closes the body
-// stream with the write error), closes the upstream connection so the
-// engine stops generating.
+// body byte, reads the usage the backend reports (counted when the stream
+// ends) and, when the client went away (fasthttp closes the body stream
+// with the write error), closes the upstream connection so the engine
+// stops generating.
 type trackedStream struct {
 	p    *Proxy
 	b    *backend
@@ -30,6 +31,8 @@ type trackedStream struct {
 	tail [2]byte
 	// pending is what is left of the error event to pass on.
 	pending []byte
+	// usage reads the usage the backend reports as the body passes.
+	usage usageScan
 
 	gotFirst bool
 	readErr  bool // the upstream read failed (not EOF)
@@ -67,6 +70,7 @@ func (s *trackedStream) Read(buf []byte) (int, error) {
 		} else {
 			s.tail = [2]byte{s.tail[1], buf[0]}
 		}
+		s.usage.feed(buf[:n])
 	}
 	if err != nil && !errors.Is(err, io.EOF) {
 		s.readErr = true
@@ -97,6 +101,9 @@ func (s *trackedStream) CloseWithError(err error) error {
 		s.b.m.aborts.Inc()
 	}
 	s.b.inflight.Add(-1)
+	// What the backend reported counts even when the client left: the
+	// prompt was computed.
+	s.p.m.countUsage(s.b.id, s.usage.report())
 	fasthttp.ReleaseResponse(s.up)
 	p := s.p
 	*s = trackedStream{}

@@ -128,3 +128,39 @@ func TestBoundsOfAGeneratedWorkload(t *testing.T) {
 		t.Fatalf("measured %g, bound %g", s.KV.HitRate, b.HitRate)
 	}
 }
+
+// A replay ends after its last request in either loop, whatever
+// cfg.Requests allows; the closed loop ignores the times.
+func TestReplayEndsWithTheTrace(t *testing.T) {
+	recs, err := trace.Generate(trace.GenConfig{Seed: 9, Requests: 30, Rate: 1, BlockTokens: 64,
+		MeanInputTokens: 300, MeanOutputTokens: 4, Turns: 3, Think: time.Second, DocShare: 0.2, Documents: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, cfg := startFleet(t, 1, 20000)
+	rc := trace.DefaultReplayConfig()
+	rc.BlockTokens = 64
+	rc.Model = gpusim.FastConfig().Model
+	for _, mode := range []loadtest.Mode{loadtest.OpenLoop, loadtest.ClosedLoop} {
+		if mode == loadtest.OpenLoop {
+			rc.TimeScale = 100 // 30 s of trace in 0.3 s
+		} else {
+			rc.TimeScale = 1
+		}
+		replay, err := trace.NewReplay(recs, rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := cfg
+		c.Mode, c.Concurrency, c.Requests = mode, 4, 1000
+		start := time.Now()
+		s, err := loadtest.Run(context.Background(), c, replay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// 30 s of trace: the closed loop does not wait for it
+		if s.Sent != 30 || s.OK != 30 || s.Bounds == nil || s.Bounds.Requests != 30 || time.Since(start) > 20*time.Second {
+			t.Fatalf("%s loop: sent %d ok %d bounds %+v in %v", mode, s.Sent, s.OK, s.Bounds, time.Since(start))
+		}
+	}
+}
