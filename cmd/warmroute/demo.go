@@ -16,6 +16,7 @@ import (
 	"github.com/warmroute/warmroute/loadtest/fleet"
 	"github.com/warmroute/warmroute/loadtest/proc"
 	"github.com/warmroute/warmroute/loadtest/report"
+	"github.com/warmroute/warmroute/loadtest/trace"
 	"github.com/warmroute/warmroute/loadtest/workload"
 )
 
@@ -29,7 +30,7 @@ const (
 	demoKVBlocks     = 6000
 	demoPrefixLength = 2048
 	demoThreshold    = 32
-	demoLoadFactor   = 1.15
+	demoLoadFactor   = 0
 	demoMaxTokens    = 96
 	demoWarmup       = 8 * time.Second
 	demoDuration     = 20 * time.Second
@@ -162,8 +163,8 @@ func demoClusterArgs() func(i int, rs []fleet.Router, a *proc.ServeArgs) error {
 func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	strategies := []string{"RANDOM", "PREFIX_AWARE"}
-	workloads := []string{"rag", "chat", "noreuse"}
+	strategies := []string{"CONSISTENT_HASH", fleet.PrefixAwareFixed, "PREFIX_AWARE"}
+	workloads := []string{"rag", "chat", "preamble", "agent"}
 	fs.Var(listFlag{&strategies}, "strategies", "routing strategies to compare, comma-separated, or 'all' ("+strings.Join(fleet.Strategies(), ", ")+")")
 	fs.Var(listFlag{&workloads}, "workloads", "workloads, comma-separated: "+demoWorkloads)
 	warmup := fs.Duration("warmup", demoWarmup, "load before the measured part of each run (noreuse has none)")
@@ -180,6 +181,9 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var gpusimArgs, routerArgs []string
 	fs.Var(argsFlag{&gpusimArgs}, "gpusim-args", "extra gpusim `flags`, "+argsSyntax+" (e.g. \"--itl-base 20ms --max-num-seqs 64\")")
 	fs.Var(argsFlag{&routerArgs}, "router-args", "extra serve `flags` for every router, "+argsSyntax)
+	tracePath := fs.String("trace", "", "also replay this Mooncake-format trace (see 'warmroute trace') under each strategy, after a --trace-warmup unmeasured start")
+	traceWarmup := fs.Duration("trace-warmup", 15*time.Second, "the unmeasured start of a --trace replay, in replay time")
+	rc := bindReplayFlags(fs)
 	out := fs.String("out", "", "directory for report.html, report.json and the fleet's logs (default out/demo-TIMESTAMP)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	usage := "usage: warmroute demo [flags]\n\n" +
@@ -226,6 +230,13 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return err
 		}
 		c.Load.Bounds.Instances, c.Load.Bounds.KVBlocks = *instances, *kvBlocks // the fleet bound's caches are the fleet's
+		plan.Cases = append(plan.Cases, c)
+	}
+	if *tracePath != "" {
+		c, err := demoTraceCase(*tracePath, rc, *traceWarmup)
+		if err != nil {
+			return err
+		}
 		plan.Cases = append(plan.Cases, c)
 	}
 	if err := plan.Validate(); err != nil {
@@ -281,6 +292,33 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return runErr
 }
 
+// demoTraceCase replays a trace file: every record, at the trace's times,
+// the first warmup of them unmeasured.
+func demoTraceCase(path string, rc *trace.ReplayConfig, warmup time.Duration) (compare.Case, error) {
+	recs, err := readTrace(path, rc.BlockTokens)
+	if err != nil {
+		return compare.Case{}, err
+	}
+	probe, err := trace.NewReplay(recs, *rc)
+	if err != nil {
+		return compare.Case{}, err
+	}
+	l := loadtest.DefaultConfig()
+	l.Mode = loadtest.OpenLoop
+	l.Warmup, l.Duration, l.Requests = warmup, 0, probe.Len()
+	l.Drain, l.Timeout, l.MetricsInterval = 30*time.Second, 60*time.Second, time.Second
+	w := workload.DefaultConfig()
+	w.Kind = workload.KindNoReuse // unused: the replay makes the requests
+	return compare.Case{
+		Name: "trace", Workload: w, Load: l,
+		Generator: func(model string) (workload.Generator, error) {
+			c := *rc
+			c.Model = model
+			return trace.NewReplay(recs, c)
+		},
+	}, nil
+}
+
 // demoSetup describes the fleet and the workloads for the report.
 func demoSetup(p *compare.Plan, kvBlocks int) []string {
 	f := p.Fleet
@@ -288,6 +326,11 @@ func demoSetup(p *compare.Plan, kvBlocks int) []string {
 		f.Instances, strings.Join(f.GpusimArgs, " "), kvBlocks, kvBlocks*16, kvBlocks*16*f.Instances,
 		f.Routers, f.PrefixLength, f.ConcurrencyThreshold, f.LoadFactor)}
 	for _, c := range p.Cases {
+		if c.Generator != nil {
+			s = append(s, fmt.Sprintf("%s: trace replay, %d requests at the trace's times, the first %s unmeasured",
+				c.Name, c.Load.Requests, c.Load.Warmup))
+			continue
+		}
 		s = append(s, fmt.Sprintf("%s: %s; working set ~%d tokens; open loop %.1f req/s, %s warm-up then %s measured, seed %d, max_tokens %d",
 			c.Name, describeWorkload(c.Workload), c.Workload.SharedTokens(), c.Load.Rate, c.Load.Warmup, c.Load.Duration, c.Workload.Seed, c.Workload.MaxTokens))
 	}

@@ -27,6 +27,9 @@ type Case struct {
 	// Load is the arrival model and duration; Targets, MetricsURLs,
 	// Backends, Label and Workload are filled for each run.
 	Load loadtest.Config
+	// Generator, when set, makes the requests instead of Workload (a trace
+	// replay, say), given the model the fleet serves.
+	Generator func(model string) (workload.Generator, error)
 }
 
 // Plan is a comparison: every case under every strategy.
@@ -58,6 +61,9 @@ func (p Plan) Validate() error {
 		}
 	}
 	for _, c := range p.Cases {
+		if c.Generator != nil {
+			continue
+		}
 		w := c.Workload
 		if w.Model == "" {
 			w.Model = "placeholder" // resolved from the fleet
@@ -136,7 +142,12 @@ func (p *Plan) one(ctx context.Context, c Case, s string) (*stats.Summary, error
 		}
 		w.Model = ids[0]
 	}
-	gen, err := workload.New(w)
+	var gen workload.Generator
+	if c.Generator != nil {
+		gen, err = c.Generator(w.Model)
+	} else {
+		gen, err = workload.New(w)
+	}
 	if err != nil {
 		return nil, err
 	}

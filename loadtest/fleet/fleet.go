@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,10 +27,20 @@ var (
 	ErrNotReady = proc.ErrNotReady
 )
 
-// Strategies returns the routing strategies a router accepts.
+// Strategies returns the routing strategies a router accepts, and
+// PrefixAwareFixed.
 func Strategies() []string {
-	return []string{"RANDOM", "ROUND_ROBIN", "LEAST_OUTSTANDING_REQUESTS", "CONSISTENT_HASH", "PREFIX_AWARE"}
+	return []string{"RANDOM", "ROUND_ROBIN", "LEAST_OUTSTANDING_REQUESTS", "CONSISTENT_HASH", PrefixAwareFixed, "PREFIX_AWARE"}
 }
+
+// PrefixAwareFixed names PREFIX_AWARE as it routed before adaptive keys:
+// the first PrefixLength bytes as the key, overflow at the concurrency
+// threshold or when the engine queues. Routers run it as PREFIX_AWARE with
+// FixedArgs.
+const PrefixAwareFixed = "PREFIX_AWARE_FIXED"
+
+// FixedArgs are the serve flags that make PREFIX_AWARE PrefixAwareFixed.
+var FixedArgs = []string{"--key-depth", "FIXED", "--overflow", "THRESHOLD", "--busy-is-full"}
 
 // Router is one router process's addresses.
 type Router struct {
@@ -237,6 +248,10 @@ func (f *Fleet) startRouters(ctx context.Context) error {
 				stopAll()
 				return fmt.Errorf("fleet: router %d flags: %w", i, err)
 			}
+		}
+		if args.Strategy == PrefixAwareFixed {
+			args.Strategy = "PREFIX_AWARE"
+			args.Extra = append(slices.Clone(FixedArgs), args.Extra...)
 		}
 		p, err := f.startProc("router-"+strconv.Itoa(i), args.Args())
 		if err != nil {
