@@ -11,27 +11,39 @@ import (
 	"time"
 )
 
-// benchSource reports 100 backends, of which `changes` change at every
-// publish: 0 (idle), 10 (a busy router: at 200 requests/s each start and
-// end moves a figure, ~20 moves per 50 ms spread over 100 backends) or
-// all 100 (worst case). The probe backend carries the value whose
-// propagation is timed.
+// benchSource reports 100 backends, of which `changes` change every 50
+// ms of wall time, spread evenly over it whatever the rate at which the
+// Mesh reads the source: 0 (idle), 10 (a busy router: at 200 requests/s
+// each start and end moves a figure, ~20 moves per 50 ms spread over 100
+// backends) or all 100 (worst case). The probe backend carries the value
+// whose propagation is timed.
 type benchSource struct {
 	changes  atomic.Int64
 	backends []string
 	vals     []int64
 	probe    string
 	probeV   atomic.Int64
-	tick     int64
+	step     int64
+	last     time.Time
+	carry    float64
 }
 
+// benchChangePeriod is the period of benchSource's `changes` changes.
+const benchChangePeriod = 50 * time.Millisecond
+
 func (s *benchSource) AppendInFlight(dst []BackendLoad) []BackendLoad {
-	s.tick++
-	k := s.changes.Load()
-	for j := range k {
-		i := (s.tick*k + j) % int64(len(s.vals))
-		s.vals[i] = 1 + (s.vals[i]+s.tick)%17
+	now := time.Now()
+	if k := s.changes.Load(); k > 0 && !s.last.IsZero() {
+		s.carry += float64(k) * float64(now.Sub(s.last)) / float64(benchChangePeriod)
+		n := int64(s.carry)
+		s.carry -= float64(n)
+		for range n {
+			s.step++
+			i := s.step % int64(len(s.vals))
+			s.vals[i] = 1 + (s.vals[i]+s.step)%17
+		}
 	}
+	s.last = now
 	for i, b := range s.backends {
 		dst = append(dst, BackendLoad{Backend: b, InFlight: s.vals[i]})
 	}
@@ -42,7 +54,10 @@ func (s *benchSource) AppendInFlight(dst []BackendLoad) []BackendLoad {
 // long a changed in-flight figure takes to appear in every other node's
 // View, and how many bytes each node sends per second, for 5, 20 and 50
 // router nodes with 100 backends each. One op = one figure change on one
-// node, seen by all others.
+// node, seen by all others: the probe goes from 0 to 1 (a request
+// starts; p50-ms, p99-ms) and at the next op back to 0 (it ends;
+// down-p50-ms, down-p99-ms), each at a random phase of the sender's
+// publish tick.
 func BenchmarkPropagation(b *testing.B) {
 	for _, n := range []int{5, 20, 50} {
 		for _, mode := range benchModes {
@@ -50,6 +65,18 @@ func BenchmarkPropagation(b *testing.B) {
 				benchPropagation(b, n, mode.changes, nil)
 			})
 		}
+	}
+}
+
+// BenchmarkDecreaseLag is BenchmarkPropagation for three routers, the
+// cluster of the overcount report: how long after a request ends on one
+// router (its figure drops from 1 to 0) the other two stop counting it
+// (down-p50-ms, down-p99-ms).
+func BenchmarkDecreaseLag(b *testing.B) {
+	for _, mode := range benchModes[:2] {
+		b.Run(fmt.Sprintf("nodes=3/backends=100/%s", mode.name), func(b *testing.B) {
+			benchPropagation(b, 3, mode.changes, nil)
+		})
 	}
 }
 
@@ -126,7 +153,8 @@ func benchPropagation(b *testing.B, n int, changes int64, mod func(*Config)) {
 	var (
 		cur     atomic.Pointer[target]
 		mu      sync.Mutex
-		lat     []time.Duration
+		lat     []time.Duration // increases
+		down    []time.Duration // decreases
 		pending int
 		done    = make(chan struct{}, 1)
 		stop    = make(chan struct{})
@@ -150,7 +178,11 @@ func benchPropagation(b *testing.B, n int, changes int64, mod func(*Config)) {
 				seen = tg
 				d := time.Since(tg.start)
 				mu.Lock()
-				lat = append(lat, d)
+				if tg.v == 0 {
+					down = append(down, d)
+				} else {
+					lat = append(lat, d)
+				}
 				pending--
 				if pending == 0 {
 					done <- struct{}{}
@@ -175,7 +207,8 @@ func benchPropagation(b *testing.B, n int, changes int64, mod func(*Config)) {
 	b.ResetTimer()
 	start := time.Now()
 	for i := range b.N {
-		from := i % n
+		// Each sender's probe goes up at one op and down at the next.
+		from := (i / 2) % n
 		// Start at a random phase of the sender's publish tick.
 		b.StopTimer()
 		time.Sleep(rand.N(nodes[from].cfg.PublishInterval))
@@ -183,7 +216,7 @@ func benchPropagation(b *testing.B, n int, changes int64, mod func(*Config)) {
 		mu.Lock()
 		pending = n - 1
 		mu.Unlock()
-		v := srcs[from].probeV.Load() + 1
+		v := 1 - srcs[from].probeV.Load()
 		cur.Store(&target{backend: srcs[from].probe, v: v, start: time.Now(), from: from})
 		srcs[from].probeV.Store(v)
 		select {
@@ -217,8 +250,13 @@ func benchPropagation(b *testing.B, n int, changes int64, mod func(*Config)) {
 	perNode := func(x uint64) float64 { return float64(x) / elapsed.Seconds() / float64(n) }
 	mu.Lock()
 	defer mu.Unlock()
-	b.ReportMetric(float64(percentile(lat, 0.5).Microseconds())/1000, "p50-ms")
-	b.ReportMetric(float64(percentile(lat, 0.99).Microseconds())/1000, "p99-ms")
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	b.ReportMetric(ms(percentile(lat, 0.5)), "p50-ms")
+	b.ReportMetric(ms(percentile(lat, 0.99)), "p99-ms")
+	if len(down) > 0 {
+		b.ReportMetric(ms(percentile(down, 0.5)), "down-p50-ms")
+		b.ReportMetric(ms(percentile(down, 0.99)), "down-p99-ms")
+	}
 	b.ReportMetric(perNode(wire), "wire-B/s/node")
 	b.ReportMetric(perNode(payload), "load-B/s/node")
 	b.ReportMetric(perNode(recv), "msgs-recv/s/node")
@@ -350,4 +388,96 @@ func BenchmarkReceive(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkOvercount replays, in one process, the fleet of the overcount
+// report: three routers, at most three requests open in the whole fleet
+// (three clients, each holding one request 5-45 ms on a random router,
+// then pausing 0-10 ms), all to one backend. Every millisecond each
+// router's view of the backend (own + remote) is compared with the
+// fleet's true open count: over-% is the share of samples above it,
+// ge4-% the share at 4 or more (impossible without stale figures),
+// max-view the largest view seen. One op = one second of load.
+func BenchmarkOvercount(b *testing.B) {
+	const n = 3
+	nodes := make([]*Mesh, n)
+	srcs := make([]*fakeSource, n)
+	for i := range n {
+		cfg := testConfig(fmt.Sprintf("router-%c", 'a'+i))
+		if i > 0 {
+			cfg.Join = []string{nodes[0].Addr()}
+		}
+		srcs[i] = newFakeSource()
+		c, err := New(cfg, srcs[i])
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		nodes[i] = c
+	}
+	waitFor(b, 20*time.Second, func() bool {
+		for _, c := range nodes {
+			if len(c.View().members) != n {
+				return false
+			}
+		}
+		return true
+	}, "every node sees all %d members", n)
+
+	var (
+		mu  sync.Mutex // own and the sources change together
+		own [n]int64
+	)
+	set := func(r int, d int64) {
+		mu.Lock()
+		own[r] += d
+		srcs[r].set("x", own[r])
+		mu.Unlock()
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r := rand.N(n)
+				set(r, 1)
+				time.Sleep(5*time.Millisecond + rand.N(40*time.Millisecond))
+				set(r, -1)
+				time.Sleep(rand.N(10 * time.Millisecond))
+			}
+		})
+	}
+	var samples, over, ge4, maxView int64
+	b.ResetTimer()
+	for b.Loop() {
+		end := time.Now().Add(time.Second)
+		for time.Now().Before(end) {
+			time.Sleep(time.Millisecond)
+			mu.Lock()
+			fleet := own[0] + own[1] + own[2]
+			for i, c := range nodes {
+				v := own[i] + c.View().RemoteInFlight("x")
+				samples++
+				if v > fleet {
+					over++
+				}
+				if v >= 4 {
+					ge4++
+				}
+				maxView = max(maxView, v)
+			}
+			mu.Unlock()
+		}
+	}
+	b.StopTimer()
+	close(stop)
+	wg.Wait()
+	b.ReportMetric(100*float64(over)/float64(samples), "over-%")
+	b.ReportMetric(100*float64(ge4)/float64(samples), "ge4-%")
+	b.ReportMetric(float64(maxView), "max-view")
 }

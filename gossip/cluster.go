@@ -567,16 +567,34 @@ func (c *Mesh) viewLoop() {
 	}
 }
 
+// publishLoop reads this node's figures every ChangeDelay and sends what
+// changed at once; every PublishInterval (to within one ChangeDelay, on
+// average exactly) the read is a tick, which also resends recent changes
+// and refreshes. One publish per ChangeDelay at most: a ticker drops the
+// ticks a slow loop misses rather than bunching them.
 func (c *Mesh) publishLoop() {
 	defer close(c.pubDone)
-	t := time.NewTicker(c.cfg.PublishInterval)
+	every, poll := c.cfg.PublishInterval, c.cfg.ChangeDelay
+	t := time.NewTicker(poll)
 	defer t.Stop()
+	// Half a poll early, so that timer jitter does not push a tick to
+	// the poll after.
+	due := time.Now().Add(every - poll/2)
 	for {
 		select {
 		case <-c.stopPub:
 			return
 		case now := <-t.C:
-			if pkts := c.pub.next(now); len(pkts) > 0 {
+			var pkts [][]byte
+			if !now.Before(due) {
+				if due = due.Add(every); due.Before(now) {
+					due = now.Add(every - poll/2) // fell behind: no catching up
+				}
+				pkts = c.pub.next(now)
+			} else {
+				pkts = c.pub.changes(now)
+			}
+			if len(pkts) > 0 {
 				c.sendAll(pkts)
 			}
 		}

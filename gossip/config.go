@@ -61,8 +61,18 @@ type Config struct {
 	Meta Meta
 
 	// PublishInterval is how often this node sends its own in-flight
-	// figures to every other node. Default 50 ms.
+	// figures to every other node: the figures that changed during the
+	// last ResendCount intervals (loss repair), and all of them every
+	// RefreshInterval. Default 50 ms.
 	PublishInterval time.Duration
+	// ChangeDelay is how often this node reads its own figures between
+	// publishes. A figure that changed since it was last sent (a request
+	// started or ended) is sent at the next read, so the other nodes
+	// stop counting a request within ChangeDelay plus transit of its end;
+	// changes within one ChangeDelay share one publish, so a node sends
+	// at most one publish per ChangeDelay. At most PublishInterval
+	// (equal: changes wait for the next publish). Default 5 ms.
+	ChangeDelay time.Duration
 	// RefreshInterval is how often every figure is re-sent even when it did
 	// not change (between refreshes only figures that changed during the
 	// last ResendCount intervals are sent). Default 500 ms.
@@ -146,6 +156,7 @@ func DefaultConfig() Config {
 		BindAddr:                "0.0.0.0",
 		BindPort:                defaultPort,
 		PublishInterval:         50 * time.Millisecond,
+		ChangeDelay:             5 * time.Millisecond,
 		RefreshInterval:         500 * time.Millisecond,
 		ResendCount:             3,
 		ExpireAfter:             2 * time.Second,
@@ -187,6 +198,7 @@ func (c *Config) Validate() error {
 		d    time.Duration
 	}{
 		{"PublishInterval", c.PublishInterval},
+		{"ChangeDelay", c.ChangeDelay},
 		{"RefreshInterval", c.RefreshInterval},
 		{"ExpireAfter", c.ExpireAfter},
 		{"EngineExpireAfter", c.EngineExpireAfter},
@@ -201,6 +213,9 @@ func (c *Config) Validate() error {
 		if p.d <= 0 {
 			return fmt.Errorf("%w: %s must be positive", ErrInvalidConfig, p.name)
 		}
+	}
+	if c.ChangeDelay > c.PublishInterval {
+		return fmt.Errorf("%w: ChangeDelay (%v) exceeds PublishInterval (%v)", ErrInvalidConfig, c.ChangeDelay, c.PublishInterval)
 	}
 	if c.RefreshInterval < c.PublishInterval {
 		return fmt.Errorf("%w: RefreshInterval (%v) is shorter than PublishInterval (%v)", ErrInvalidConfig, c.RefreshInterval, c.PublishInterval)

@@ -30,6 +30,8 @@ func TestValidate(t *testing.T) {
 		"bind hostname":      {func(c *Config) { c.BindAddr = "myhost" }, ErrInvalidConfig},
 		"port":               {func(c *Config) { c.BindPort = 70000 }, ErrInvalidConfig},
 		"zero publish":       {func(c *Config) { c.PublishInterval = 0 }, ErrInvalidConfig},
+		"zero change delay":  {func(c *Config) { c.ChangeDelay = 0 }, ErrInvalidConfig},
+		"delay > publish":    {func(c *Config) { c.ChangeDelay = 2 * c.PublishInterval }, ErrInvalidConfig},
 		"expire <= refresh":  {func(c *Config) { c.ExpireAfter = c.RefreshInterval }, ErrInvalidConfig},
 		"refresh < publish":  {func(c *Config) { c.RefreshInterval = time.Millisecond }, ErrInvalidConfig},
 		"probe timeout":      {func(c *Config) { c.ProbeTimeout = 2 * c.ProbeInterval }, ErrInvalidConfig},

@@ -8,13 +8,16 @@
 //   - Membership of router nodes runs on hashicorp/memberlist (SWIM with
 //     Lifeguard), tuned to detect a crashed node in about a second on a LAN.
 //     Node metadata carries the node's admin and Raft addresses.
-//   - Every PublishInterval (50 ms) each node sends its own exact in-flight
-//     count per backend straight to every other member: one UDP packet per
-//     1.3 KB of figures on the gossip port, no gossip hops, sealed with
-//     AES-GCM under the cluster key. These packets bypass memberlist, so
-//     they never crowd out its membership messages. Only figures that
-//     changed in the last ResendCount intervals travel, plus everything
-//     every RefreshInterval.
+//   - Each node reads its own exact in-flight count per backend every
+//     ChangeDelay (5 ms) and sends the figures that changed straight to
+//     every other member at once, so a request that ended stops counting
+//     elsewhere within milliseconds; every PublishInterval (50 ms) it
+//     repeats the figures that changed in the last ResendCount intervals
+//     (loss repair), and everything every RefreshInterval. One UDP packet
+//     per 1.3 KB of figures on the gossip port, no gossip hops, sealed
+//     with AES-GCM under the cluster key, at most one publish per
+//     ChangeDelay. These packets bypass memberlist, so they never crowd
+//     out its membership messages.
 //     Every node keeps the latest figure from every other node; the sum of
 //     those is View.RemoteInFlight, and global in-flight is the proxy's own
 //     counter plus that sum. Figures not refreshed within ExpireAfter are

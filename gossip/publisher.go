@@ -1,14 +1,27 @@
 package gossip
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
 
-// publisher decides what this node sends each PublishInterval: every
-// figure that changed during the last `resend` ticks (so a lost packet is
-// repaired at the next tick), and all figures every refreshTicks ticks (so
-// receivers keep them fresh and late or lossy receivers catch up).
+// publisher decides what this node sends. It reads its own figures every
+// ChangeDelay (a poll) and every PublishInterval (a tick):
+//
+//   - at every poll, each figure that differs from what it last sent (a
+//     request started or ended, a verdict changed, a backend went away)
+//     travels at once, so a peer stops counting a request that ended
+//     within one ChangeDelay plus transit instead of a PublishInterval;
+//   - at every tick, also each figure that changed during the last
+//     `resend` ticks (so a lost packet is repaired at the next tick), the
+//     engine figures that changed, and all figures every refreshTicks
+//     ticks (so receivers keep them fresh and late or lossy receivers
+//     catch up).
+//
+// A poll at which nothing changed sends nothing; changes within one
+// ChangeDelay share a publish, so a node sends at most one publish per
+// ChangeDelay.
 type publisher struct {
 	mu           sync.Mutex
 	name         string
@@ -22,10 +35,11 @@ type publisher struct {
 	// older run of itself; see state.signedOrder).
 	keepalive bool
 
-	tick        uint64
+	tick        uint64 // ticks so far
+	poll        uint64 // reads of the source so far (ticks included)
 	seq         uint64
 	lastRefresh uint64
-	buf         []BackendLoad
+	buf, prev   []BackendLoad // this read of the source and the one before
 	loads       map[string]*pubLoad
 	engines     map[string]*pubEngine
 	entry       []byte
@@ -36,8 +50,9 @@ type publisher struct {
 type pubLoad struct {
 	v       int64
 	failing bool
+	unsent  bool   // changed since it was last sent
 	changed uint64 // tick of the last change
-	seen    uint64 // tick the source last reported the backend
+	seen    uint64 // poll the source last reported the backend at
 	removed bool   // gone from the source: sent as 0 for `resend` ticks
 }
 
@@ -61,41 +76,60 @@ func newPublisher(name string, instance uint64, src LocalSource, cfg *Config) *p
 	}
 }
 
-// next returns the packets to send to every other member at now, or nil.
-// The packets stay valid until the next call.
-func (p *publisher) next(now time.Time) [][]byte {
+// next is a tick: it returns the packets to send to every other member at
+// now, or nil. The packets stay valid until the next call of next or
+// changes.
+func (p *publisher) next(now time.Time) [][]byte { return p.publish(now, true) }
+
+// changes is a poll between ticks: it returns the packets carrying the
+// figures that changed since they were last sent, or nil when none did.
+func (p *publisher) changes(now time.Time) [][]byte { return p.publish(now, false) }
+
+func (p *publisher) publish(now time.Time, tick bool) [][]byte {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.tick++
+	if tick {
+		p.tick++
+	}
+	p.poll++
+	p.buf, p.prev = p.prev[:0], p.buf
 	if p.src != nil {
-		p.buf = p.src.AppendInFlight(p.buf[:0])
+		p.buf = p.src.AppendInFlight(p.buf)
+	}
+	// The common poll: the source reads as it did last time, so nothing
+	// changed, nothing went away and nothing is unsent (every publish
+	// sends what is). Entries keep their older seen: the next publish
+	// that looks at them sets it for every backend it reads first.
+	if !tick && slices.Equal(p.buf, p.prev) {
+		return nil
 	}
 	for _, bl := range p.buf {
 		e := p.loads[bl.Backend]
 		switch {
 		case e == nil:
-			e = &pubLoad{v: bl.InFlight, failing: bl.Failing, changed: p.tick}
+			e = &pubLoad{v: bl.InFlight, failing: bl.Failing, unsent: true, changed: p.tick}
 			p.loads[bl.Backend] = e
 		case e.v != bl.InFlight || e.failing != bl.Failing || e.removed:
-			e.v, e.failing, e.removed, e.changed = bl.InFlight, bl.Failing, false, p.tick
+			e.v, e.failing, e.removed, e.unsent, e.changed = bl.InFlight, bl.Failing, false, true, p.tick
 		}
-		e.seen = p.tick
+		e.seen = p.poll
 	}
-	full := p.tick == 1 || p.tick-p.lastRefresh >= p.refreshTicks
+	full := tick && (p.tick == 1 || p.tick-p.lastRefresh >= p.refreshTicks)
 	if full {
 		p.lastRefresh = p.tick
 	}
 	p.pk.reset(kindPublish, p.name, p.instance, p.seq+1)
 	for k, e := range p.loads {
-		if e.seen != p.tick {
+		if e.seen != p.poll {
 			if !e.removed {
-				e.v, e.failing, e.removed, e.changed = 0, false, true, p.tick
-			} else if p.tick-e.changed >= p.resend {
+				e.v, e.failing, e.removed, e.unsent, e.changed = 0, false, true, true, p.tick
+			} else if !e.unsent && p.tick-e.changed >= p.resend {
 				delete(p.loads, k)
 				continue
 			}
 		}
-		if full || p.tick-e.changed < p.resend {
+		if e.unsent || (tick && (full || p.tick-e.changed < p.resend)) {
+			e.unsent = false
 			p.entry = appendLoad(p.entry[:0], k, e.v)
 			p.health = p.health[:0]
 			if e.failing {
@@ -104,15 +138,17 @@ func (p *publisher) next(now time.Time) [][]byte {
 			p.pk.addLoad(p.entry, p.health)
 		}
 	}
-	for k, e := range p.engines {
-		age := now.Sub(e.s.Scraped)
-		if age >= p.engineExpire {
-			delete(p.engines, k)
-			continue
-		}
-		if full || p.tick-e.changed < p.resend {
-			p.entry = appendEngine(p.entry[:0], k, e.s, age)
-			p.pk.addEngine(p.entry)
+	if tick {
+		for k, e := range p.engines {
+			age := now.Sub(e.s.Scraped)
+			if age >= p.engineExpire {
+				delete(p.engines, k)
+				continue
+			}
+			if full || p.tick-e.changed < p.resend {
+				p.entry = appendEngine(p.entry[:0], k, e.s, age)
+				p.pk.addEngine(p.entry)
+			}
 		}
 	}
 	pkts := p.pk.packets()

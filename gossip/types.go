@@ -5,7 +5,9 @@ import "time"
 // LocalSource is implemented by the proxy: it appends its own exact
 // in-flight count and local health verdict for every backend it knows
 // (zero included) to dst and returns the extended slice. It is called from one goroutine every
-// PublishInterval and must not block.
+// ChangeDelay (5 ms), so it must be cheap and must not block; reporting the
+// backends in the same order each time lets an unchanged reading be
+// recognised without a map lookup.
 type LocalSource interface {
 	AppendInFlight(dst []BackendLoad) []BackendLoad
 }

@@ -50,6 +50,10 @@ func (n *Node) startGossip(raftAddr string, voter bool) error {
 	}
 	gc.Join = cl.Join
 	gc.PublishInterval = cl.PublishInterval
+	// Changed figures (a request started or ended) travel at the next
+	// read of the proxy's counters, every ChangeDelay; a publish interval
+	// shorter than that makes every read a publish.
+	gc.ChangeDelay = min(gc.ChangeDelay, gc.PublishInterval)
 	if gc.RefreshInterval < 10*gc.PublishInterval {
 		gc.RefreshInterval = 10 * gc.PublishInterval
 	}
