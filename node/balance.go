@@ -19,7 +19,7 @@ const (
 	balanceSlack = 1.1
 	// balanceMinCount is the least traffic (decayed request count) the
 	// balancer acts on: below it shares are noise.
-	balanceMinCount = 100
+	balanceMinCount = 30
 	// balanceMovesPerRound bounds the partitions moved per period, so a
 	// burst cannot reshuffle many caches at once.
 	balanceMovesPerRound = 4

@@ -92,8 +92,8 @@ func TestPlanMovesLeavesBalancedAlone(t *testing.T) {
 	}
 	// Too little traffic to judge (under balanceMinCount requests).
 	small := make([]uint32, r.Partitions())
-	small[0] = 90 * proxy.PartitionUnit
+	small[0] = 25 * proxy.PartitionUnit
 	if got := planMoves(r, small, nil); len(got) != 0 {
-		t.Fatalf("90 requests moved %v", got)
+		t.Fatalf("25 requests moved %v", got)
 	}
 }
