@@ -64,8 +64,9 @@ type KeyInfo struct {
 	Blocks int
 	Tail   uint64
 	// scope holds the digests of the model and the tenant, which every key
-	// mixes in.
+	// mixes in; seed is their digest, for KeyAt.
 	scope [2]uint64
+	seed  uint64
 }
 
 // ChainBlockBytes is the size of a block of the prompt's block chain:
@@ -79,10 +80,23 @@ const MaxChainBlocks = MaxPrefixLength / ChainBlockBytes
 // depth == Blocks (or beyond) the key of all the text read. Like Key, it
 // mixes in the model and the tenant, so two tenants never share a key.
 func (k *KeyInfo) KeyAt(depth int) uint64 {
-	if depth >= k.Blocks {
-		return mixKey(k.scope, k.Tail)
+	p := k.Tail
+	if depth < k.Blocks {
+		p = k.Chain[depth]
 	}
-	return mixKey(k.scope, k.Chain[depth])
+	return fmix64(k.seed ^ p)
+}
+
+// fmix64 is MurmurHash3's 64-bit finalizer: a bijection that spreads every
+// input bit over the output. KeyAt is called for every block a request
+// reads, so it is a few multiplications, not a hash of 24 bytes.
+func fmix64(h uint64) uint64 {
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return h
 }
 
 // mixKey is the key of prompt digest p under scope (model and tenant).
@@ -162,6 +176,7 @@ func Extract(cfg KeyConfig, api API, body, tenantHeader []byte, info *KeyInfo) e
 	}
 	info.scope = [2]uint64{md.Sum64(), td.Sum64()}
 	if cfg.ChainBlocks > 0 {
+		info.seed = mixKey(info.scope, 0)
 		info.PrefixBytes = pw.written
 		info.Tail = pw.d.Sum64()
 		info.Key = info.KeyAt(0)

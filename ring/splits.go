@@ -103,7 +103,10 @@ const SplitLookahead = 4
 
 // Splits is an immutable set of splits. The nil *Splits is the empty set.
 type Splits struct {
-	keys     map[uint64]struct{}
+	// keys is an open-addressing set (linear probing, at most half full);
+	// 0 marks an empty slot, so key 0 is held in hasZero.
+	keys     []uint64
+	hasZero  bool
 	list     []Split
 	maxDepth int // deepest split + 1
 }
@@ -114,15 +117,18 @@ func NewSplits(list []Split) (*Splits, error) {
 	if len(list) > MaxSplits {
 		return nil, fmt.Errorf("%w: %d splits, at most %d", ErrConfig, len(list), MaxSplits)
 	}
-	s := &Splits{keys: make(map[uint64]struct{}, len(list))}
+	size := 4
+	for size < 2*len(list) {
+		size *= 2
+	}
+	s := &Splits{keys: make([]uint64, size)}
 	for _, sp := range list {
 		if sp.Depth < 0 || sp.Depth >= MaxChainBlocks {
 			return nil, fmt.Errorf("%w: split depth %d out of range [0, %d)", ErrConfig, sp.Depth, MaxChainBlocks)
 		}
-		if _, dup := s.keys[sp.Key]; dup {
-			continue
+		if !s.add(sp.Key) {
+			continue // a duplicate
 		}
-		s.keys[sp.Key] = struct{}{}
 		s.list = append(s.list, sp)
 		s.maxDepth = max(s.maxDepth, sp.Depth+1)
 	}
@@ -162,13 +168,42 @@ func (s *Splits) List() []Split {
 	return s.list
 }
 
+// add inserts key, reporting false when it was there already.
+func (s *Splits) add(key uint64) bool {
+	if key == 0 {
+		added := !s.hasZero
+		s.hasZero = true
+		return added
+	}
+	mask := uint64(len(s.keys) - 1)
+	for i := fmix64(key) & mask; ; i = (i + 1) & mask {
+		switch s.keys[i] {
+		case key:
+			return false
+		case 0:
+			s.keys[i] = key
+			return true
+		}
+	}
+}
+
 // Has reports whether key is split.
 func (s *Splits) Has(key uint64) bool {
 	if s == nil {
 		return false
 	}
-	_, ok := s.keys[key]
-	return ok
+	if key == 0 {
+		return s.hasZero
+	}
+	mask := uint64(len(s.keys) - 1)
+	for i := fmix64(key) & mask; ; i = (i + 1) & mask {
+		switch s.keys[i] {
+		case key:
+			return true
+		case 0:
+			return false
+		}
+	}
 }
 
 // ChainBlocks is how many blocks Extract must read for s: the deepest

@@ -96,6 +96,20 @@ func TestSplitsDepth(t *testing.T) {
 	if d := s3.Depth(&short); d != short.Blocks {
 		t.Fatalf("depth %d, want the whole text (%d)", d, short.Blocks)
 	}
+	// The set holds what it was given, key 0 included, and nothing else.
+	var many []Split
+	for k := uint64(0); k < 1000; k++ {
+		many = append(many, Split{Key: k * 0x9e3779b97f4a7c15, Depth: int(k % 7)})
+	}
+	big, err := NewSplits(many)
+	if err != nil || big.Len() != 1000 {
+		t.Fatalf("1,000 splits: %v, %d held", err, big.Len())
+	}
+	for _, sp := range many {
+		if !big.Has(sp.Key) || big.Has(sp.Key+1) {
+			t.Fatalf("set membership wrong around %x", sp.Key)
+		}
+	}
 	if _, err := NewSplits([]Split{{Depth: MaxChainBlocks}}); !errors.Is(err, ErrConfig) {
 		t.Fatalf("depth out of range: %v", err)
 	}
