@@ -49,7 +49,10 @@ func (n *Node) balance(ctx context.Context) {
 		}
 		var r *ring.Ring
 		buf, r = n.proxy.PartitionLoads(buf)
-		if r.Config().Strategy != ring.PrefixAware || len(buf) == 0 || !n.agree.IsLeader() {
+		// Balancing comes with ADAPTIVE keys: a state written by an earlier
+		// version (FIXED) never gets set_moves entries, which routers of
+		// that version could not apply, until an operator opts in.
+		if !r.Config().Adaptive() || len(buf) == 0 || !n.agree.IsLeader() {
 			continue
 		}
 		st, _ := n.agree.State()
