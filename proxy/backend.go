@@ -433,4 +433,5 @@ type backendMetrics struct {
 	ejects   prometheus.Counter
 	aborts   prometheus.Counter
 	upErrors map[string]prometheus.Counter
+	usage    usageCounters // nil series for requests that reached no backend
 }

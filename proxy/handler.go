@@ -331,7 +331,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ri
 		b.m.ttfb.Observe(time.Since(sent).Seconds())
 		p.setHeaders(resp, st.t, b, d)
 		p.m.countRequest(b.m, rt, d.Reason, resp.StatusCode())
-		p.countBodyUsage(b, resp)
+		b.countBodyUsage(resp)
 		return false, nil
 	}
 
@@ -363,7 +363,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ri
 		// The whole body came with the headers.
 		b.m.ttfb.Observe(time.Since(sent).Seconds())
 		resp.SetBody(up.Body())
-		p.countBodyUsage(b, resp)
+		b.countBodyUsage(resp)
 		fasthttp.ReleaseResponse(up)
 		b.inflight.Add(-1)
 		return false, nil

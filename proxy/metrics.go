@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -54,11 +53,6 @@ type metrics struct {
 	promptTokens *prometheus.CounterVec
 	cachedTokens *prometheus.CounterVec
 	usageReports *prometheus.CounterVec
-	// usage holds each backend's usage counters by backend id, replaced
-	// whole (under usageMu) when forBackend adds one, so that answers read
-	// it without a lock.
-	usage   atomic.Pointer[map[string]*usageCounters]
-	usageMu sync.Mutex
 }
 
 // usageCounters are one backend's usage series, resolved once.
@@ -140,47 +134,18 @@ func (m *metrics) forBackend(id string) *backendMetrics {
 	for _, k := range []string{"dial", "timeout", "no_free_conns", "protocol", "other"} {
 		bm.upErrors[k] = m.upErrors.WithLabelValues(id, k)
 	}
-	m.addUsageCounters(id)
+	bm.usage.prompt = m.promptTokens.WithLabelValues(id)
+	bm.usage.cached = m.cachedTokens.WithLabelValues(id)
+	for r := usageOK; r < numUsageResults; r++ {
+		bm.usage.reports[r] = m.usageReports.WithLabelValues(id, usageResultNames[r])
+	}
 	return bm
 }
 
-// addUsageCounters resolves backend id's usage series, once per id.
-func (m *metrics) addUsageCounters(id string) {
-	m.usageMu.Lock()
-	defer m.usageMu.Unlock()
-	var old map[string]*usageCounters
-	if p := m.usage.Load(); p != nil {
-		old = *p
-	}
-	if old[id] != nil {
-		return
-	}
-	uc := &usageCounters{
-		prompt: m.promptTokens.WithLabelValues(id),
-		cached: m.cachedTokens.WithLabelValues(id),
-	}
-	for r := usageOK; r < numUsageResults; r++ {
-		uc.reports[r] = m.usageReports.WithLabelValues(id, usageResultNames[r])
-	}
-	next := make(map[string]*usageCounters, len(old)+1)
-	for k, v := range old {
-		next[k] = v
-	}
-	next[id] = uc
-	m.usage.Store(&next)
-}
-
-// countUsage counts the usage report r of an answer from backend id.
-func (m *metrics) countUsage(id string, r usageReport) {
-	if r.result == usageNone {
-		return
-	}
-	p := m.usage.Load()
-	if p == nil {
-		return
-	}
-	uc := (*p)[id]
-	if uc == nil {
+// countUsage counts the usage report r of an answer from bm's backend.
+func (bm *backendMetrics) countUsage(r usageReport) {
+	uc := &bm.usage
+	if r.result == usageNone || uc.prompt == nil {
 		return
 	}
 	uc.reports[r.result].Inc()

@@ -103,7 +103,7 @@ func (s *trackedStream) CloseWithError(err error) error {
 	s.b.inflight.Add(-1)
 	// What the backend reported counts even when the client left: the
 	// prompt was computed.
-	s.p.m.countUsage(s.b.id, s.usage.report())
+	s.b.m.countUsage(s.usage.report())
 	fasthttp.ReleaseResponse(s.up)
 	p := s.p
 	*s = trackedStream{}

@@ -69,7 +69,7 @@ var (
 )
 
 // countBodyUsage counts the usage in the complete answer resp from b.
-func (p *Proxy) countBodyUsage(b *backend, resp *fasthttp.Response) {
+func (b *backend) countBodyUsage(resp *fasthttp.Response) {
 	var s usageScan
 	s.begin(&resp.Header)
 	if s.mode == scanOff {
@@ -80,7 +80,7 @@ func (p *Proxy) countBodyUsage(b *backend, resp *fasthttp.Response) {
 		return
 	}
 	s.feed(body)
-	p.m.countUsage(b.id, s.report())
+	b.m.countUsage(s.report())
 }
 
 // Scan modes.
