@@ -1,6 +1,7 @@
 package ring
 
 import (
+	"iter"
 	"math"
 	"math/rand/v2"
 )
@@ -135,32 +136,40 @@ func (r *Ring) pickPrefixAware(key uint64, loads Loads) (Decision, error) {
 	p := r.Partition(key)
 	order := r.Order(p)
 	c := candidate{bound: math.MaxInt64, boundDone: r.cfg.LoadFactor == 0}
-	if !r.zoneAware() {
-		for rank, b32 := range order {
-			if d, ok := r.tryCandidate(int(b32), rank, loads, &c); ok {
-				return d, nil
-			}
-		}
-		return r.pickLeast(p, loads, ReasonFallback, false)
-	}
-	// Zone-aware: the owner wherever it is (its cache is the point), then
-	// overflow within this router's zone, then beyond it, each in the
-	// partition's order.
+	// The owner wherever it is (its cache is the point), then the overflow
+	// order (zone-aware: this router's zone first).
 	if d, ok := r.tryCandidate(int(order[0]), 0, loads, &c); ok {
 		return d, nil
 	}
-	for pass := 0; pass < 2; pass++ {
-		for rank := 1; rank < len(order); rank++ {
-			b := int(order[rank])
-			if (r.backends[b].Zone == r.cfg.LocalZone) != (pass == 0) {
-				continue
-			}
-			if d, ok := r.tryCandidate(b, rank, loads, &c); ok {
-				return d, nil
-			}
+	for rank, b := range r.overflowWalk(order) {
+		if d, ok := r.tryCandidate(b, rank, loads, &c); ok {
+			return d, nil
 		}
 	}
 	return r.pickLeast(p, loads, ReasonFallback, false)
+}
+
+// overflowWalk yields the backends of a partition's order after its owner,
+// as (rank, backend index): in order or, zone-aware, those in this
+// router's zone first and then the others, each group in order.
+func (r *Ring) overflowWalk(order []int32) iter.Seq2[int, int] {
+	return func(yield func(int, int) bool) {
+		passes := 1
+		if r.zoneAware() {
+			passes = 2
+		}
+		for pass := 0; pass < passes; pass++ {
+			for rank := 1; rank < len(order); rank++ {
+				b := int(order[rank])
+				if passes == 2 && (r.backends[b].Zone == r.cfg.LocalZone) != (pass == 0) {
+					continue
+				}
+				if !yield(rank, b) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // pickByCost applies the COST rule. The owner keeps the key unless
@@ -200,27 +209,18 @@ func (r *Ring) pickByCost(key uint64, recompute int64, loads Loads) (Decision, b
 	if !over && !busy {
 		return affinity, true
 	}
-	for pass := 0; pass < 2; pass++ {
-		for rank := 1; rank < len(order); rank++ {
-			b := int(order[rank])
-			if r.zoneAware() && (r.backends[b].Zone == r.cfg.LocalZone) != (pass == 0) {
-				continue
-			}
-			if !r.eligible(b, loads) || loads.Busy(b) {
-				continue
-			}
-			n := loads.InFlight(b)
-			if n >= r.limits[b] || n+1 > bound {
-				continue
-			}
-			if !over && no-n <= recompute {
-				continue
-			}
-			return Decision{Backend: b, Reason: ReasonOverflow, Rank: rank}, true
+	for rank, b := range r.overflowWalk(order) {
+		if !r.eligible(b, loads) || loads.Busy(b) {
+			continue
 		}
-		if !r.zoneAware() {
-			break
+		n := loads.InFlight(b)
+		if n >= r.limits[b] || n+1 > bound {
+			continue
 		}
+		if !over && no-n <= recompute {
+			continue
+		}
+		return Decision{Backend: b, Reason: ReasonOverflow, Rank: rank}, true
 	}
 	// Every alternative queues too, or is not enough less loaded: wait on
 	// the warm owner.
