@@ -6,7 +6,9 @@
 //
 //   - Routing keys. [Extract] reads an OpenAI chat or completions body, or a
 //     SageMaker /invocations body, and returns a 64-bit key: xxhash64 of the
-//     model, the tenant and the first PrefixLength bytes of the prompt text.
+//     model, the tenant and the first PrefixLength bytes of the prompt text,
+//     or the prompt's block chain, from which [Splits] picks the shortest
+//     prefix that is not split (ADAPTIVE keys).
 //     For chat the prompt text is the messages' roles and text in order, not
 //     the raw JSON, so whitespace, key order and sampling fields never change
 //     the key.

@@ -139,6 +139,10 @@ func CheckTenant(v []byte) error {
 //   - invocations: the raw body, or as above with InvocationsJSON (TGI's
 //     `inputs` string too).
 //
+// With cfg.ChainBlocks > 0 it reads the block chain instead (see KeyInfo's
+// Chain, Blocks and Tail) and Key is KeyAt(0); Splits.Route picks the key
+// to route on.
+//
 // JSON strings are unescaped before hashing, so "\u00e9" and "é" agree.
 func Extract(cfg KeyConfig, api API, body, tenantHeader []byte, info *KeyInfo) error {
 	*info = KeyInfo{}
