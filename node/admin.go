@@ -17,8 +17,31 @@ func (n *Node) newAdmin() *admin.Server {
 	if n.gossip != nil {
 		cfg.Members = gossipMembers{n.gossip}
 	}
+	if n.scraper != nil {
+		cfg.Engines = nodeEngines{n}
+	}
 	return admin.New(cfg)
 }
+
+// nodeEngines gives the admin API the engines' figures: gossip's view in a
+// cluster (this router's scrapes and its peers'), else this router's own.
+type nodeEngines struct{ n *Node }
+
+func (e nodeEngines) Engine(backend string) (gossip.EngineStats, bool) {
+	if g := e.n.gossip; g != nil {
+		return g.View().Engine(backend)
+	}
+	es := e.n.engines
+	if es == nil {
+		return gossip.EngineStats{}, false
+	}
+	es.mu.Lock()
+	s, ok := es.m[backend]
+	es.mu.Unlock()
+	return toGossip(s), ok
+}
+
+var _ admin.Engines = nodeEngines{}
 
 // gossipMembers adapts gossip to admin.Members.
 type gossipMembers struct{ *gossip.Mesh }

@@ -46,6 +46,13 @@ type Members interface {
 	Failing(backend string) []string
 }
 
+// Engines is where the engines' figures are found: what this router
+// scraped, or what gossip brought from the router that scraped them.
+type Engines interface {
+	// Engine returns the freshest figures for backend, if any.
+	Engine(backend string) (gossip.EngineStats, bool)
+}
+
 var (
 	_ Agreement = (*cluster.Agreement)(nil)
 	_ Router    = (*proxy.Proxy)(nil)
@@ -66,6 +73,9 @@ type Config struct {
 	Router    Router
 	// Members is nil for a router running alone.
 	Members Members
+	// Engines, when not nil, adds the engines' figures to /status and
+	// /v1/backends, and exports them as metrics in Metrics.
+	Engines Engines
 	// Identity is this router's cluster certificate, or nil: with one,
 	// writes are forwarded over HTTPS to a server proving the leader's
 	// name, and a forwarded write is accepted only from a router proving
@@ -108,6 +118,11 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Identity != nil {
 		s.scheme = "https"
+	}
+	if cfg.Metrics != nil && cfg.Engines != nil {
+		if err := cfg.Metrics.Register(engineCollector{s}); err != nil {
+			s.log.Error("engine figures: metrics not registered", "err", err)
+		}
 	}
 	return s
 }

@@ -17,14 +17,16 @@ func (s *Server) Status() Status {
 	routing := r.Config().Settings
 	routing.PartitionCount = r.Partitions() // what 0 (automatic) chose
 	st := Status{
-		Node:     s.cfg.Name,
-		Epoch:    epoch,
-		Routing:  routing,
-		Ready:    s.cfg.Router.Ready(),
-		Backends: s.cfg.Router.Status(),
-		Splits:   s.cfg.Router.Splits(),
+		Node:    s.cfg.Name,
+		Epoch:   epoch,
+		Routing: routing,
+		Ready:   s.cfg.Router.Ready(),
+		Splits:  s.cfg.Router.Splits(),
 
 		MovedPartitions: r.Moved(),
+	}
+	for _, b := range s.cfg.Router.Status() {
+		st.Backends = append(st.Backends, BackendLiveView{BackendStatus: b, Engine: s.engine(b.ID)})
 	}
 	if s.cfg.Members != nil {
 		st.Members = s.cfg.Members.Members()
@@ -35,6 +37,18 @@ func (s *Server) Status() Status {
 		st.Halted = err.Error()
 	}
 	return st
+}
+
+// engine returns the figures backend's engine last reported, or nil.
+func (s *Server) engine(backend string) *EngineFigures {
+	if s.cfg.Engines == nil {
+		return nil
+	}
+	es, ok := s.cfg.Engines.Engine(backend)
+	if !ok {
+		return nil
+	}
+	return engineFigures(es)
 }
 
 func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
@@ -114,6 +128,7 @@ func (s *Server) backendViews() BackendList {
 		if s.cfg.Members != nil {
 			v.FailingOn = s.cfg.Members.Failing(b.ID)
 		}
+		v.Engine = s.engine(b.ID)
 	}
 	return out
 }

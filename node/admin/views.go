@@ -1,6 +1,8 @@
 package admin
 
 import (
+	"time"
+
 	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/node/cluster"
 	"github.com/warmroute/warmroute/proxy"
@@ -15,11 +17,11 @@ type Status struct {
 	Epoch uint64 `json:"epoch"`
 	// Routing is the ring's settings; PartitionCount is the count in use
 	// (also when the setting is 0, automatic).
-	Routing  ring.Settings         `json:"routing"`
-	Ready    bool                  `json:"ready"`
-	Backends []proxy.BackendStatus `json:"backends"`
-	Members  []gossip.Member       `json:"members,omitempty"`
-	Raft     *cluster.Status       `json:"raft,omitempty"`
+	Routing  ring.Settings     `json:"routing"`
+	Ready    bool              `json:"ready"`
+	Backends []BackendLiveView `json:"backends"`
+	Members  []gossip.Member   `json:"members,omitempty"`
+	Raft     *cluster.Status   `json:"raft,omitempty"`
 	// Halted says why this router stopped applying the Raft log, when it
 	// did (it is then not ready).
 	Halted string `json:"halted,omitempty"`
@@ -31,11 +33,60 @@ type Status struct {
 	MovedPartitions int `json:"moved_partitions"`
 }
 
+// BackendLiveView is a backend in /status: this router's live view of it
+// and what its engine last reported.
+type BackendLiveView struct {
+	proxy.BackendStatus
+	Engine *EngineFigures `json:"engine,omitempty"`
+}
+
+// EngineFigures is what a backend's inference engine last reported about
+// itself in its Prometheus metrics, as one router scraped them (in a
+// cluster each backend is scraped by one router and the figures are
+// shared by gossip). A figure the engine does not export is left out (TGI
+// has no KV-cache figure, for one); so are all of them when the last
+// scrape failed (OK false).
+type EngineFigures struct {
+	// KVUsage is the share of KV-cache blocks in use, 0..1.
+	KVUsage *float64 `json:"kv_usage,omitempty"`
+	// Running and Waiting are the requests the engine is processing and
+	// those it queues.
+	Running *float64 `json:"running,omitempty"`
+	Waiting *float64 `json:"waiting,omitempty"`
+	// PrefixHitRate is the prefix-cache hit rate, 0..1 (over the last
+	// 10 s for engines that export hit and query counters).
+	PrefixHitRate *float64  `json:"prefix_hit_rate,omitempty"`
+	ScrapedAt     time.Time `json:"scraped_at"`
+	OK            bool      `json:"ok"`
+}
+
+// engineFigures converts what gossip carries.
+func engineFigures(s gossip.EngineStats) *EngineFigures {
+	f := &EngineFigures{ScrapedAt: s.Scraped, OK: s.OK}
+	if !s.OK {
+		return f
+	}
+	known := func(bit uint8, v float64) *float64 {
+		if s.Known&bit == 0 {
+			return nil
+		}
+		return &v
+	}
+	f.KVUsage = known(gossip.EngineKVUsage, s.KVUsage)
+	f.Running = known(gossip.EngineRunning, s.Running)
+	f.Waiting = known(gossip.EngineWaiting, s.Waiting)
+	f.PrefixHitRate = known(gossip.EnginePrefixHitRate, s.PrefixHitRate)
+	return f
+}
+
 // BackendView is a backend as the admin API shows it: the agreed record
 // and this router's live view of it.
 type BackendView struct {
 	cluster.Backend
 	Live *proxy.BackendStatus `json:"live,omitempty"`
+	// Engine is what the backend's engine last reported (no scrape yet,
+	// or scraping off: nil).
+	Engine *EngineFigures `json:"engine,omitempty"`
 	// FailingOn names the other routers that see the backend failing
 	// (their health checks or passive ejection, as gossip carries it); the
 	// leader commits it down when most routers do.
