@@ -124,9 +124,8 @@ func TestOwnersMatchLibrary(t *testing.T) {
 func circleOwnerIDs(cfg Config, bs []Backend) ([]string, error) {
 	sorted := slices.SortedFunc(slices.Values(bs), func(a, b Backend) int { return cmp.Compare(a.ID, b.ID) })
 	parts := cfg.partitions(len(sorted))
-	vn := virtualNodes(cfg, sorted)
-	slices.SortFunc(vn, func(a, b vnode) int { return cmp.Or(cmp.Compare(a.hash, b.hash), cmp.Compare(a.backend, b.backend)) })
-	owners, err := circleOwners(cfg, sorted, vn, parts)
+	c := newCircle(virtualNodes(cfg, sorted), cfg.ReplicationFactor)
+	owners, err := circleOwners(cfg, len(sorted), c, c.starts(cfg, parts))
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package ring
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -80,23 +81,13 @@ func New(cfg Config, backends []Backend) (*Ring, error) {
 	parts := cfg.partitions(len(bs))
 	r.parts = uint64(parts)
 	r.depth = min(cfg.OverflowDepth, len(bs))
-	vn := virtualNodes(cfg, bs)
-	// One sort serves both tables: by hash, equal hashes by backend index,
-	// so the order never depends on the sort algorithm.
-	slices.SortFunc(vn, func(a, b vnode) int {
-		switch {
-		case a.hash < b.hash:
-			return -1
-		case a.hash > b.hash:
-			return 1
-		}
-		return int(a.backend - b.backend)
-	})
-	owners, err := partitionOwners(cfg, bs, vn, parts)
+	c := newCircle(virtualNodes(cfg, bs), cfg.ReplicationFactor)
+	starts := c.starts(cfg, parts)
+	owners, err := partitionOwners(cfg, bs, c, starts)
 	if err != nil {
 		return nil, err
 	}
-	r.order = overflowOrders(cfg, bs, vn, owners, r.depth)
+	r.order = overflowOrders(len(bs), c, starts, owners, r.depth)
 	return r, nil
 }
 
@@ -109,17 +100,139 @@ type vnode struct {
 // virtualNodes hashes every backend's virtual-node names in the order
 // buraksezer/consistent inserts them: backends in slice order, replicas
 // 0..ReplicationFactor-1, named fmt.Sprintf("%s%d", memberName(id), i).
-func virtualNodes(cfg Config, bs []Backend) []vnode {
-	vn := make([]vnode, 0, len(bs)*cfg.ReplicationFactor)
+// Hash i is backend i / ReplicationFactor's.
+func virtualNodes(cfg Config, bs []Backend) []uint64 {
+	// The replica numbers' decimal forms, written once: sufs[off[v]:off[v+1]].
+	off := make([]int, cfg.ReplicationFactor+1)
+	var sufs []byte
+	for v := 0; v < cfg.ReplicationFactor; v++ {
+		sufs = strconv.AppendInt(sufs, int64(v), 10)
+		off[v+1] = len(sufs)
+	}
+	hashes := make([]uint64, len(bs)*cfg.ReplicationFactor)
 	var key []byte
-	for i, b := range bs {
-		name := memberName(b.ID)
+	k := 0
+	for _, b := range bs {
+		key = append(key[:0], memberName(b.ID)...)
+		n := len(key)
 		for v := 0; v < cfg.ReplicationFactor; v++ {
-			key = strconv.AppendInt(append(key[:0], name...), int64(v), 10)
-			vn = append(vn, vnode{hash: cfg.Hash(key), backend: int32(i)})
+			key = append(key[:n], sufs[off[v]:off[v+1]]...)
+			hashes[k] = cfg.Hash(key)
+			k++
 		}
 	}
-	return vn
+	return hashes
+}
+
+// circle is the hash circle: every virtual node sorted by hash, equal
+// hashes by backend index, and an index from a hash's top bits to the
+// first virtual node of that bucket, so finding where a partition starts
+// is a table read and a scan of a bucket of one or two entries instead of
+// a binary search over the whole circle.
+type circle struct {
+	vn []vnode
+	// bucket[k] is the index of the first virtual node whose hash >> shift
+	// is at least k; bucket[len-1] is len(vn).
+	bucket []int32
+	shift  uint
+	// dups: some virtual nodes share a hash.
+	dups bool
+}
+
+// newCircle sorts the virtual nodes whose hashes virtualNodes returned,
+// rf per backend in backend order. Hashes are
+// spread evenly by design, so a counting sort on the top bits (stable,
+// hence backend order within equal hashes) followed by a sort of each
+// bucket, one or two entries on average, costs a few passes over the
+// slice; a weak hash that puts many virtual nodes in one bucket is still
+// sorted correctly, only slower. The order is the same as sorting by
+// (hash, backend).
+func newCircle(hashes []uint64, rf int) *circle {
+	bits := uint(1)
+	for bits < 20 && 1<<bits < len(hashes) {
+		bits++
+	}
+	c := &circle{vn: make([]vnode, len(hashes)), bucket: make([]int32, 1<<bits+1), shift: 64 - bits}
+	bucket := c.bucket
+	for _, h := range hashes {
+		bucket[h>>c.shift+1]++
+	}
+	big := false // a bucket holds more than 16 virtual nodes
+	for k := 1; k < len(bucket); k++ {
+		big = big || bucket[k] > 16
+		bucket[k] += bucket[k-1]
+	}
+	// Scatter, using bucket[k] as bucket k's cursor: afterwards bucket[k]
+	// is where bucket k+1 starts, so shift by one.
+	for i, h := range hashes {
+		k := h >> c.shift
+		c.vn[bucket[k]] = vnode{hash: h, backend: int32(i / rf)}
+		bucket[k]++
+	}
+	copy(bucket[1:], bucket[:len(bucket)-1])
+	bucket[0] = 0
+	if big {
+		for k := 0; k+1 < len(bucket); k++ {
+			if b := c.vn[bucket[k]:bucket[k+1]]; len(b) > 16 {
+				slices.SortFunc(b, func(x, y vnode) int {
+					if x.hash != y.hash {
+						return cmp.Compare(x.hash, y.hash)
+					}
+					return cmp.Compare(x.backend, y.backend)
+				})
+			}
+		}
+	}
+	// One insertion sort over the whole slice finishes the small buckets:
+	// an entry never moves past the start of its bucket, whose hashes are
+	// all larger than the previous bucket's, and equal hashes keep their
+	// (backend) order.
+	vs := c.vn
+	for i := 1; i < len(vs); i++ {
+		for j := i; j > 0 && vs[j].hash < vs[j-1].hash; j-- {
+			vs[j], vs[j-1] = vs[j-1], vs[j]
+		}
+	}
+	for i := 1; i < len(c.vn); i++ {
+		if c.vn[i].hash == c.vn[i-1].hash {
+			c.dups = true
+			break
+		}
+	}
+	return c
+}
+
+// search returns the index of the first virtual node whose hash is at
+// least h, or len(vn) when there is none.
+func (c *circle) search(h uint64) int {
+	k := h >> c.shift
+	lo, hi := int(c.bucket[k]), int(c.bucket[k+1])
+	if hi-lo > 8 {
+		return lo + sort.Search(hi-lo, func(i int) bool { return c.vn[lo+i].hash >= h })
+	}
+	for lo < hi && c.vn[lo].hash < h {
+		lo++
+	}
+	return lo
+}
+
+// starts returns, per partition, the index on the circle where its walk
+// starts: the first virtual node whose hash is at least the partition's
+// (the hash of its number, uint64 little-endian), wrapping to 0, as
+// buraksezer/consistent places it. Owners and overflow orders both walk
+// from there.
+func (c *circle) starts(cfg Config, parts int) []int32 {
+	out := make([]int32, parts)
+	var pb [8]byte
+	for p := range out {
+		binary.LittleEndian.PutUint64(pb[:], uint64(p))
+		i := c.search(cfg.Hash(pb[:]))
+		if i >= len(c.vn) {
+			i = 0
+		}
+		out[p] = int32(i)
+	}
+	return out
 }
 
 // errNoRoom is buraksezer/consistent's panic message for a layout it
@@ -136,11 +249,11 @@ const libraryMaxVnodes = 4096
 // buraksezer/consistent's placement, computed by the library for circles of
 // up to libraryMaxVnodes virtual nodes and by circleOwners, which reproduces
 // it exactly, above that.
-func partitionOwners(cfg Config, bs []Backend, vn []vnode, parts int) ([]int32, error) {
-	if len(vn) <= libraryMaxVnodes {
-		return consistentOwners(cfg, bs, parts)
+func partitionOwners(cfg Config, bs []Backend, c *circle, starts []int32) ([]int32, error) {
+	if len(c.vn) <= libraryMaxVnodes {
+		return consistentOwners(cfg, bs, len(starts))
 	}
-	return circleOwners(cfg, bs, vn, parts)
+	return circleOwners(cfg, len(bs), c, starts)
 }
 
 // member adapts a ring member name to consistent.Member.
@@ -180,71 +293,55 @@ func consistentOwners(cfg Config, bs []Backend, parts int) (owners []int32, err 
 }
 
 // circleOwners computes the bounded-load owner of every partition exactly
-// as buraksezer/consistent v0.10.0's New does for the members bs (in slice
-// order), without its cost: the library re-sorts its whole virtual-node
-// slice after every member it adds (O(n^2 log n); ~0.5 s at 1,000
-// backends), while the result only depends on the final sorted circle.
-// The steps below mirror the library's:
+// as buraksezer/consistent v0.10.0's New does for n members (in backend
+// index order), without its cost: the library re-sorts its whole
+// virtual-node slice after every member it adds (O(n^2 log n); ~0.5 s at
+// 1,000 backends), while the result only depends on the final sorted
+// circle. The steps below mirror the library's:
 //   - the circle is every virtual-node hash, sorted, duplicates kept; a
 //     hash maps to the member inserted last with that hash (its map is
 //     overwritten), i.e. the highest backend index;
 //   - the bound is ceil(float64(PartitionCount / n) x PartitionLoad), with
 //     integer division first;
 //   - partition p starts at the first hash >= Hash(uint64 p little-endian),
-//     wrapping to 0, and takes the first member whose count+1 is within the
-//     bound, looking at no more than len(circle)-1 entries (the library
-//     panics past that; here it is an error).
+//     wrapping to 0 (starts), and takes the first member whose count+1 is
+//     within the bound, looking at no more than len(circle)-1 entries (the
+//     library panics past that; here it is an error).
 //
 // TestOwnersMatchLibrary compares the two on many sets and configs.
-func circleOwners(cfg Config, bs []Backend, vn []vnode, parts int) ([]int32, error) {
-	circle := slices.Clone(vn) // vn is sorted by hash (see New)
-	// Equal hashes: every copy maps to the last inserted member, which is
-	// the highest backend index (backends are inserted in index order).
-	for i := 0; i < len(circle); {
-		j, top := i+1, circle[i].backend
-		for j < len(circle) && circle[j].hash == circle[i].hash {
-			top = max(top, circle[j].backend)
-			j++
+func circleOwners(cfg Config, n int, c *circle, starts []int32) ([]int32, error) {
+	// A hash belongs to the member inserted last with it: with equal
+	// hashes, every copy maps to the highest backend index, which the sort
+	// put last.
+	vn := c.vn
+	if c.dups {
+		vn = slices.Clone(c.vn)
+		for i := len(vn) - 2; i >= 0; i-- {
+			if vn[i+1].hash == vn[i].hash {
+				vn[i].backend = vn[i+1].backend
+			}
 		}
-		for k := i; k < j; k++ {
-			circle[k].backend = top
-		}
-		i = j
 	}
-	avg := math.Ceil(float64(parts/len(bs)) * cfg.PartitionLoad)
-	loads := make([]int, len(bs))
-	owners := make([]int32, parts)
-	var pb [8]byte
-	for p := range owners {
-		binary.LittleEndian.PutUint64(pb[:], uint64(p))
-		h := cfg.Hash(pb[:])
-		idx, _ := slices.BinarySearchFunc(circle, h, func(v vnode, h uint64) int {
-			if v.hash < h {
-				return -1
-			}
-			if v.hash > h {
-				return 1
-			}
-			return 0
-		})
-		if idx >= len(circle) {
-			idx = 0
-		}
+	avg := math.Ceil(float64(len(starts)/n) * cfg.PartitionLoad)
+	loads := make([]int, n)
+	owners := make([]int32, len(starts))
+	for p, start := range starts {
+		idx := int(start)
 		placed := false
-		for count := 1; count < len(circle); count++ {
-			b := circle[idx].backend
+		for count := 1; count < len(vn); count++ {
+			b := vn[idx].backend
 			if float64(loads[b]+1) <= avg {
 				owners[p] = b
 				loads[b]++
 				placed = true
 				break
 			}
-			if idx++; idx >= len(circle) {
+			if idx++; idx >= len(vn) {
 				idx = 0
 			}
 		}
 		if !placed {
-			return nil, fmt.Errorf("%w: cannot place %d backends on %d partitions: %v", ErrConfig, len(bs), parts, errNoRoom)
+			return nil, fmt.Errorf("%w: cannot place %d backends on %d partitions: %v", ErrConfig, n, len(starts), errNoRoom)
 		}
 	}
 	return owners, nil
@@ -259,26 +356,25 @@ func circleOwners(cfg Config, bs []Backend, vn []vnode, parts int) ([]int32, err
 // partition of an owner the same successor list). And when a backend leaves,
 // its partitions mostly go to the backend that was already their first
 // overflow, whose cache is warm for them.
-func overflowOrders(cfg Config, bs []Backend, vn []vnode, owners []int32, depth int) []int32 {
-	// vn is sorted by hash (see New).
-
+func overflowOrders(n int, c *circle, starts []int32, owners []int32, depth int) []int32 {
 	order := make([]int32, len(owners)*depth)
-	seen := make([]uint32, len(bs)) // partition+1 that last saw the backend
-	var pb [8]byte
-	for p := range owners {
+	seen := make([]uint32, n) // partition+1 that last saw the backend
+	vn := c.vn
+	for p, o := range owners {
 		row := order[p*depth : (p+1)*depth]
-		row[0] = owners[p]
-		seen[owners[p]] = uint32(p + 1)
-		n := 1
-		binary.LittleEndian.PutUint64(pb[:], uint64(p))
-		h := cfg.Hash(pb[:])
-		start := sort.Search(len(vn), func(i int) bool { return vn[i].hash >= h })
-		for k := 0; n < depth && k < len(vn); k++ {
-			b := vn[(start+k)%len(vn)].backend
-			if seen[b] != uint32(p+1) {
-				seen[b] = uint32(p + 1)
-				row[n] = b
-				n++
+		row[0] = o
+		mark := uint32(p + 1)
+		seen[o] = mark
+		k, i := 1, int(starts[p])
+		for steps := 0; k < depth && steps < len(vn); steps++ {
+			b := vn[i].backend
+			if seen[b] != mark {
+				seen[b] = mark
+				row[k] = b
+				k++
+			}
+			if i++; i == len(vn) {
+				i = 0
 			}
 		}
 	}
