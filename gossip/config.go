@@ -145,6 +145,11 @@ type Meta struct {
 	// Wire is the highest gossip message version this node speaks; set
 	// by the Mesh.
 	Wire uint8 `json:"w,omitempty"`
+	// Ops is the newest set of Raft commands this node can apply
+	// (node/cluster.CommandLevel); versions before it was advertised
+	// send none (0). The leader writes a command only when every router
+	// can apply it, so a rolling upgrade never halts an old router.
+	Ops uint8 `json:"o,omitempty"`
 }
 
 // DefaultConfig returns a Config tuned for a LAN: failure detection in

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/node/cluster"
 	"github.com/warmroute/warmroute/node/identity"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/proxy/engine"
@@ -70,7 +71,7 @@ func (n *Node) startGossip(raftAddr string, voter bool) error {
 		// they name.
 		gc.Identity = n.identity
 	}
-	gc.Meta = gossip.Meta{AdminAddr: n.advertisedAdmin(), RaftAddr: raftAddr, Zone: cl.Zone, Voter: voter, Version: n.version}
+	gc.Meta = gossip.Meta{AdminAddr: n.advertisedAdmin(), RaftAddr: raftAddr, Zone: cl.Zone, Voter: voter, Version: n.version, Ops: cluster.CommandLevel}
 	gc.Logger = n.log.With("component", "gossip")
 	gc.Registry = n.reg
 	g, err := gossip.New(gc, &localLoads{p: n.proxy})

@@ -37,6 +37,9 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, body []byte, cmd 
 		case errors.Is(err, cluster.ErrUnknownBackend):
 			writeJSONError(w, http.StatusNotFound, "unknown_backend", err.Error())
 			return
+		case errors.Is(err, cluster.ErrVersionSkew):
+			writeJSONError(w, http.StatusConflict, "version_skew", err.Error())
+			return
 		case errors.Is(err, cluster.ErrHalted):
 			writeJSONError(w, http.StatusServiceUnavailable, "agreement_halted", "this router stopped applying the Raft log: "+err.Error())
 			return

@@ -438,6 +438,10 @@ func (c *Agreement) write(ctx context.Context, cmd Command) (uint64, error) {
 	if !changed {
 		return cur.epoch, nil
 	}
+	if err := c.canApply(cmd.level()); err != nil {
+		c.met.versionSkew.Inc()
+		return 0, err
+	}
 	if c.validate != nil {
 		if err := c.validate(next); err != nil {
 			return 0, fmt.Errorf("%w: %v", ErrInvalid, err)
@@ -465,6 +469,47 @@ func (c *Agreement) write(ctx context.Context, cmd Command) (uint64, error) {
 		return 0, res.err
 	}
 	return res.epoch, nil
+}
+
+// canApply returns an ErrVersionSkew error unless every other router in
+// the Raft configuration, and every router in gossip that will join it,
+// advertises at least CommandLevel need. A configured router missing from
+// gossip counts as unable: it may come back running its old version. Such a
+// write waits until the router is back (and upgraded) or removed.
+func (c *Agreement) canApply(need uint8) error {
+	if need <= 1 || c.members == nil {
+		return nil // every version applies level 1; in memory: one build
+	}
+	f := c.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return c.raftErr(err)
+	}
+	v := c.view.Load()
+	behind := func(id string, m server) error {
+		if m.Ops == 0 {
+			return fmt.Errorf("%w: router %s runs an earlier version, which advertises no command level; upgrade it first", ErrVersionSkew, id)
+		}
+		return fmt.Errorf("%w: router %s applies commands up to level %d, this change needs %d; upgrade it first", ErrVersionSkew, id, m.Ops, need)
+	}
+	for _, s := range f.Configuration().Servers {
+		id := string(s.ID)
+		if id == c.cfg.NodeID {
+			continue
+		}
+		m, ok := v.get(id)
+		if !ok || !m.alive() {
+			return fmt.Errorf("%w: router %s is not in gossip, so its version is unknown; the change waits until it is back or removed", ErrVersionSkew, id)
+		}
+		if m.Ops < need {
+			return behind(id, m)
+		}
+	}
+	for _, m := range v.servers {
+		if m.ID != c.cfg.NodeID && m.alive() && m.Ops < need {
+			return behind(m.ID, m)
+		}
+	}
+	return nil
 }
 
 // raftErr maps Raft's errors to the package's sentinels.

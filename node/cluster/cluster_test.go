@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/warmroute/warmroute/gossip"
 )
 
 // changes is a fixed sequence of writes every multi-node test applies.
@@ -578,5 +579,98 @@ func TestConfigValidate(t *testing.T) {
 		if err := c.Validate(); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// TestVersionSkewRefused: the leader writes a command only when every
+// router can apply it. A router advertising an earlier command level (an
+// old version, mid rolling upgrade), or missing from gossip, makes level-2
+// writes fail with ErrVersionSkew and change nothing, while level-1 writes
+// still commit; once every router advertises the level they commit.
+func TestVersionSkewRefused(t *testing.T) {
+	tn := newTestNet(t, true)
+	nodes := tn.startGroup([]string{"a", "b", "c"}, nil)
+	l := leader(t, nodes)
+	var e0 uint64
+	waitFor(t, 10*time.Second, "seed", func() bool { _, e0 = l.c.State(); return e0 > 0 })
+	converged(t, nodes, e0)
+	var old *tnode
+	for _, n := range nodes {
+		if n != l {
+			old = n
+			break
+		}
+	}
+	ctx := context.Background()
+	splits := SetSplits([]ring.Split{{Key: 42, Depth: 1}})
+	adaptive := testRouting()
+	fixed := testRouting()
+	fixed.KeyDepth, fixed.Overflow = ring.FixedDepth, ring.ThresholdOverflow
+	// seen waits until the leader's view of gossip shows router id with
+	// ops (present false: missing).
+	seen := func(id string, ops uint8, present bool) {
+		t.Helper()
+		waitFor(t, 5*time.Second, "the leader's view of "+id, func() bool {
+			m, ok := l.c.view.Load().get(id)
+			return ok == present && (!ok || m.Ops == ops)
+		})
+	}
+	wantSkew := func(what string, cmd Command, contains string) {
+		t.Helper()
+		_, err := l.c.Apply(ctx, cmd)
+		if !errors.Is(err, ErrVersionSkew) {
+			t.Fatalf("%s: %v, want ErrVersionSkew", what, err)
+		}
+		if !strings.Contains(err.Error(), contains) {
+			t.Fatalf("%s: %v, want it to name %q", what, err, contains)
+		}
+	}
+
+	// Level 1 (FIXED keys, THRESHOLD overflow) commits whatever runs.
+	tn.advertiseOps(old, true, 0)
+	seen(old.id, 0, true)
+	wantSkew("splits beside an old router", splits, "router "+old.id+" runs an earlier version")
+	e1 := applyAny(t, nodes, SetRouting(fixed))
+	st := converged(t, nodes, e1)
+	if st.Routing.KeyDepth != ring.FixedDepth || len(st.Splits) != 0 {
+		t.Fatalf("after refused splits and a FIXED write: %+v", st)
+	}
+	wantSkew("ADAPTIVE beside an old router", SetRouting(adaptive), "upgrade it first")
+	if got, _ := l.c.State(); got.Routing.KeyDepth != ring.FixedDepth {
+		t.Fatalf("refused write changed the routing: %+v", got.Routing)
+	}
+
+	// A router joining gossip with an earlier version counts too, before
+	// it is in the Raft configuration.
+	tn.advertise(old, true)
+	tn.g.set(gossip.Member{Name: "d", Addr: "gossip-d", Meta: gossip.Meta{RaftAddr: "127.0.0.1:1", Voter: true, Ops: 1}})
+	seen(old.id, CommandLevel, true)
+	seen("d", 1, true)
+	wantSkew("splits beside a joining level-1 router", splits, "router d applies commands up to level 1")
+	tn.g.remove("d")
+	seen("d", 0, false)
+
+	// A configured router missing from gossip may come back old.
+	tn.g.remove(old.id)
+	seen(old.id, 0, false)
+	wantSkew("splits with a router missing", splits, "not in gossip")
+	tn.advertise(old, true)
+	seen(old.id, CommandLevel, true)
+
+	// Every router upgraded: both commit, everywhere, once d (added to
+	// the configuration while it was in gossip) is removed for good.
+	var e2 uint64
+	waitFor(t, 10*time.Second, "splits to commit once every router advertises the level", func() bool {
+		var err error
+		e2, err = l.c.Apply(ctx, splits)
+		if err != nil && !errors.Is(err, ErrVersionSkew) {
+			t.Fatalf("splits: %v", err)
+		}
+		return err == nil
+	})
+	e3 := applyAny(t, nodes, SetRouting(adaptive))
+	st = converged(t, nodes, max(e2, e3))
+	if len(st.Splits) != 1 || st.Routing.KeyDepth != ring.AdaptiveDepth {
+		t.Fatalf("after the upgrade: splits %v routing %+v", st.Splits, st.Routing)
 	}
 }

@@ -35,4 +35,8 @@ var (
 	// ErrHalted: this node stopped applying the Raft log (see
 	// Agreement.Halted).
 	ErrHalted = errors.New("cluster: state machine halted")
+	// ErrVersionSkew: a router of the cluster runs a version that cannot
+	// apply the command (see CommandLevel); upgrade every router first.
+	// Nothing changed on any node.
+	ErrVersionSkew = errors.New("cluster: a router cannot apply this change yet")
 )

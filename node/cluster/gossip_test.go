@@ -37,7 +37,7 @@ func TestWithRealGossip(t *testing.T) {
 		gcfg.NodeName = id
 		gcfg.BindAddr = "127.0.0.1"
 		gcfg.BindPort = 0
-		gcfg.Meta = gossip.Meta{RaftAddr: raftAddr, Voter: true}
+		gcfg.Meta = gossip.Meta{RaftAddr: raftAddr, Voter: true, Ops: CommandLevel}
 		if i > 0 {
 			gcfg.Join = []string{gs[0].Addr()}
 		}

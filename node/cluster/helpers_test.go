@@ -189,8 +189,12 @@ func (tn *testNet) startGroup(ids []string, mod func(id string, c *Config)) []*t
 	return nodes
 }
 
-func (tn *testNet) advertise(n *tnode, voter bool) {
-	tn.g.set(gossip.Member{Name: n.id, Addr: "gossip-" + n.id, Meta: gossip.Meta{RaftAddr: n.c.Addr(), Voter: voter, Zone: n.cfg.NodeID[:1]}})
+func (tn *testNet) advertise(n *tnode, voter bool) { tn.advertiseOps(n, voter, CommandLevel) }
+
+// advertiseOps advertises n with CommandLevel ops (0: as an earlier
+// version, which advertises none).
+func (tn *testNet) advertiseOps(n *tnode, voter bool, ops uint8) {
+	tn.g.set(gossip.Member{Name: n.id, Addr: "gossip-" + n.id, Meta: gossip.Meta{RaftAddr: n.c.Addr(), Voter: voter, Zone: n.cfg.NodeID[:1], Ops: ops}})
 }
 
 // stop closes a node and, when gone is set, drops it from gossip.

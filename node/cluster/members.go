@@ -28,6 +28,7 @@ type server struct {
 	Zone     string
 	Eligible bool   // wants a vote (Meta.Voter)
 	State    string // alive, suspect, left, dead
+	Ops      uint8  // the CommandLevel it advertises (0: an earlier version)
 }
 
 func (s server) alive() bool { return s.State == "alive" || s.State == "suspect" || s.State == "" }
@@ -52,7 +53,7 @@ func buildView(members []gossip.Member, selfID, selfAddr string) *memberView {
 	v := &memberView{}
 	seenSelf := false
 	for _, m := range members {
-		s := server{ID: m.Name, Addr: m.Meta.RaftAddr, Zone: m.Meta.Zone, Eligible: m.Meta.Voter, State: m.State}
+		s := server{ID: m.Name, Addr: m.Meta.RaftAddr, Zone: m.Meta.Zone, Eligible: m.Meta.Voter, State: m.State, Ops: m.Meta.Ops}
 		if m.Name == selfID {
 			seenSelf = true
 			s.Addr = selfAddr
@@ -64,13 +65,13 @@ func buildView(members []gossip.Member, selfID, selfAddr string) *memberView {
 		v.servers = append(v.servers, s)
 	}
 	if !seenSelf {
-		v.servers = append(v.servers, server{ID: selfID, Addr: selfAddr, Eligible: true, State: "alive"})
+		v.servers = append(v.servers, server{ID: selfID, Addr: selfAddr, Eligible: true, State: "alive", Ops: CommandLevel})
 	}
 	slices.SortFunc(v.servers, func(a, b server) int { return strings.Compare(a.ID, b.ID) })
 	v.servers = slices.CompactFunc(v.servers, func(a, b server) bool { return a.ID == b.ID })
 	var sb strings.Builder
 	for _, s := range v.servers {
-		fmt.Fprintf(&sb, "%s|%s|%s|%t|%s\n", s.ID, s.Addr, s.Zone, s.Eligible, s.State)
+		fmt.Fprintf(&sb, "%s|%s|%s|%t|%s|%d\n", s.ID, s.Addr, s.Zone, s.Eligible, s.State, s.Ops)
 	}
 	v.key = sb.String()
 	return v

@@ -17,6 +17,7 @@ type metrics struct {
 	raftRefused      *prometheus.CounterVec
 	raftForeign      prometheus.Counter
 	fsmHalted        prometheus.Gauge
+	versionSkew      prometheus.Counter
 	all              []prometheus.Collector
 }
 
@@ -38,6 +39,8 @@ func newMetrics(c *Agreement) *metrics {
 			"Inbound Raft connections closed before Raft saw them, by reason (limit, limit_per_ip, tls, identity, preamble, foreign_cluster).")), []string{"reason"}),
 		raftForeign: prometheus.NewCounter(prometheus.CounterOpts(opts("foreign_peers_total",
 			"Raft connections (either way) with a router whose data belong to another cluster."))),
+		versionSkew: prometheus.NewCounter(prometheus.CounterOpts(opts("version_skew_refusals_total",
+			"Writes this node refused as leader because a router advertises an older command level than the write needs (upgrade every router; see the error)."))),
 		fsmHalted: prometheus.NewGauge(prometheus.GaugeOpts(opts("fsm_halted",
 			"1 when this router stopped applying the Raft log: its copy of a committed entry is damaged or foreign (see the log)."))),
 	}
@@ -47,7 +50,7 @@ func newMetrics(c *Agreement) *metrics {
 	stateGauge := prometheus.NewGaugeVec(prometheus.GaugeOpts(opts("state", "1 for this node's current Raft state (leader, follower, candidate, shutdown).")), []string{"state"})
 	m.all = []prometheus.Collector{
 		m.commitSeconds, m.leaderChanges, m.reconcileActions, m.healthCommits, m.discoveryPolls,
-		m.raftRefused, m.raftForeign, m.fsmHalted,
+		m.raftRefused, m.raftForeign, m.fsmHalted, m.versionSkew,
 		stateCollector{c: c, g: stateGauge},
 		gauge("epoch", "Index of the Raft entry that produced the applied state (the ring epoch).",
 			func() float64 { return float64(c.fsm.view().epoch) }),

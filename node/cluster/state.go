@@ -166,6 +166,30 @@ const (
 	OpSetMoves Op = "set_moves"
 )
 
+// CommandLevel is the newest set of commands this build applies; routers
+// advertise theirs in gossip (gossip.Meta.Ops) and the leader writes a
+// command only when every router can apply it (Agreement.Apply,
+// ErrVersionSkew). A router that meets a command it cannot decode halts
+// its state machine, so without this a rolling upgrade that turned a new
+// feature on before the last old router was replaced would stop that
+// router. Levels:
+//
+//	1: everything up to set_cluster_id (versions that advertise nothing)
+//	2: set_splits, set_moves, and routing settings with key_depth or
+//	   overflow set (ADAPTIVE keys, COST overflow)
+const CommandLevel uint8 = 2
+
+// level is the CommandLevel a router needs to apply cmd.
+func (cmd *Command) level() uint8 {
+	switch {
+	case cmd.Op == OpSetSplits, cmd.Op == OpSetMoves:
+		return 2
+	case cmd.Routing != nil && (cmd.Routing.KeyDepth != 0 || cmd.Routing.Overflow != 0):
+		return 2
+	}
+	return 1
+}
+
 // Command is one change to the state: a Raft log entry, JSON encoded. Build
 // one with the functions below.
 type Command struct {

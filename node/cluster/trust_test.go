@@ -104,7 +104,7 @@ func TestTCPImpostorAddress(t *testing.T) {
 		t.Fatal("b accepted at c's address")
 	}
 	// Gossip now says b lives at c's address.
-	tn.g.set(gossip.Member{Name: "b", Addr: "gossip-b", Meta: gossip.Meta{RaftAddr: tn.nodes["c"].c.Addr(), Voter: true, Zone: "b"}})
+	tn.g.set(gossip.Member{Name: "b", Addr: "gossip-b", Meta: gossip.Meta{RaftAddr: tn.nodes["c"].c.Addr(), Voter: true, Zone: "b", Ops: CommandLevel}})
 	waitFor(t, 5*time.Second, "a's view to follow gossip", func() bool {
 		s, ok := tn.nodes["a"].c.view.Load().get("b")
 		return ok && s.Addr == tn.nodes["c"].c.Addr()
