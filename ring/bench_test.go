@@ -56,7 +56,9 @@ func BenchmarkRoute(b *testing.B) {
 
 // BenchmarkPick is Pick alone, on an idle fleet and on one where every
 // backend has 2 requests in flight (with LoadFactor, a busy owner needs
-// the fleet's total; an idle one does not).
+// the fleet's total; an idle one does not). totals=walk sums the fleet on
+// each such pick; totals=kept reads the sums a Tally keeps (LoadTotals),
+// as the proxy's loads do.
 func BenchmarkPick(b *testing.B) {
 	for _, n := range []int{7, 100, 1000} {
 		for _, lf := range []float64{0, 1.25} {
@@ -67,39 +69,50 @@ func BenchmarkPick(b *testing.B) {
 				cfg := DefaultConfig()
 				cfg.LoadFactor = lf
 				r := mustRing(b, cfg, gpus(n))
-				loads := newLoads(n)
-				for i := range loads.inflight {
-					loads.inflight[i] = inflight
+				kept := newKeptLoads(n)
+				for i := 0; i < n; i++ {
+					kept.set(i, inflight)
 				}
-				b.Run(fmt.Sprintf("backends=%d/loadfactor=%g/inflight=%d", n, lf, inflight), func(b *testing.B) {
-					b.ReportAllocs()
-					k := uint64(0)
-					for b.Loop() {
-						k += 0x9e3779b97f4a7c15
-						if _, err := r.Pick(k, loads); err != nil {
-							b.Fatal(err)
-						}
+				for _, totals := range []string{"walk", "kept"} {
+					var loads Loads = kept
+					if totals == "walk" {
+						loads = walkedLoads{kept}
 					}
-				})
+					b.Run(fmt.Sprintf("backends=%d/loadfactor=%g/inflight=%d/totals=%s", n, lf, inflight, totals), func(b *testing.B) {
+						b.ReportAllocs()
+						k := uint64(0)
+						start := cpuTime()
+						for b.Loop() {
+							k += 0x9e3779b97f4a7c15
+							if _, err := r.Pick(k, loads); err != nil {
+								b.Fatal(err)
+							}
+						}
+						b.ReportMetric(float64(cpuTime()-start)/float64(b.N), "cpu-ns/op")
+					})
+				}
 			}
 		}
 	}
 }
 
-// BenchmarkNew is a ring rebuild: what every membership or config change
-// costs. retained-B is the heap a built ring keeps (partition table,
-// overflow orders, index), measured once after a GC.
-func BenchmarkNew(b *testing.B) {
+// BenchmarkNewRebuild is a ring rebuild (New): what every membership or
+// config change costs. retained-B is the heap a built ring keeps
+// (partition table, overflow orders, index), measured once after a GC;
+// cpu-ns/op is the process's CPU time per rebuild.
+func BenchmarkNewRebuild(b *testing.B) {
 	for _, n := range []int{10, 100, 1000} {
 		bs := gpus(n)
 		b.Run(fmt.Sprintf("backends=%d", n), func(b *testing.B) {
 			b.ReportAllocs()
 			keep := retained(b, bs)
+			start := cpuTime()
 			for b.Loop() {
 				if _, err := New(DefaultConfig(), bs); err != nil {
 					b.Fatal(err)
 				}
 			}
+			b.ReportMetric(float64(cpuTime()-start)/float64(b.N), "cpu-ns/op")
 			b.ReportMetric(float64(keep), "retained-B")
 		})
 	}

@@ -4,6 +4,7 @@ import (
 	"iter"
 	"math"
 	"math/rand/v2"
+	"sync/atomic"
 )
 
 // Loads is what Pick needs to know about live load. Backend indexes are
@@ -20,6 +21,65 @@ type Loads interface {
 	// Config.BusyIsFull, PREFIX_AWARE treats a busy backend as over its
 	// limit.
 	Busy(b int) bool
+}
+
+// LoadTotals is what a Loads may also implement so that the bounded-loads
+// cap (Config.LoadFactor) costs O(1) instead of a walk over the fleet: the
+// fleet's in-flight total, kept as counts change (a Tally does the
+// keeping).
+type LoadTotals interface {
+	// HealthyTotals returns the sum of InFlight(b) over every backend b of
+	// the ring for which Healthy(b) holds, whatever its State, and how
+	// many such backends there are. ok false means the implementation
+	// cannot tell now; Pick then sums over the fleet itself.
+	HealthyTotals() (inflight, healthy int64, ok bool)
+}
+
+// Tally keeps the sums LoadTotals reports for the backends of one ring,
+// as their counts change. It is safe for concurrent use: call Update for
+// a backend after every change of its in-flight count or health, from
+// whichever goroutine made the change. Whatever the interleaving, once
+// changes stop and their Updates return, the sums equal a walk over the
+// fleet; while counts change they are, like such a walk, a recent view.
+type Tally struct {
+	inflight atomic.Int64
+	healthy  atomic.Int64
+	// share[b] is what backend b adds to the sums as of its last Update:
+	// 0 when it is not healthy, else its in-flight count times 2, plus 1.
+	share []atomic.Int64
+}
+
+// NewTally returns a Tally for n backends, all of them unhealthy until
+// their first Update.
+func NewTally(n int) *Tally { return &Tally{share: make([]atomic.Int64, n)} }
+
+// Update brings backend b's share of the sums up to date with
+// src.InFlight(b) and src.Healthy(b), read afresh until the share it
+// records matches what it reads: an Update that raced with another and
+// recorded older figures repairs them before it returns, so the last
+// Update after the last change always leaves the right share.
+func (t *Tally) Update(b int, src Loads) {
+	share := &t.share[b]
+	for {
+		want := int64(0)
+		if src.Healthy(b) {
+			want = src.InFlight(b)<<1 | 1
+		}
+		old := share.Load()
+		if old == want {
+			return
+		}
+		if share.CompareAndSwap(old, want) {
+			t.inflight.Add(want>>1 - old>>1)
+			t.healthy.Add(want&1 - old&1)
+		}
+	}
+}
+
+// Totals returns the sum of the in-flight counts of the healthy backends
+// and how many they are.
+func (t *Tally) Totals() (inflight, healthy int64) {
+	return t.inflight.Load(), t.healthy.Load()
 }
 
 // Reason says why Pick chose a backend.
@@ -245,8 +305,8 @@ func (r *Ring) tryCandidate(b, rank int, loads Loads, c *candidate) (Decision, b
 		return Decision{}, false
 	}
 	// The cap is at least 1 (LoadFactor >= 1), so an idle backend is always
-	// within it: the sum over the fleet, O(backends), is only needed for a
-	// busy one.
+	// within it: the fleet's total is only needed for a busy one (a read
+	// of LoadTotals, or a walk over the fleet without them).
 	if n > 0 && !c.boundDone {
 		c.bound = r.loadBound(loads)
 		c.boundDone = true
@@ -265,19 +325,43 @@ func (r *Ring) zoneAware() bool { return r.cfg.ZoneAware && r.cfg.LocalZone != "
 
 // loadBound is the bounded-loads cap: ceil(LoadFactor x (total+1) / n) over
 // eligible backends, the +1 counting the request being placed (as HAProxy's
-// hash-balance-factor does).
+// hash-balance-factor does). With LoadTotals, total and n are the healthy
+// backends' totals less the few that are not Active in this ring;
+// otherwise a walk over the fleet sums them.
 func (r *Ring) loadBound(loads Loads) int64 {
-	var total, n int64
-	for b := range r.backends {
-		if r.backends[b].State == Active && loads.Healthy(b) {
-			total += loads.InFlight(b)
-			n++
+	total, n, ok := r.kept(loads)
+	if !ok {
+		for b := range r.backends {
+			if r.backends[b].State == Active && loads.Healthy(b) {
+				total += loads.InFlight(b)
+				n++
+			}
 		}
 	}
-	if n == 0 {
+	if n <= 0 {
 		return math.MaxInt64
 	}
 	return int64(math.Ceil(r.cfg.LoadFactor * float64(total+1) / float64(n)))
+}
+
+// kept returns the eligible backends' in-flight total and number from
+// loads' LoadTotals, or !ok when loads keeps none or when most backends
+// are not Active (then a walk is as cheap as the correction).
+func (r *Ring) kept(loads Loads) (total, n int64, ok bool) {
+	lt, has := loads.(LoadTotals)
+	if !has || 2*len(r.inactive) > len(r.backends) {
+		return 0, 0, false
+	}
+	if total, n, ok = lt.HealthyTotals(); !ok {
+		return 0, 0, false
+	}
+	for _, b := range r.inactive {
+		if loads.Healthy(int(b)) {
+			total -= loads.InFlight(int(b))
+			n--
+		}
+	}
+	return total, n, true
 }
 
 // pickLeast returns the eligible backend with the fewest in-flight

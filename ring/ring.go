@@ -21,6 +21,7 @@ type Ring struct {
 	backends []Backend
 	index    map[string]int
 	limits   []int64 // per backend: ConcurrencyThreshold x weight
+	inactive []int32 // backends whose State is not Active
 	parts    uint64
 	depth    int
 	// order holds depth backend indexes per partition; order[p*depth] is
@@ -74,6 +75,9 @@ func New(cfg Config, backends []Backend) (*Ring, error) {
 		}
 		r.index[b.ID] = i
 		r.limits[i] = int64(cfg.ConcurrencyThreshold) * b.weight()
+		if b.State != Active {
+			r.inactive = append(r.inactive, int32(i))
+		}
 	}
 	if len(bs) == 0 {
 		return r, nil
