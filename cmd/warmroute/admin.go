@@ -13,6 +13,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/warmroute/warmroute/node/admin"
@@ -101,12 +102,20 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("warmroute status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	opts := adminFlags(fs)
-	asJSON := fs.Bool("json", false, "print the raw JSON")
+	asJSON := fs.Bool("json", false, "print the raw JSON (same as -o json)")
+	output := outputFlag(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: warmroute status [flags]\n\nShow the cluster: members, Raft leader and voters, ring epoch, and each backend's state, health and load.\n\n")
+		fmt.Fprintf(stderr, "usage: warmroute status [flags]\n\nShow the cluster: members, Raft leader and voters, ring epoch, and each backend's state, health,\nload and engine figures (KV-cache use, running and queued requests, prefix-cache hit rate).\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	rest, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return usageErrorf("status takes no arguments, got %q", rest)
+	}
+	if err := checkOutput(*output); err != nil {
 		return err
 	}
 	c, err := newAdminClient(opts)
@@ -121,46 +130,110 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	if *asJSON {
+	if *asJSON || *output == "json" {
 		return printJSON(stdout, map[string]any{"cluster": cl, "backends": bs.Backends})
 	}
 	raft := cl.Raft
 	fmt.Fprintf(stdout, "node %v  epoch %v  raft %v  leader %v  term %v\n", cl.Node, cl.Epoch, raft.RaftState, raft.LeaderID, raft.Term)
 	if len(raft.Servers) > 0 {
-		fmt.Fprintf(stdout, "\nRAFT SERVER           ADDRESS               VOTER\n")
+		fmt.Fprintln(stdout)
+		tw := newTable(stdout)
+		fmt.Fprintln(tw, "RAFT SERVER\tADDRESS\tVOTER")
 		for _, s := range raft.Servers {
-			fmt.Fprintf(stdout, "%-21v %-21v %v\n", s.ID, s.Addr, s.Voter)
+			fmt.Fprintf(tw, "%v\t%v\t%v\n", s.ID, s.Addr, s.Voter)
 		}
+		tw.Flush()
 	}
 	if len(cl.Members) > 0 {
-		fmt.Fprintf(stdout, "\nMEMBER                STATE    ZONE       ADMIN\n")
+		fmt.Fprintln(stdout)
+		tw := newTable(stdout)
+		fmt.Fprintln(tw, "MEMBER\tSTATE\tZONE\tADMIN")
 		for _, m := range cl.Members {
-			fmt.Fprintf(stdout, "%-21v %-8v %-10v %v\n", m.Name, m.State, orDash(m.Zone), m.AdminAddr)
+			fmt.Fprintf(tw, "%v\t%v\t%v\t%v\n", m.Name, m.State, orDash(m.Zone), m.AdminAddr)
 		}
+		tw.Flush()
 	}
-	fmt.Fprintf(stdout, "\nBACKEND                    STATE     HEALTHY  IN-FLIGHT  LIMIT  ZONE\n")
-	for _, b := range bs.Backends {
+	fmt.Fprintln(stdout)
+	return backendTable(stdout, bs.Backends)
+}
+
+// newTable returns a writer that aligns tab-separated columns.
+func newTable(w io.Writer) *tabwriter.Writer {
+	return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+}
+
+// backendTable writes one line per backend: the agreed record, this
+// router's live view and the engine's figures ("-" for what is unknown).
+func backendTable(w io.Writer, bs []admin.BackendView) error {
+	tw := newTable(w)
+	fmt.Fprintln(tw, "BACKEND\tSTATE\tHEALTHY\tIN-FLIGHT\tLIMIT\tZONE\tKV USED\tRUNNING\tWAITING\tHIT RATE\tURL")
+	for _, b := range bs {
 		inflight, healthy, limit := "-", "-", "-"
 		if l := b.Live; l != nil {
 			inflight = fmt.Sprintf("%v+%v", l.InFlight, l.RemoteInFlight)
 			healthy = fmt.Sprint(l.Healthy)
+			if len(b.FailingOn) > 0 {
+				healthy += " (failing on " + strings.Join(b.FailingOn, ",") + ")"
+			}
 			limit = fmt.Sprint(l.Limit)
 		}
-		fmt.Fprintf(stdout, "%-26v %-9v %-8v %-10v %-6v %v\n", b.ID, b.State, healthy, inflight, limit, orDash(b.Zone))
+		kv, running, waiting, hit := engineTexts(b.Engine)
+		fmt.Fprintf(tw, "%v\t%v\t%v\t%v\t%v\t%v\t%v\t%v\t%v\t%v\t%v\n",
+			b.ID, b.State, healthy, inflight, limit, orDash(b.Zone), kv, running, waiting, hit, b.URL)
+	}
+	return tw.Flush()
+}
+
+// engineTexts formats an engine's figures: KV-cache use and hit rate as
+// percentages, requests as counts; "-" when the engine does not report
+// one, "scrape failed" in the first column when its last scrape failed.
+func engineTexts(e *admin.EngineFigures) (kv, running, waiting, hit string) {
+	if e == nil {
+		return "-", "-", "-", "-"
+	}
+	if !e.OK {
+		return "scrape failed", "-", "-", "-"
+	}
+	pct := func(v *float64) string {
+		if v == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f%%", 100**v)
+	}
+	count := func(v *float64) string {
+		if v == nil {
+			return "-"
+		}
+		return strconv.FormatFloat(*v, 'f', -1, 64)
+	}
+	return pct(e.KVUsage), count(e.Running), count(e.Waiting), pct(e.PrefixHitRate)
+}
+
+// outputFlag binds -o (--output): table or json.
+func outputFlag(fs *flag.FlagSet) *string {
+	o := fs.String("output", "table", "output format: table, or json for scripts")
+	fs.StringVar(o, "o", "table", "shorthand for --output")
+	return o
+}
+
+func checkOutput(o string) error {
+	if o != "table" && o != "json" {
+		return usageErrorf("--output %q: want table or json", o)
 	}
 	return nil
 }
 
-// actionArgs parses an admin command's flags and returns its action and
-// arguments and the admin client; an action is required.
+// actionArgs parses an admin command's flags, which may come before or
+// after the action and its arguments, and returns the action and arguments
+// and the admin client; an action is required.
 func actionArgs(fs *flag.FlagSet, args []string, opts adminOpts) ([]string, *admin.Client, error) {
-	if err := fs.Parse(args); err != nil {
+	rest, err := parseArgs(fs, args)
+	if err != nil {
 		return nil, nil, err
 	}
-	rest := fs.Args()
 	if len(rest) == 0 {
 		fs.Usage()
-		return nil, nil, fmt.Errorf("%s: missing action", strings.TrimPrefix(fs.Name(), "warmroute "))
+		return nil, nil, usageErrorf("%s: missing action", strings.TrimPrefix(fs.Name(), "warmroute "))
 	}
 	c, err := newAdminClient(opts)
 	return rest, c, err
@@ -180,13 +253,16 @@ func cmdBackends(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	id := fs.String("id", "", "add: backend id (default host:port of the URL)")
 	zone := fs.String("zone", "", "add: availability zone")
 	weight := fs.Int("weight", 0, "add: weight (scales the concurrency limit)")
+	output := outputFlag(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, `usage: warmroute backends [flags] list
        warmroute backends [flags] add URL
        warmroute backends [flags] remove|drain|activate|down ID
 
 Change the agreed backend set through any router; the change is committed
-through Raft and every router rebuilds its ring at the same epoch.
+through Raft and every router rebuilds its ring at the same epoch. Flags may
+also follow the action ('backends add URL --zone a'). 'list' prints a table,
+or JSON with -o json; the other actions print the JSON answer.
 
 `)
 		fs.PrintDefaults()
@@ -195,30 +271,47 @@ through Raft and every router rebuilds its ring at the same epoch.
 	if err != nil {
 		return err
 	}
+	if err := checkOutput(*output); err != nil {
+		return err
+	}
 	need := func(n int) error {
 		if len(rest) != n+1 {
-			return fmt.Errorf("backends %s: want %d argument(s)", rest[0], n)
+			return usageErrorf("backends %s: want %d argument(s), got %d", rest[0], n, len(rest)-1)
 		}
 		return nil
 	}
 	var out any
 	switch rest[0] {
 	case "list", "ls":
-		out, err = c.Backends(ctx)
+		if err := need(0); err != nil {
+			return err
+		}
+		list, err := c.Backends(ctx)
+		if err != nil {
+			return err
+		}
+		if *output == "json" {
+			return printJSON(stdout, list)
+		}
+		fmt.Fprintf(stdout, "epoch %d\n\n", list.Epoch)
+		return backendTable(stdout, list.Backends)
 	case "add":
-		if err = need(1); err == nil {
-			out, err = c.AddBackend(ctx, admin.BackendRequest{URL: rest[1], ID: *id, Zone: *zone, Weight: *weight})
+		if err := need(1); err != nil {
+			return err
 		}
+		out, err = c.AddBackend(ctx, admin.BackendRequest{URL: rest[1], ID: *id, Zone: *zone, Weight: *weight})
 	case "remove", "rm":
-		if err = need(1); err == nil {
-			out, err = c.RemoveBackend(ctx, rest[1])
+		if err := need(1); err != nil {
+			return err
 		}
+		out, err = c.RemoveBackend(ctx, rest[1])
 	case "drain", "activate", "undrain", "down":
-		if err = need(1); err == nil {
-			out, err = c.SetBackendState(ctx, rest[1], rest[0])
+		if err := need(1); err != nil {
+			return err
 		}
+		out, err = c.SetBackendState(ctx, rest[1], rest[0])
 	default:
-		return fmt.Errorf("backends: unknown action %q (want list, add, remove, drain, activate or down)", rest[0])
+		return usageErrorf("backends: unknown action %q (want list, add, remove, drain, activate or down)", rest[0])
 	}
 	if err != nil {
 		return err
@@ -250,23 +343,23 @@ Read or change the agreed routing config. Keys: %s
 		out, err = c.Config(ctx)
 	case "set":
 		if len(rest) < 2 {
-			return errors.New("config set: want key=value")
+			return usageErrorf("config set: want key=value (e.g. prefix_length=8192)")
 		}
 		patch := map[string]any{}
 		for _, kv := range rest[1:] {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok || k == "" {
-				return fmt.Errorf("config set: %q is not key=value", kv)
+				return usageErrorf("config set: %q is not key=value (e.g. prefix_length=8192)", kv)
 			}
 			val, err := settingValue(k, v)
 			if err != nil {
-				return fmt.Errorf("config set: %w", err)
+				return usageErrorf("config set: %w", err)
 			}
 			patch[k] = val
 		}
 		out, err = c.PatchConfig(ctx, patch)
 	default:
-		return fmt.Errorf("config: unknown action %q (want get or set)", rest[0])
+		return usageErrorf("config: unknown action %q (want get or set)", rest[0])
 	}
 	if err != nil {
 		return err
@@ -292,24 +385,37 @@ func settingNames(sageMaker bool) []string {
 // settingValue types a command-line value as the routing setting key
 // takes it: an integer, a finite number, true or false (any case; not 1
 // or t), or a strategy name. A value of the wrong type is an error here,
-// before anything is sent.
+// before anything is sent, naming the setting, the type it takes and an
+// example (its default).
 func settingValue(key, v string) (any, error) {
 	info, ok := ring.LookupSetting(key)
 	if !ok {
-		return nil, fmt.Errorf("unknown setting %q (want one of %s)", key, strings.Join(settingNames(false), ", "))
+		names := settingNames(false)
+		if c := closest(key, append(names, settingNames(true)...)); c != "" {
+			return nil, fmt.Errorf("unknown setting %q (did you mean %s?)", key, c)
+		}
+		return nil, fmt.Errorf("unknown setting %q (want one of %s)", key, strings.Join(names, ", "))
+	}
+	def := ring.DefaultSettings()
+	bad := func(what string, cause error) error {
+		ex := fmt.Sprintf("%s=%v", key, reflectValue(def.Field(info)))
+		if cause != nil {
+			return fmt.Errorf("%s=%q: %v; %s takes %s, e.g. %s", key, v, cause, key, what, ex)
+		}
+		return fmt.Errorf("%s=%q: %s takes %s, e.g. %s", key, v, key, what, ex)
 	}
 	var s ring.Settings
 	switch p := s.Field(info).(type) {
 	case *int:
 		i, err := strconv.Atoi(v)
 		if err != nil {
-			return nil, fmt.Errorf("%s=%q: want an integer", key, v)
+			return nil, bad("an integer", nil)
 		}
 		return i, nil
 	case *float64:
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
-			return nil, fmt.Errorf("%s=%q: want a number", key, v)
+			return nil, bad("a finite number", nil)
 		}
 		return f, nil
 	case *bool:
@@ -319,14 +425,30 @@ func settingValue(key, v string) (any, error) {
 		case "false":
 			return false, nil
 		}
-		return nil, fmt.Errorf("%s=%q: want true or false", key, v)
+		return nil, bad("true or false", nil)
 	case textSetting:
 		if err := p.UnmarshalText([]byte(v)); err != nil {
-			return nil, fmt.Errorf("%s=%q: %w", key, v, err)
+			return nil, bad("a name", err)
 		}
 		b, _ := p.MarshalText()
 		return string(b), nil
 	default:
 		return nil, fmt.Errorf("setting %s: no command-line form for %T", key, p)
 	}
+}
+
+// reflectValue is the value a setting's field points to, as text.
+func reflectValue(p any) any {
+	switch p := p.(type) {
+	case *int:
+		return *p
+	case *float64:
+		return *p
+	case *bool:
+		return *p
+	case textSetting:
+		b, _ := p.MarshalText()
+		return string(b)
+	}
+	return p
 }

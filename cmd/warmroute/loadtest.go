@@ -78,12 +78,13 @@ func parseCommand(fs *flag.FlagSet, args []string, usage string) error {
 		fmt.Fprint(fs.Output(), usage)
 		fs.PrintDefaults()
 	}
+	hintDurations(fs)
 	if err := fs.Parse(args); err != nil {
-		return err
+		return flagError(fs, err)
 	}
 	if fs.NArg() > 0 {
 		fs.Usage()
-		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+		return usageErrorf("unexpected arguments: %v", fs.Args())
 	}
 	return nil
 }

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -31,17 +29,12 @@ func commands() map[string]command {
 		"backends": {"list, add, remove or drain backends", cmdBackends},
 		"config":   {"read or change the routing config", cmdConfig},
 		"tls":      {"create the cluster CA and router certificates; show one", cmdTLS},
-		"version":  {"print the version", cmdVersion},
+		"version":  {"print the version and build information (also --version)", cmdVersion},
 	}
 }
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
-
-func cmdVersion(_ context.Context, _ []string, stdout, _ io.Writer) error {
-	_, err := fmt.Fprintln(stdout, "warmroute", version)
-	return err
-}
 
 func usage(w io.Writer, cmds map[string]command) {
 	names := make([]string, 0, len(cmds))
@@ -53,7 +46,8 @@ func usage(w io.Writer, cmds map[string]command) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-10s %s\n", n, cmds[n].summary)
 	}
-	fmt.Fprintf(w, "\nRun 'warmroute <command> --help' for a command's flags.\n")
+	fmt.Fprintf(w, "\nRun 'warmroute <command> --help' for a command's flags; flags may follow arguments.\n")
+	fmt.Fprintf(w, "Durations take a unit: 500ms, 2s, 5m. Exit status: 0 ok, 1 failed, 2 bad usage.\n")
 }
 
 func main() {
@@ -69,22 +63,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
+	if args[0] == "--version" || args[0] == "-version" {
+		args = append([]string{"version"}, args[1:]...)
+	}
 	c, ok := cmds[args[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "warmroute: unknown command %q\n\n", args[0])
+		names := make([]string, 0, len(cmds))
+		for n := range cmds {
+			names = append(names, n)
+		}
+		if c := closest(args[0], names); c != "" {
+			fmt.Fprintf(stderr, "warmroute: unknown command %q (did you mean %s?)\n\n", args[0], c)
+		} else {
+			fmt.Fprintf(stderr, "warmroute: unknown command %q\n\n", args[0])
+		}
 		usage(stderr, cmds)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := c.run(ctx, args[1:], stdout, stderr)
-	switch {
-	case err == nil:
-		return 0
-	case errors.Is(err, flag.ErrHelp):
-		return 0
-	default:
+	code := exitCode(err)
+	if code != 0 {
 		fmt.Fprintf(stderr, "warmroute %s: %v\n", args[0], err)
-		return 1
 	}
+	return code
 }

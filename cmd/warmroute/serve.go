@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/warmroute/warmroute/node"
@@ -170,6 +171,18 @@ func envName(flagName string) string {
 	return "WARMROUTE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
+// serveEnvNames lists the variables serve reads: one per flag of fs
+// (SageMaker aliases have none) and the others the project reads.
+func serveEnvNames(fs *flag.FlagSet) []string {
+	names := slices.Clone(otherEnvNames)
+	fs.VisitAll(func(f *flag.Flag) {
+		if !sageMakerAlias(f.Name) {
+			names = append(names, envName(f.Name))
+		}
+	})
+	return names
+}
+
 // findConfigPath finds --config before flags are parsed, so the file can be
 // loaded under the environment and the flags.
 func findConfigPath(args []string) string {
@@ -196,6 +209,7 @@ func loadServeConfig(args []string, stderr io.Writer) (node.Config, error) {
 	fs.SetOutput(io.Discard) // errors are returned, not printed twice
 	if wantsHelp(args) {
 		serveFlags(fs, &cfg)
+		hintDurations(fs)
 		fs.SetOutput(stderr)
 		fmt.Fprintf(stderr, "usage: warmroute serve [flags]\n\nRun a router node. Every flag can also be set as WARMROUTE_<FLAG> (e.g. WARMROUTE_PREFIX_LENGTH=8192)\nor in the --config YAML file; flags win over variables, variables over the file.\n\n")
 		fs.PrintDefaults()
@@ -207,6 +221,10 @@ func loadServeConfig(args []string, stderr io.Writer) (node.Config, error) {
 		}
 	}
 	serveFlags(fs, &cfg)
+	hintDurations(fs)
+	if err := unknownEnv(environ(), serveEnvNames(fs)); err != nil {
+		return cfg, err
+	}
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
 		if sageMakerAlias(f.Name) || f.Name == "config" {
@@ -219,15 +237,15 @@ func loadServeConfig(args []string, stderr io.Writer) (node.Config, error) {
 		}
 	})
 	if envErr != nil {
-		return cfg, envErr
+		return cfg, usageError{envErr}
 	}
 	cfg.Cluster.GossipKey = os.Getenv("WARMROUTE_GOSSIP_KEY")
 	cfg.Admin.Token = os.Getenv("WARMROUTE_ADMIN_TOKEN")
 	if err := fs.Parse(args); err != nil {
-		return cfg, fmt.Errorf("%w (see 'warmroute serve --help')", err)
+		return cfg, usageErrorf("%w (see 'warmroute serve --help')", flagError(fs, err))
 	}
 	if fs.NArg() > 0 {
-		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+		return cfg, usageErrorf("unexpected arguments %q", fs.Args())
 	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, fmt.Errorf("invalid configuration:\n%w", err)
