@@ -81,16 +81,22 @@ type backend struct {
 	client *fasthttp.HostClient
 
 	// inflight is this node's exact count, from send to end of stream.
-	inflight atomic.Int64
+	inflight loadCount
 	// remote is the sum reported by the other router nodes.
-	remote atomic.Int64
+	remote loadCount
 	// busy: the engine reports queued requests (from the cluster).
 	busy atomic.Bool
 	// probeDown: the active health check failed ProbeFailThreshold times.
-	probeDown atomic.Bool
+	probeDown healthFlag
 	// ejectedUntil (unix nanos): passive ejection after connect failures.
-	ejectedUntil atomic.Int64
+	ejectedUntil healthTime
 	connFails    atomic.Int32
+	// totals lists the fleet totals this backend's counts and health feed
+	// (loads.go): every change of inflight, remote, probeDown or
+	// ejectedUntil reaches them. totalsMu serialises building the totals
+	// of a table whose first backend this is.
+	totals   atomic.Pointer[[]totalsSlot]
+	totalsMu sync.Mutex
 
 	probing    atomic.Bool  // a probe of this backend is in flight
 	lastProbe  atomic.Int64 // unix nanos of the last probe's start
@@ -103,6 +109,7 @@ type backend struct {
 
 func newBackend(id string, target Target, cfg *Config, m *metrics) *backend {
 	b := &backend{id: id, target: target, scheme: []byte("http")}
+	b.inflight.b, b.remote.b, b.probeDown.b, b.ejectedUntil.b = b, b, b, b
 	if target.TLS {
 		b.scheme = []byte("https")
 	}

@@ -82,6 +82,15 @@ func (t *Tally) Totals() (inflight, healthy int64) {
 	return t.inflight.Load(), t.healthy.Load()
 }
 
+// Share returns what backend b adds to Totals: its in-flight count and
+// whether it is counted as healthy (a backend that is not adds nothing).
+// A caller that must leave a few backends out of the sums, such as those
+// a request already tried, subtracts their shares.
+func (t *Tally) Share(b int) (inflight int64, healthy bool) {
+	s := t.share[b].Load()
+	return s >> 1, s&1 == 1
+}
+
 // Reason says why Pick chose a backend.
 type Reason uint8
 

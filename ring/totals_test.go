@@ -78,9 +78,9 @@ func (w walkedLoads) Busy(b int) bool      { return w.k.Busy(b) }
 // between picks.
 func TestLoadTotalsSameDecisions(t *testing.T) {
 	rng := rand.New(rand.NewPCG(41, 43))
-	rounds := 300
+	rounds := 150
 	if testing.Short() {
-		rounds = 40
+		rounds = 30
 	}
 	overflowed, picks := 0, 0
 	for round := 0; round < rounds; round++ {
