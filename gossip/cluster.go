@@ -377,6 +377,23 @@ func (c *Mesh) PublishEngine(backend string, s EngineStats) {
 	c.signal()
 }
 
+// PublishPartitions shares this node's recent request counts per ring
+// partition (loads, one per partition, in the caller's unit) with the
+// other nodes: the busiest MaxPartEntries of at least min go out once,
+// with the next publish. Call it about once a second from one goroutine;
+// the Raft leader's balancer adds up every node's with PartitionLoads, so
+// it decides from the whole cluster's traffic rather than its own share.
+func (c *Mesh) PublishPartitions(loads []uint32, min uint32) {
+	c.pub.setParts(loads, min)
+}
+
+// PartitionLoads adds to dst (one count per partition) the counts the
+// other nodes published within maxAge for a ring of len(dst) partitions,
+// and returns how many nodes it added.
+func (c *Mesh) PartitionLoads(dst []uint64, maxAge time.Duration) int {
+	return c.st.addParts(dst, maxAge, time.Now())
+}
+
 func (c *Mesh) signal() {
 	select {
 	case c.kick <- struct{}{}:

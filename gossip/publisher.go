@@ -44,6 +44,8 @@ type publisher struct {
 	engines     map[string]*pubEngine
 	entry       []byte
 	health      []byte
+	parts       []byte // a tagParts payload for the next tick (empty: none)
+	partTop     []PartLoad
 	pk          packer
 }
 
@@ -151,6 +153,10 @@ func (p *publisher) publish(now time.Time, tick bool) [][]byte {
 			}
 		}
 	}
+	if tick && len(p.parts) > 0 {
+		p.pk.addParts(p.parts)
+		p.parts = p.parts[:0]
+	}
 	pkts := p.pk.packets()
 	if len(pkts) == 0 && full && p.keepalive {
 		p.pk.flush()
@@ -178,6 +184,18 @@ func (p *publisher) setEngine(backend string, s EngineStats) {
 	}
 	e.s = s
 	e.changed = p.tick + 1
+}
+
+// setParts queues the tagParts payload of loads (see appendParts) for the
+// next tick, which sends it once: a lost one is replaced by the next.
+func (p *publisher) setParts(loads []uint32, min uint32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(loads) == 0 || len(loads) > MaxPartitions {
+		p.parts = p.parts[:0]
+		return
+	}
+	p.parts, p.partTop = appendParts(p.parts[:0], loads, min, p.partTop)
 }
 
 // ownBlock appends this node's block with all its current figures, under

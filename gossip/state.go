@@ -51,6 +51,11 @@ type remoteNode struct {
 	lastHeard time.Time
 	loads     map[string]*loadEntry
 	engines   map[string]*EngineStats
+	// The node's last tagParts section: its ring's partition count, its
+	// busiest partitions, and when it arrived.
+	parts   uint64
+	partsAt time.Time
+	partLd  []PartLoad
 
 	// Signed mode only.
 	heard       bool      // a block of some run was accepted
@@ -341,6 +346,10 @@ func validEngine(st EngineStats) bool {
 // of range, and new backends beyond MaxBackends per node, are dropped and
 // counted.
 func (s *state) applyFigures(n *remoteNode, blk *wireBlock, now time.Time) {
+	if blk.parts != 0 && !blk.relays {
+		n.parts, n.partsAt = blk.parts, now
+		n.partLd = append(n.partLd[:0], blk.partLoad...)
+	}
 	for i := range blk.loads {
 		l := &blk.loads[i]
 		if l.inFlight < 0 || l.inFlight > MaxInFlight || l.age > maxAge {
@@ -414,6 +423,25 @@ func (s *state) applyFigures(n *remoteNode, blk *wireBlock, now time.Time) {
 	}
 }
 
+// addParts adds to dst (indexed by partition, len(dst) partitions) the
+// partition counts of every node heard from within maxAge whose ring has
+// as many partitions, and returns how many nodes it added.
+func (s *state) addParts(dst []uint64, maxAge time.Duration, now time.Time) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	nodes := 0
+	for _, n := range s.nodes {
+		if n.closed || n.parts != uint64(len(dst)) || now.Sub(n.partsAt) > maxAge {
+			continue
+		}
+		nodes++
+		for _, e := range n.partLd {
+			dst[e.Partition] += uint64(e.Count)
+		}
+	}
+	return nodes
+}
+
 // engineRescrapeGap: a newer scrape with identical figures rebuilds the
 // View only when it is this much newer (re-sent copies of one scrape
 // differ by rounding).
@@ -462,6 +490,7 @@ func (s *state) resetNode(n *remoteNode) {
 		clear(n.engines)
 		s.engineDirty = true
 	}
+	n.parts, n.partLd = 0, n.partLd[:0]
 }
 
 // setLocal records engine stats scraped by this node.

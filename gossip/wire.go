@@ -1,11 +1,14 @@
 package gossip
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
-	"github.com/warmroute/warmroute/node/identity"
 	"math"
+	"slices"
 	"time"
+
+	"github.com/warmroute/warmroute/node/identity"
 )
 
 // Wire format. All integers are varints (encoding/binary); strings are a
@@ -22,6 +25,7 @@ import (
 //	tagLoadsRelay entry = backend:string inFlight:varint seq:uvarint ageMs:uvarint
 //	tagHealth     entry = backend:string flags:byte (healthFailing: the sender sees it failing)
 //	tagChain      payload = chain (version 2 state messages only)
+//	tagParts      payload = partitions:uvarint (partition:uvarint count:uvarint)*
 //
 // A kindPublish message carries one block from its sender; figures in a
 // tagLoads section carry the block's seq and are fresh. A kindState
@@ -30,7 +34,11 @@ import (
 // their own seq and age. A tagHealth section marks backends of the same
 // block's tagLoads section that the sender sees failing (its own health
 // checks or passive ejection); a tagLoads entry without one is healthy,
-// and relayed figures say nothing about health. A kindBye message is a block without sections:
+// and relayed figures say nothing about health. A tagParts section (in a
+// sender's own publish block, about once a second) carries the sender's
+// busiest ring partitions by recent request count, for the Raft leader's
+// balancer; partitions is the sender's ring partition count, so counts of
+// a ring of another size are not mixed. A kindBye message is a block without sections:
 // its sender is leaving and its figures must be dropped now.
 //
 // Version 2 (signed; nodes with an Identity) wraps exactly one block, the
@@ -72,6 +80,7 @@ const (
 	tagLoadsRelay = 3
 	tagHealth     = 4
 	tagChain      = 5
+	tagParts      = 6
 
 	// maxString bounds any string on the wire.
 	maxString = 1024
@@ -83,6 +92,12 @@ const (
 	// of each kind in one message, and the figures held per node. It is
 	// ring.MaxBackends.
 	MaxBackends = 4096
+	// MaxPartEntries bounds the partitions of one tagParts section (at
+	// most 10 bytes each, so a section fits a packet beside a signature).
+	MaxPartEntries = 96
+	// MaxPartitions bounds a tagParts section's partition count (it is
+	// ring's bound on PartitionCount).
+	MaxPartitions = 1 << 20
 	// maxBlocks bounds the blocks of one (version 1 state) message.
 	maxBlocks = 1024
 	// maxPacket bounds one UDP payload so that, with memberlist's framing
@@ -160,6 +175,15 @@ type wireBlock struct {
 	failing  [][]byte // backends of loads the origin sees failing
 	chain    [][]byte // tagChain: the origin's certificate chain
 	relays   bool     // holds a tagLoadsRelay section
+	parts    uint64   // tagParts: the origin's partition count (0: no section)
+	partLoad []PartLoad
+}
+
+// PartLoad is one ring partition's recent request count on one router, in
+// the unit the router counts in (see Mesh.PublishPartitions).
+type PartLoad struct {
+	Partition uint32
+	Count     uint32
 }
 
 type wireLoad struct {
@@ -286,6 +310,7 @@ func (blk *wireBlock) decode(r *reader) error {
 	blk.failing = blk.failing[:0]
 	blk.chain = blk.chain[:0]
 	blk.relays = false
+	blk.parts, blk.partLoad = 0, blk.partLoad[:0]
 	blk.origin = r.str(maxNodeName)
 	blk.instance = r.uvarint()
 	blk.seq = r.uvarint()
@@ -351,6 +376,21 @@ func (blk *wireBlock) decode(r *reader) error {
 			}
 			if len(sec.b) != 0 {
 				return ErrBadMessage
+			}
+		case tagParts:
+			if blk.parts != 0 {
+				return ErrBadMessage
+			}
+			blk.parts = sec.uvarint()
+			if sec.err || blk.parts == 0 || blk.parts > MaxPartitions {
+				return ErrBadMessage
+			}
+			for len(sec.b) > 0 {
+				part, count := sec.uvarint(), sec.uvarint()
+				if sec.err || part >= blk.parts || count > math.MaxUint32 || len(blk.partLoad) >= MaxPartEntries {
+					return ErrBadMessage
+				}
+				blk.partLoad = append(blk.partLoad, PartLoad{Partition: uint32(part), Count: uint32(count)})
 			}
 		default:
 			// A section from a later version: skip it.
@@ -591,6 +631,7 @@ type packer struct {
 	loads   []byte
 	engines []byte
 	health  []byte
+	parts   []byte // a whole tagParts payload
 	block   []byte
 	out     [][]byte // packets; their buffers are reused by reset
 	n       int      // packets in use
@@ -602,15 +643,16 @@ func (p *packer) reset(kind byte, origin string, instance, seq uint64) {
 	p.loads = p.loads[:0]
 	p.engines = p.engines[:0]
 	p.health = p.health[:0]
+	p.parts = p.parts[:0]
 	p.n = 0
 }
 
 // size is an upper bound of the packet holding the pending sections.
 func (p *packer) size() int {
-	return 3 + binary.MaxVarintLen32 + len(p.head) + 3*(1+binary.MaxVarintLen32) + len(p.loads) + len(p.engines) + len(p.health)
+	return 3 + binary.MaxVarintLen32 + len(p.head) + 4*(1+binary.MaxVarintLen32) + len(p.loads) + len(p.engines) + len(p.health) + len(p.parts)
 }
 
-func (p *packer) pending() bool { return len(p.loads) > 0 || len(p.engines) > 0 }
+func (p *packer) pending() bool { return len(p.loads) > 0 || len(p.engines) > 0 || len(p.parts) > 0 }
 
 // addLoad appends a tagLoads entry and, when health is not empty, its
 // tagHealth entry to the same packet, which the receiver needs to pair
@@ -626,6 +668,16 @@ func (p *packer) addLoad(entry, health []byte) {
 func (p *packer) addEngine(entry []byte) {
 	if p.fit(len(entry)) {
 		p.engines = append(p.engines, entry...)
+	}
+}
+
+// addParts adds a tagParts payload, whole (a packet holds at most one).
+func (p *packer) addParts(payload []byte) {
+	if len(p.parts) > 0 {
+		p.flush()
+	}
+	if p.fit(len(payload)) {
+		p.parts = append(p.parts, payload...)
 	}
 }
 
@@ -651,6 +703,9 @@ func (p *packer) flush() {
 	p.block = appendSection(p.block, tagLoads, p.loads)
 	p.block = appendSection(p.block, tagEngine, p.engines)
 	p.block = appendSection(p.block, tagHealth, p.health)
+	if len(p.parts) > 0 {
+		p.block = appendSection(p.block, tagParts, p.parts)
+	}
 	if p.n == len(p.out) {
 		p.out = append(p.out, nil)
 	}
@@ -662,6 +717,40 @@ func (p *packer) flush() {
 	p.loads = p.loads[:0]
 	p.engines = p.engines[:0]
 	p.health = p.health[:0]
+	p.parts = p.parts[:0]
+}
+
+// appendParts appends a tagParts payload: the partition count, then the
+// busiest of loads (at most MaxPartEntries, none below min), busiest
+// first.
+func appendParts(dst []byte, loads []uint32, min uint32, scratch []PartLoad) ([]byte, []PartLoad) {
+	top := scratch[:0]
+	for i, c := range loads {
+		if c < min || c == 0 {
+			continue
+		}
+		if len(top) < MaxPartEntries {
+			top = append(top, PartLoad{Partition: uint32(i), Count: c})
+			continue
+		}
+		// Replace the smallest held (MaxPartEntries is small).
+		j := 0
+		for k := range top {
+			if top[k].Count < top[j].Count {
+				j = k
+			}
+		}
+		if c > top[j].Count {
+			top[j] = PartLoad{Partition: uint32(i), Count: c}
+		}
+	}
+	slices.SortFunc(top, func(a, b PartLoad) int { return cmp.Compare(b.Count, a.Count) })
+	dst = binary.AppendUvarint(dst, uint64(len(loads)))
+	for _, e := range top {
+		dst = binary.AppendUvarint(dst, uint64(e.Partition))
+		dst = binary.AppendUvarint(dst, uint64(e.Count))
+	}
+	return dst, top
 }
 
 // packets returns the finished packets, flushing pending entries.

@@ -178,6 +178,9 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{wireMagic, wireV1, kindPublish, 0})
 	// Version 2 (signed), which a node without an Identity takes unverified.
 	f.Add(append(appendSignedHead(nil, p.next(now.Add(time.Second))[0], keyID{1}, 5), 0x30, 0x01, 0x02))
+	pp := testPublisher(&testing.T{}, staticSource{{Backend: "b1", InFlight: 1}})
+	pp.setParts([]uint32{0, 7, 300, 0, 1 << 20}, 1)
+	f.Add(append([]byte(nil), pp.next(now)[0]...))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s := newState("self", time.Minute, time.Minute)
 		s.join("node-a")
@@ -188,6 +191,9 @@ func FuzzDecode(f *testing.F) {
 		s.handle(b, now.Add(time.Second))
 		checkSums(t, s)
 		checkHealth(t, s)
+		for _, n := range []int{1, 5, 1 << 10} {
+			s.addParts(make([]uint64, n), time.Hour, now) // in range, or it panics
+		}
 		s.sweep(now.Add(2 * time.Minute))
 		checkSums(t, s)
 		checkHealth(t, s)

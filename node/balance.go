@@ -23,6 +23,9 @@ const (
 	// balanceMovesPerRound bounds the partitions moved per period, so a
 	// burst cannot reshuffle many caches at once.
 	balanceMovesPerRound = 4
+	// partsMaxAge: other routers' partition counts older than this (two
+	// missed periods) are not added.
+	partsMaxAge = 2*balancePeriod + balancePeriod/2
 )
 
 // balance evens out PREFIX_AWARE traffic every balancePeriod until ctx
@@ -37,10 +40,19 @@ const (
 // moved keys alike from the same epoch; a moved key recomputes its prefix
 // once, where an overflowing one would recompute it again and again.
 // Moves of partitions that carried nothing for a while are dropped.
+//
+// Every router publishes its busiest partitions through gossip once a
+// period (gossip.Mesh.PublishPartitions), and the leader adds them to its
+// own counts: it decides from the whole cluster's traffic, not from the
+// share the load balancer happens to send it, so a balancer behind N
+// routers sees N times the sample and acts N times sooner.
 func (n *Node) balance(ctx context.Context) {
 	t := time.NewTicker(balancePeriod)
 	defer t.Stop()
-	var buf []uint32
+	var (
+		buf    []uint32
+		remote []uint64
+	)
 	for {
 		select {
 		case <-ctx.Done():
@@ -52,12 +64,27 @@ func (n *Node) balance(ctx context.Context) {
 		// Balancing comes with ADAPTIVE keys: a state written by an earlier
 		// version (FIXED) never gets set_moves entries, which routers of
 		// that version could not apply, until an operator opts in.
-		if !r.Config().Adaptive() || len(buf) == 0 || !n.agree.IsLeader() {
+		if !r.Config().Adaptive() || len(buf) == 0 {
+			continue
+		}
+		if n.gossip != nil {
+			n.gossip.PublishPartitions(buf, proxy.PartitionUnit)
+		}
+		if !n.agree.IsLeader() {
 			continue
 		}
 		st, _ := n.agree.State()
 		if !st.Seeded {
 			continue
+		}
+		if n.gossip != nil {
+			remote = slices.Grow(remote[:0], len(buf))[:len(buf)]
+			clear(remote)
+			if n.gossip.PartitionLoads(remote, partsMaxAge) > 0 {
+				for i, c := range remote {
+					buf[i] = uint32(min(uint64(buf[i])+c, math.MaxUint32))
+				}
+			}
 		}
 		next := planMoves(r, buf, st.Moves)
 		if slices.Equal(next, st.Moves) || (len(next) == 0 && len(st.Moves) == 0) {

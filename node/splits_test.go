@@ -100,3 +100,113 @@ func TestSplitsAgreedAcrossRouters(t *testing.T) {
 	}
 	t.Logf("120 conversations over the split preamble: %v", backends)
 }
+
+// TestBalanceFromFollowersTraffic sends skewed traffic through the two
+// followers only. The leader's own counts stay empty, so it can balance
+// only from the counts the followers publish through gossip: it must move
+// partitions off the overloaded backend, and every router must route the
+// moved keys alike.
+func TestBalanceFromFollowersTraffic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-node test")
+	}
+	var urls []string
+	for i := 0; i < 4; i++ {
+		urls = append(urls, newHoldEngine(t, time.Millisecond).srv.URL)
+	}
+	nodes := startClusterRaft(t, 3, 300*time.Millisecond, func(i int, c *Config) { *c = testConfig(urls) })
+	for _, n := range nodes {
+		waitAgreed(t, n)
+	}
+	var leader *Node
+	var followers []*Node
+	for _, n := range nodes {
+		if n.agree.IsLeader() {
+			leader = n
+		} else {
+			followers = append(followers, n)
+		}
+	}
+	if leader == nil || len(followers) != 2 {
+		t.Fatal("no single leader")
+	}
+	// Conversations of which 16 are owned by one backend (hot) and 16
+	// spread over the others: the hot backend gets half the traffic.
+	var hotPrompts, rest []string
+	var hot string
+	for i := 0; len(hotPrompts) < 16 || len(rest) < 16; i++ {
+		if i > 100000 {
+			t.Fatal("no prompts found")
+		}
+		p := chat(fmt.Sprintf("conversation %d: tell me about item %d", i, i*13))
+		_, e, err := leader.proxy.Explain(ring.Chat, []byte(p), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case hot == "":
+			hot = e.Backend
+			hotPrompts = append(hotPrompts, p)
+		case e.Backend == hot && len(hotPrompts) < 16:
+			hotPrompts = append(hotPrompts, p)
+		case e.Backend != hot && len(rest) < 16:
+			rest = append(rest, p)
+		}
+	}
+	prompts := append(hotPrompts, rest...)
+	ctx, stop := context.WithTimeout(context.Background(), 40*time.Second)
+	defer stop()
+	var wg sync.WaitGroup
+	for c := 0; c < 4; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil && i < 50000; i++ {
+				_, _ = send("http://"+followers[(c+i)%2].TrafficAddr().String(), prompts[(c*7+i)%len(prompts)])
+			}
+		}()
+	}
+	start := time.Now()
+	waitFor(t, 35*time.Second, "the leader to move partitions off the hot backend", func() bool {
+		st, _ := leader.agree.State()
+		return len(st.Moves) > 0
+	})
+	t.Logf("partitions moved %v after the load started", time.Since(start).Round(time.Millisecond))
+	stop()
+	wg.Wait()
+	own, _ := leader.proxy.PartitionLoads(nil)
+	for p, c := range own {
+		if c != 0 {
+			t.Fatalf("the leader counted partition %d (%d); the test sends nothing through it", p, c)
+		}
+	}
+	st, _ := leader.agree.State()
+	for _, m := range st.Moves {
+		if m.Backend == hot {
+			t.Fatalf("a partition moved onto the hot backend %s: %+v", hot, m)
+		}
+	}
+	waitFor(t, 10*time.Second, "one epoch everywhere", func() bool {
+		_, e0 := nodes[0].proxy.Ring()
+		for _, n := range nodes[1:] {
+			if _, e := n.proxy.Ring(); e != e0 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, p := range prompts {
+		var first string
+		for j, n := range nodes {
+			_, e, err := n.proxy.Explain(ring.Chat, []byte(p), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if j == 0 {
+				first = e.Backend
+			} else if e.Backend != first {
+				t.Fatalf("%s routes %q to %s, router 0 to %s", n.name, p, e.Backend, first)
+			}
+		}
+	}
+}
