@@ -30,7 +30,9 @@ type dashboard struct {
 	UID        string `json:"uid"`
 	Templating struct {
 		List []struct {
-			Name string `json:"name"`
+			Name       string          `json:"name"`
+			Query      json.RawMessage `json:"query"`
+			Definition string          `json:"definition"`
 		} `json:"list"`
 	} `json:"templating"`
 	Panels []panel `json:"panels"`
@@ -44,9 +46,24 @@ type panel struct {
 		H, W, X, Y int
 	} `json:"gridPos"`
 	Targets []struct {
-		Expr  string `json:"expr"`
-		RefID string `json:"refId"`
+		Expr         string `json:"expr"`
+		RefID        string `json:"refId"`
+		LegendFormat string `json:"legendFormat"`
 	} `json:"targets"`
+	FieldConfig struct {
+		Defaults struct {
+			Unit       string `json:"unit"`
+			Thresholds struct {
+				Steps []thresholdStep `json:"steps"`
+			} `json:"thresholds"`
+		} `json:"defaults"`
+	} `json:"fieldConfig"`
+}
+
+// thresholdStep is a colour from a value on (nil: from the lowest).
+type thresholdStep struct {
+	Color string   `json:"color"`
+	Value *float64 `json:"value"`
 }
 
 func loadDashboard(t *testing.T) *dashboard {
@@ -97,9 +114,9 @@ func ruleExprs(t *testing.T) []string {
 	return out
 }
 
-// metricNames returns the warmroute_* and vllm:* series names an
-// expression reads.
-var metricName = regexp.MustCompile(`\b(warmroute_[a-z0-9_]+|vllm:[a-z0-9_:]+)`)
+// metricNames returns the warmroute_* and engine (vllm:*, sglang:*,
+// tgi_*) series names an expression reads.
+var metricName = regexp.MustCompile(`\b(warmroute_[a-z0-9_]+|vllm:[a-z0-9_:]+|sglang:[a-z0-9_:]+|tgi_[a-z0-9_]+)`)
 
 func metricNames(exprs []string) []string {
 	var out []string
@@ -226,7 +243,7 @@ func TestPrometheusConfigs(t *testing.T) {
 	t.Run("dashboard queries", func(t *testing.T) {
 		// Every panel query must parse as PromQL once Grafana's variables
 		// are substituted: write them as recording rules and check those.
-		r := strings.NewReplacer("$__rate_interval", "1m", "${datasource}", "", "$node", ".*", "$backend", ".*")
+		r := strings.NewReplacer("$__rate_interval", "1m", "${datasource}", "", "$instance", ".*", "$backend", ".*")
 		var buf bytes.Buffer
 		buf.WriteString("groups:\n  - name: dashboard\n    rules:\n")
 		for i, e := range loadDashboard(t).exprs() {
@@ -357,13 +374,16 @@ func TestPrometheusScrapesRoutersOverTLS(t *testing.T) {
 	})
 }
 
-// eventOnly are labelled counters that show up on /metrics only after
+// eventOnly are labelled series that show up on /metrics only after
 // their first event; they are checked against the source instead.
 var eventOnly = map[string]string{
 	"warmroute_retries_total":           "proxy/metrics.go",
 	"warmroute_client_aborts_total":     "proxy/metrics.go",
 	"warmroute_backend_ejections_total": "proxy/metrics.go",
 	"warmroute_upstream_errors_total":   "proxy/metrics.go",
+	// Known once the engine's prefix-cache counters grew between two
+	// scrapes.
+	"warmroute_backend_engine_prefix_hit_rate": "node/admin/metrics.go",
 }
 
 // TestDashboardMetricsExist runs a router (in cluster mode with Raft, alone) in
@@ -475,14 +495,16 @@ func TestDashboardMetricsExist(t *testing.T) {
 		for n := range scrape(engine + "/metrics") {
 			have[n] = true
 		}
-		if !have["warmroute_requests_total"] || !have["vllm:prefix_cache_hits_total"] {
+		if !have["warmroute_requests_total"] || !have["vllm:prefix_cache_hits_total"] || !have["warmroute_backend_engine_kv_usage"] {
 			return fmt.Errorf("have %d names", len(have))
 		}
 		return nil
 	})
+	otherEngines := otherEngineNames()
 	for _, n := range want {
 		switch src, ok := eventOnly[n]; {
 		case have[n]:
+		case slices.Contains(otherEngines, n):
 		case ok:
 			b, err := os.ReadFile(filepath.Join(repoRoot, src))
 			if err != nil || !bytes.Contains(b, []byte(`"`+n+`"`)) {
