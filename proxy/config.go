@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/warmroute/warmroute/proxy/reqlog"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config is the proxy's configuration. Start from DefaultConfig.
@@ -85,6 +87,16 @@ type Config struct {
 	// reports them to the Raft leader, which commits down and up). It is
 	// called from the prober's goroutines and must not block.
 	OnProbe func(backend string, ok bool)
+
+	// Requests, when set, gets a record of every request (access log
+	// lines, trace recording); the caller starts and closes it. Nil: none.
+	Requests *reqlog.Log
+	// Tracer, when set, traces each routed request: a span for the
+	// routing decision and one for each upstream exchange, children of the
+	// client's W3C traceparent, whose context goes upstream in its place.
+	// Nil: no tracing, and a client's traceparent passes through as it
+	// came.
+	Tracer trace.Tracer
 
 	// Logger receives operational logs. Prompt text is never logged.
 	Logger *slog.Logger

@@ -18,6 +18,8 @@ type reqState struct {
 	now   int64
 	tried []uint64 // bitset of backend indexes already tried
 	info  ring.KeyInfo
+	// obs is the request's access log record and spans (observe.go).
+	obs obsState
 	// recompute is the request's prefill cost in mean requests (its body
 	// size over the mean), for the COST overflow rule.
 	recompute int64
@@ -62,6 +64,9 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 	case "/v1/models":
 		if !ctx.IsGet() && !ctx.IsHead() {
 			p.methodNotAllowed(ctx, "GET")
+			if p.observing {
+				p.observeBare(ctx, routeModels)
+			}
 			return
 		}
 		p.routeAny(ctx, routeModels)
@@ -93,6 +98,9 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 	default:
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "unknown route "+string(ctx.Method())+" "+string(ctx.Path()))
 		p.m.countRequest(p.m.none, routeOther, ring.ReasonNone, fasthttp.StatusNotFound)
+		if p.observing {
+			p.observeBare(ctx, routeOther)
+		}
 	}
 }
 
@@ -134,6 +142,9 @@ func (p *Proxy) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 		l.lingerOnClose()
 	}
 	p.m.countRequest(p.m.none, routeOther, ring.ReasonNone, status)
+	if p.observing {
+		p.observeBare(ctx, routeOther)
+	}
 }
 
 // routeLLM routes a request by its prompt prefix.
@@ -141,6 +152,9 @@ func (p *Proxy) routeLLM(ctx *fasthttp.RequestCtx, rt route, api ring.API) {
 	if !ctx.IsPost() {
 		p.methodNotAllowed(ctx, "POST")
 		p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusMethodNotAllowed)
+		if p.observing {
+			p.observeBare(ctx, rt)
+		}
 		return
 	}
 	st := p.states.Get().(*reqState)
@@ -148,15 +162,28 @@ func (p *Proxy) routeLLM(ctx *fasthttp.RequestCtx, rt route, api ring.API) {
 	t := p.tab.Load()
 	start := time.Now()
 	st.reset(t, start)
-	if err := p.readKey(t, api, ctx.PostBody(), ctx.Request.Header.Peek(HeaderTenant), st, true); err != nil {
+	if p.observing {
+		p.observeStart(ctx, st, rt, start)
+	}
+	body, tenant := ctx.PostBody(), ctx.Request.Header.Peek(HeaderTenant)
+	if err := p.readKey(t, api, body, tenant, st, true); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, badRequestCode(err), err.Error())
 		p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusBadRequest)
+		if p.observing {
+			p.observeEnd(ctx, st, start)
+		}
 		return
+	}
+	if p.observing {
+		p.observeKey(t, api, body, tenant, st)
 	}
 	// Streamed answers (SSE) are passed through as they come; others are
 	// read whole and sent in one write. /invocations is opaque: always
 	// streamed.
 	p.dispatch(ctx, st, rt, start, st.info.Stream || api == ring.Invocations)
+	if p.observing {
+		p.observeEnd(ctx, st, start)
+	}
 }
 
 // readKey reads the request's routing key into st: the fixed-length key,
@@ -214,7 +241,13 @@ func (p *Proxy) routeAny(ctx *fasthttp.RequestCtx, rt route) {
 	now := time.Now()
 	st.reset(p.tab.Load(), now)
 	st.info = ring.KeyInfo{Key: uint64(st.now)}
+	if p.observing {
+		p.observeStart(ctx, st, rt, now)
+	}
 	p.dispatch(ctx, st, rt, now, false)
+	if p.observing {
+		p.observeEnd(ctx, st, now)
+	}
 }
 
 func badRequestCode(err error) string {
@@ -253,6 +286,9 @@ func (p *Proxy) send(ctx *fasthttp.RequestCtx, st *reqState, rt route, start tim
 		var decided time.Time
 		if attempt == 0 {
 			decided = p.m.observeDecision(start)
+			if p.observing {
+				p.observeRouted(st, d, err, decided)
+			}
 		} else {
 			decided = time.Now()
 		}
@@ -316,12 +352,18 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ri
 	u.SetSchemeBytes(b.scheme)
 	u.SetHost(b.target.HostPort)
 
+	if p.observing {
+		p.observeSend(req, st, b, d, sent)
+	}
 	b.inflight.Add(1)
 	if !stream {
 		resp := &ctx.Response
 		err = b.client.Do(req, resp)
 		b.inflight.Add(-1)
 		if err != nil {
+			if p.observing {
+				p.observeFailed(st, err)
+			}
 			return p.upstreamFailed(ctx, b, d, rt, err)
 		}
 		b.connOK()
@@ -329,6 +371,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ri
 			return false, nil
 		}
 		b.m.ttfb.Observe(time.Since(sent).Seconds())
+		if p.observing {
+			p.observeAnswer(st, resp, sent)
+		}
 		p.setHeaders(resp, st.t, b, d)
 		p.m.countRequest(b.m, rt, d.Reason, resp.StatusCode())
 		b.countBodyUsage(resp)
@@ -341,6 +386,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ri
 	if err != nil {
 		b.inflight.Add(-1)
 		fasthttp.ReleaseResponse(up)
+		if p.observing {
+			p.observeFailed(st, err)
+		}
 		return p.upstreamFailed(ctx, b, d, rt, err)
 	}
 	b.connOK()
@@ -364,6 +412,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ri
 		b.m.ttfb.Observe(time.Since(sent).Seconds())
 		resp.SetBody(up.Body())
 		b.countBodyUsage(resp)
+		if p.observing {
+			p.observeAnswer(st, resp, sent)
+		}
 		fasthttp.ReleaseResponse(up)
 		b.inflight.Add(-1)
 		return false, nil
@@ -374,6 +425,10 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ri
 		sse:    up.Header.ContentLength() < 0 && bytes.HasPrefix(up.Header.ContentType(), strEventStream)}
 	ts.usage.begin(&up.Header)
 	resp.ImmediateHeaderFlush = true
+	if p.observing && (st.obs.rec != nil || st.obs.up != nil) {
+		resp.SetBodyStream(p.observeStream(st, ts, up.StatusCode(), sent), up.Header.ContentLength())
+		return false, nil
+	}
 	resp.SetBodyStream(ts, up.Header.ContentLength())
 	return false, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/warmroute/warmroute/proxy/internal/hot"
 	"github.com/warmroute/warmroute/ring"
+	"go.opentelemetry.io/otel/propagation"
 )
 
 // Header names the proxy reads and writes.
@@ -59,8 +60,14 @@ type Proxy struct {
 	mu       sync.Mutex // serialises SetRing; guards backends
 	backends map[string]*backend
 
-	states  sync.Pool // *reqState
-	streams sync.Pool // *trackedStream
+	states   sync.Pool // *reqState
+	streams  sync.Pool // *trackedStream
+	observed sync.Pool // *observedStream
+
+	// observing: Requests or Tracer is set (observe.go); prop reads and
+	// writes W3C traceparent fields.
+	observing bool
+	prop      propagation.TraceContext
 
 	server        *fasthttp.Server
 	proberStarted bool             // guarded by mu
@@ -102,6 +109,8 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.states.New = func() any { return new(reqState) }
 	p.streams.New = func() any { return new(trackedStream) }
+	p.observed.New = func() any { return new(observedStream) }
+	p.observing = cfg.Requests != nil || cfg.Tracer != nil
 	empty, _ := ring.New(ring.DefaultConfig(), nil)
 	p.tab.Store(&table{ring: empty, epochHdr: []byte("0")})
 	if cfg.Registry != nil {

@@ -134,9 +134,11 @@ func virtualNodes(cfg Config, bs []Backend) []uint64 {
 // is a table read and a scan of a bucket of one or two entries instead of
 // a binary search over the whole circle.
 type circle struct {
-	vn []vnode
+	// hash and backend are the virtual nodes, in circle order.
+	hash    []uint64
+	backend []int32
 	// bucket[k] is the index of the first virtual node whose hash >> shift
-	// is at least k; bucket[len-1] is len(vn).
+	// is at least k; bucket[len-1] is len(hash).
 	bucket []int32
 	shift  uint
 	// dups: some virtual nodes share a hash.
@@ -144,19 +146,24 @@ type circle struct {
 }
 
 // newCircle sorts the virtual nodes whose hashes virtualNodes returned,
-// rf per backend in backend order. Hashes are
-// spread evenly by design, so a counting sort on the top bits (stable,
-// hence backend order within equal hashes) followed by a sort of each
-// bucket, one or two entries on average, costs a few passes over the
-// slice; a weak hash that puts many virtual nodes in one bucket is still
-// sorted correctly, only slower. The order is the same as sorting by
-// (hash, backend).
+// rf per backend in backend order. Hashes are spread evenly by design, so
+// a counting sort on the top bits (stable, hence backend order within
+// equal hashes) followed by a sort of each bucket, one or two entries on
+// average, costs a few passes over the slice; a weak hash that puts many
+// virtual nodes in one bucket is still sorted correctly, only slower. The
+// order is the same as sorting by (hash, backend).
 func newCircle(hashes []uint64, rf int) *circle {
+	n := len(hashes)
 	bits := uint(1)
-	for bits < 20 && 1<<bits < len(hashes) {
+	for bits < 20 && 2<<bits < n {
 		bits++
 	}
-	c := &circle{vn: make([]vnode, len(hashes)), bucket: make([]int32, 1<<bits+1), shift: 64 - bits}
+	c := &circle{
+		hash:    make([]uint64, n),
+		backend: make([]int32, n),
+		bucket:  make([]int32, 1<<bits+1),
+		shift:   64 - bits,
+	}
 	bucket := c.bucket
 	for _, h := range hashes {
 		bucket[h>>c.shift+1]++
@@ -168,37 +175,42 @@ func newCircle(hashes []uint64, rf int) *circle {
 	}
 	// Scatter, using bucket[k] as bucket k's cursor: afterwards bucket[k]
 	// is where bucket k+1 starts, so shift by one.
-	for i, h := range hashes {
-		k := h >> c.shift
-		c.vn[bucket[k]] = vnode{hash: h, backend: int32(i / rf)}
-		bucket[k]++
+	for b, i := int32(0), 0; i < n; b++ {
+		for end := i + rf; i < end; i++ {
+			h := hashes[i]
+			k := h >> c.shift
+			c.hash[bucket[k]] = h
+			c.backend[bucket[k]] = b
+			bucket[k]++
+		}
 	}
 	copy(bucket[1:], bucket[:len(bucket)-1])
 	bucket[0] = 0
 	if big {
 		for k := 0; k+1 < len(bucket); k++ {
-			if b := c.vn[bucket[k]:bucket[k+1]]; len(b) > 16 {
-				slices.SortFunc(b, func(x, y vnode) int {
-					if x.hash != y.hash {
-						return cmp.Compare(x.hash, y.hash)
-					}
-					return cmp.Compare(x.backend, y.backend)
-				})
+			if lo, hi := int(bucket[k]), int(bucket[k+1]); hi-lo > 16 {
+				c.sortRange(lo, hi)
 			}
 		}
 	}
-	// One insertion sort over the whole slice finishes the small buckets:
-	// an entry never moves past the start of its bucket, whose hashes are
-	// all larger than the previous bucket's, and equal hashes keep their
-	// (backend) order.
-	vs := c.vn
-	for i := 1; i < len(vs); i++ {
-		for j := i; j > 0 && vs[j].hash < vs[j-1].hash; j-- {
-			vs[j], vs[j-1] = vs[j-1], vs[j]
+	// One insertion sort over the whole circle finishes the small
+	// buckets: an entry never moves past the start of its bucket, whose
+	// hashes are all larger than the previous bucket's, and equal hashes
+	// keep their (backend) order.
+	hs, bs := c.hash, c.backend
+	for i := 1; i < n; i++ {
+		h := hs[i]
+		if h >= hs[i-1] {
+			continue
 		}
+		b, j := bs[i], i
+		for ; j > 0 && h < hs[j-1]; j-- {
+			hs[j], bs[j] = hs[j-1], bs[j-1]
+		}
+		hs[j], bs[j] = h, b
 	}
-	for i := 1; i < len(c.vn); i++ {
-		if c.vn[i].hash == c.vn[i-1].hash {
+	for i := 1; i < n; i++ {
+		if hs[i] == hs[i-1] {
 			c.dups = true
 			break
 		}
@@ -206,15 +218,32 @@ func newCircle(hashes []uint64, rf int) *circle {
 	return c
 }
 
+// sortRange sorts virtual nodes lo..hi-1 by (hash, backend).
+func (c *circle) sortRange(lo, hi int) {
+	vn := make([]vnode, hi-lo)
+	for i := range vn {
+		vn[i] = vnode{hash: c.hash[lo+i], backend: c.backend[lo+i]}
+	}
+	slices.SortFunc(vn, func(x, y vnode) int {
+		if x.hash != y.hash {
+			return cmp.Compare(x.hash, y.hash)
+		}
+		return cmp.Compare(x.backend, y.backend)
+	})
+	for i, v := range vn {
+		c.hash[lo+i], c.backend[lo+i] = v.hash, v.backend
+	}
+}
+
 // search returns the index of the first virtual node whose hash is at
-// least h, or len(vn) when there is none.
+// least h, or len(hash) when there is none.
 func (c *circle) search(h uint64) int {
 	k := h >> c.shift
 	lo, hi := int(c.bucket[k]), int(c.bucket[k+1])
 	if hi-lo > 8 {
-		return lo + sort.Search(hi-lo, func(i int) bool { return c.vn[lo+i].hash >= h })
+		return lo + sort.Search(hi-lo, func(i int) bool { return c.hash[lo+i] >= h })
 	}
-	for lo < hi && c.vn[lo].hash < h {
+	for lo < hi && c.hash[lo] < h {
 		lo++
 	}
 	return lo
@@ -231,7 +260,7 @@ func (c *circle) starts(cfg Config, parts int) []int32 {
 	for p := range out {
 		binary.LittleEndian.PutUint64(pb[:], uint64(p))
 		i := c.search(cfg.Hash(pb[:]))
-		if i >= len(c.vn) {
+		if i >= len(c.hash) {
 			i = 0
 		}
 		out[p] = int32(i)
@@ -254,7 +283,7 @@ const libraryMaxVnodes = 4096
 // up to libraryMaxVnodes virtual nodes and by circleOwners, which reproduces
 // it exactly, above that.
 func partitionOwners(cfg Config, bs []Backend, c *circle, starts []int32) ([]int32, error) {
-	if len(c.vn) <= libraryMaxVnodes {
+	if len(c.hash) <= libraryMaxVnodes {
 		return consistentOwners(cfg, bs, len(starts))
 	}
 	return circleOwners(cfg, len(bs), c, starts)
@@ -317,12 +346,12 @@ func circleOwners(cfg Config, n int, c *circle, starts []int32) ([]int32, error)
 	// A hash belongs to the member inserted last with it: with equal
 	// hashes, every copy maps to the highest backend index, which the sort
 	// put last.
-	vn := c.vn
+	owner := c.backend
 	if c.dups {
-		vn = slices.Clone(c.vn)
-		for i := len(vn) - 2; i >= 0; i-- {
-			if vn[i+1].hash == vn[i].hash {
-				vn[i].backend = vn[i+1].backend
+		owner = slices.Clone(c.backend)
+		for i := len(owner) - 2; i >= 0; i-- {
+			if c.hash[i+1] == c.hash[i] {
+				owner[i] = owner[i+1]
 			}
 		}
 	}
@@ -332,15 +361,15 @@ func circleOwners(cfg Config, n int, c *circle, starts []int32) ([]int32, error)
 	for p, start := range starts {
 		idx := int(start)
 		placed := false
-		for count := 1; count < len(vn); count++ {
-			b := vn[idx].backend
+		for count := 1; count < len(owner); count++ {
+			b := owner[idx]
 			if float64(loads[b]+1) <= avg {
 				owners[p] = b
 				loads[b]++
 				placed = true
 				break
 			}
-			if idx++; idx >= len(vn) {
+			if idx++; idx >= len(owner) {
 				idx = 0
 			}
 		}
@@ -363,7 +392,7 @@ func circleOwners(cfg Config, n int, c *circle, starts []int32) ([]int32, error)
 func overflowOrders(n int, c *circle, starts []int32, owners []int32, depth int) []int32 {
 	order := make([]int32, len(owners)*depth)
 	seen := make([]uint32, n) // partition+1 that last saw the backend
-	vn := c.vn
+	vn := c.backend
 	for p, o := range owners {
 		row := order[p*depth : (p+1)*depth]
 		row[0] = o
@@ -371,7 +400,7 @@ func overflowOrders(n int, c *circle, starts []int32, owners []int32, depth int)
 		seen[o] = mark
 		k, i := 1, int(starts[p])
 		for steps := 0; k < depth && steps < len(vn); steps++ {
-			b := vn[i].backend
+			b := vn[i]
 			if seen[b] != mark {
 				seen[b] = mark
 				row[k] = b
