@@ -16,7 +16,9 @@
 //   - Placement. [New] builds an immutable [Ring] from a backend set: an owner
 //     per partition (buraksezer/consistent with bounded partition load) and a
 //     deterministic overflow order per partition. [Ring.Pick] walks that order
-//     against live loads supplied through the small [Loads] interface and
+//     against live loads supplied through the small [Loads] interface (the
+//     fleet's in-flight total, for the bounded-loads cap, through
+//     [LoadTotals] when the loads keep one, e.g. with a [Tally]) and
 //     returns a [Decision]: the backend and why (affinity, overflow with its
 //     rank, fallback, or the name of a load-blind strategy).
 //
