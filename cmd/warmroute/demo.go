@@ -243,9 +243,18 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	if !*quiet {
-		plan.Progress = stderr
+		runs := len(plan.Cases) * len(strategies)
+		if fc.Routers == 0 {
+			runs = len(plan.Cases) // one run each, straight to the instances
+		}
+		lengths := map[string]runLength{}
+		for _, c := range plan.Cases {
+			lengths[c.Name] = runLength{warmup: c.Load.Warmup, duration: c.Load.Duration, requests: c.Load.Requests}
+		}
+		pw := newProgressWriter(stderr, runs, lengths)
+		plan.Progress = pw
 		for i := range plan.Cases {
-			plan.Cases[i].Load.Progress = stderr
+			plan.Cases[i].Load.Progress = pw
 			plan.Cases[i].Load.ProgressInterval = 5 * time.Second
 		}
 	}
@@ -277,6 +286,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		Command:     strings.TrimSpace("warmroute demo " + strings.Join(args, " ")),
 		Setup:       setup,
 		Partial:     interrupted,
+		Instances:   instanceNames(*instances, gpusimArgs),
 		Runs:        runs,
 	}
 	htmlPath := filepath.Join(dir, "report.html")
@@ -364,4 +374,28 @@ func describeWorkload(w workload.Config) string {
 			a.Active, a.Turns, a.SystemTokens, a.TaskTokens, a.CallTokens, a.MinResultTokens, a.MaxResultTokens)
 	}
 	return string(w.Kind)
+}
+
+// instanceNames names a demo fleet's n instances in address order as
+// gpusim does: its --name-prefix (gpu- unless extra gpusim flags set
+// another) and the instance's index, which is also its port's offset.
+func instanceNames(n int, gpusimArgs []string) []string {
+	prefix := "gpu-"
+	for i, a := range gpusimArgs {
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "name-prefix" {
+			continue
+		}
+		switch {
+		case hasVal:
+			prefix = val
+		case i+1 < len(gpusimArgs):
+			prefix = gpusimArgs[i+1]
+		}
+	}
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s%d", prefix, i)
+	}
+	return out
 }

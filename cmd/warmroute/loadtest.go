@@ -139,9 +139,6 @@ func cmdLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	lc.Mode = loadtest.Mode(mode)
 	lc.Seed, wc.Seed = *seed, *seed
 	lc.Workload = string(wc.Kind)
-	if !*quiet {
-		lc.Progress = stderr
-	}
 	var recs []trace.Record
 	if *tracePath != "" {
 		set := map[string]bool{}
@@ -198,6 +195,11 @@ func cmdLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	fmt.Fprintf(stderr, "loadtest: %s (model %s, seed %d) against %s, %s\n",
 		what, wc.Model, wc.Seed, strings.Join(lc.Targets, ","), describeLoad(&lc, recs != nil))
+	if !*quiet {
+		pw := newProgressWriter(stderr, 0, nil)
+		pw.single = runLength{warmup: lc.Warmup, duration: lc.Duration, requests: lc.Requests}
+		lc.Progress = pw
+	}
 	s, runErr := loadtest.Run(ctx, lc, gen)
 	if runErr != nil && !errors.Is(runErr, loadtest.ErrInterrupted) {
 		return runErr

@@ -107,7 +107,7 @@ func WriteHTML(w io.Writer, r *Report) error {
 		}
 		hw.Charts = []template.HTML{
 			template.HTML(ttftChart(wl, runs, col)),
-			template.HTML(shareChart(wl, runs, col)),
+			template.HTML(shareChart(wl, runs, col, r.Instances)),
 			template.HTML(hitChart(wl, runs, col)),
 		}
 		var own []stats.Summary
@@ -134,8 +134,10 @@ func ttftChart(wl string, runs []*stats.Summary, col map[string]string) string {
 
 // shareChart draws each run's share per instance. Runs of a comparison
 // use different fleets (a cold one each), so instances are matched by
-// their position in address order, not by address.
-func shareChart(wl string, runs []*stats.Summary, col map[string]string) string {
+// their position in address order, not by address, and labelled with
+// names[i] (as gpusim names them), or #i+1 without names. The even share
+// is drawn as a labelled dashed line.
+func shareChart(wl string, runs []*stats.Summary, col map[string]string, names []string) string {
 	n := 0
 	ordered := make([][]string, len(runs))
 	for i, s := range runs {
@@ -160,8 +162,15 @@ func shareChart(wl string, runs []*stats.Summary, col map[string]string) string 
 	labels := make([]string, n)
 	for i := range labels {
 		labels[i] = fmt.Sprintf("#%d", i+1)
+		if len(names) == n {
+			labels[i] = names[i]
+		}
 	}
-	return barChart(wl+": traffic share per instance", "share of requests", labels, bs, ref)
+	refLabel := ""
+	if n > 0 {
+		refLabel = fmt.Sprintf("even share (1/%d = %.1f%%)", n, 100*ref)
+	}
+	return barChart(wl+": traffic share per instance", "share of requests", labels, bs, ref, refLabel)
 }
 
 // naturalLess orders strings with their digit runs compared as numbers,
@@ -199,8 +208,9 @@ func digitRun(s string) int {
 func hitChart(wl string, runs []*stats.Summary, col map[string]string) string {
 	var ss []series
 	for _, s := range runs {
-		pts := make([]xy, 0, len(s.KVSeries))
-		for _, p := range s.KVSeries {
+		samples := completeBuckets(s.KVSeries)
+		pts := make([]xy, 0, len(samples))
+		for _, p := range samples {
 			if p.QueriedTokens > 0 {
 				pts = append(pts, xy{p.Seconds, p.HitRate})
 			}
@@ -212,4 +222,34 @@ func hitChart(wl string, runs []*stats.Summary, col map[string]string) string {
 		warm = max(warm, s.WarmupSeconds)
 	}
 	return lineChart(wl+": KV-cache hit rate over time", "seconds since start", "hit tokens / queried tokens", ss, false, 0, 1, true, warm, "end of warm-up")
+}
+
+// completeBuckets returns the hit-rate samples with the last one folded
+// into the one before when it covers a shorter span than the others: the
+// final scrape after the load ends closes a partial bucket, whose few
+// tokens (often from requests that began cold) would be drawn as a drop
+// the run never had. Its tokens still count, weighted into the previous
+// bucket.
+func completeBuckets(in []stats.KVSample) []stats.KVSample {
+	n := len(in)
+	if n < 3 {
+		return in
+	}
+	spans := make([]float64, 0, n-1)
+	for i := 1; i < n-1; i++ {
+		spans = append(spans, in[i].Seconds-in[i-1].Seconds)
+	}
+	sort.Float64s(spans)
+	typical := spans[len(spans)/2]
+	last, prev := in[n-1], in[n-2]
+	if typical <= 0 || last.Seconds-prev.Seconds >= 0.9*typical {
+		return in
+	}
+	out := append([]stats.KVSample(nil), in[:n-1]...)
+	if q := prev.QueriedTokens + last.QueriedTokens; q > 0 {
+		m := &out[n-2]
+		m.HitRate = (prev.HitRate*prev.QueriedTokens + last.HitRate*last.QueriedTokens) / q
+		m.QueriedTokens = q
+	}
+	return out
 }

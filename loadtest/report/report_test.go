@@ -173,7 +173,7 @@ func TestTicks(t *testing.T) {
 func TestEmptyCharts(t *testing.T) {
 	for _, s := range []string{
 		lineChart("x", "a", "b", nil, true, 0, 1, true, 0, ""),
-		barChart("x", "y", nil, nil, 0),
+		barChart("x", "y", nil, nil, 0, ""),
 	} {
 		if !strings.Contains(s, "no data") || !strings.HasSuffix(s, "</svg>") {
 			t.Fatalf("empty chart %q", s)
@@ -184,7 +184,7 @@ func TestEmptyCharts(t *testing.T) {
 func TestBarsStayInsideThePlot(t *testing.T) {
 	// 0.336 would overflow an axis ending at the 0.3 tick
 	svg := barChart("t", "y", []string{"a", "b", "c"},
-		[]bars{{Name: "s", Colour: "#000", Values: []float64{0.336, 0.336, 0.328}}}, 1.0/3)
+		[]bars{{Name: "s", Colour: "#000", Values: []float64{0.336, 0.336, 0.328}}}, 1.0/3, "")
 	for _, m := range regexp.MustCompile(`<rect x="[^"]+" y="([-0-9.]+)"`).FindAllStringSubmatch(svg, -1) {
 		var y float64
 		if _, err := fmt.Sscan(m[1], &y); err != nil {
@@ -202,5 +202,77 @@ func TestNaturalLess(t *testing.T) {
 	want := "127.0.0.1:09998 127.0.0.1:9999 127.0.0.1:10000 gpu-1 gpu-2 gpu-10"
 	if got := strings.Join(in, " "); got != want {
 		t.Fatalf("got %s, want %s", got, want)
+	}
+}
+
+// TestShareChartNamesInstancesAndLabelsTheEvenShare: instances carry the
+// names gpusim gives them, in address order, and the dashed line says
+// what it is.
+func TestShareChartNamesInstancesAndLabelsTheEvenShare(t *testing.T) {
+	runs := sampleRuns()
+	r := &Report{Title: "t", GeneratedAt: time.Now(), Instances: []string{"gpu-0", "gpu-1"}, Runs: runs[:2]}
+	var b bytes.Buffer
+	if err := WriteHTML(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	// 127.0.0.1:1 is the first instance in address order: gpu-0.
+	for _, want := range []string{">gpu-0</text>", ">gpu-1</text>", "<title>PREFIX_AWARE gpu-0: 60.0%</title>", "even share (1/2 = 50.0%)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+	if strings.Contains(out, ">#1<") {
+		t.Error("instances still numbered")
+	}
+	// Without names (or with a count that does not match) positions remain.
+	r.Instances = []string{"gpu-0"}
+	b.Reset()
+	if err := WriteHTML(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), ">#1</text>") {
+		t.Error("no position labels without matching names")
+	}
+}
+
+// TestHitChartFoldsThePartialLastBucket: the last sample, taken when the
+// load ended and covering a fraction of an interval with a few cold
+// tokens, is folded into the one before (weighted by tokens) instead of
+// being drawn as a drop; a full last bucket stays as it is.
+func TestHitChartFoldsThePartialLastBucket(t *testing.T) {
+	series := []stats.KVSample{
+		{Seconds: 1, HitRate: 0.5, QueriedTokens: 1000},
+		{Seconds: 2, HitRate: 0.9, QueriedTokens: 1000},
+		{Seconds: 3, HitRate: 0.9, QueriedTokens: 900},
+		{Seconds: 3.3, HitRate: 0.0, QueriedTokens: 100},
+	}
+	got := completeBuckets(series)
+	if len(got) != 3 || got[2].Seconds != 3 || math.Abs(got[2].HitRate-0.81) > 1e-9 || got[2].QueriedTokens != 1000 {
+		t.Fatalf("folded: %+v", got)
+	}
+	if series[2].HitRate != 0.9 {
+		t.Fatal("the input was changed")
+	}
+	full := append(series[:3:3], stats.KVSample{Seconds: 4, HitRate: 0.2, QueriedTokens: 1000})
+	if got := completeBuckets(full); len(got) != 4 || got[3].HitRate != 0.2 {
+		t.Fatalf("a full last bucket was changed: %+v", got)
+	}
+
+	s := sampleRuns()[1]
+	s.KVSeries = series
+	svg := hitChart("rag", []*stats.Summary{&s}, map[string]string{s.Label: "#000"})
+	pts := regexp.MustCompile(`points="([^"]*)"`).FindStringSubmatch(svg)
+	if pts == nil || len(strings.Fields(pts[1])) != 3 {
+		t.Fatalf("hit chart points %v", pts)
+	}
+	// The line ends at the last full bucket's height, not at 0.
+	last := strings.Fields(pts[1])[2]
+	var x, y float64
+	if _, err := fmt.Sscanf(last, "%f,%f", &x, &y); err != nil {
+		t.Fatal(err)
+	}
+	if floor := float64(chartH - padB); y > floor-10 {
+		t.Fatalf("the line drops to y=%g (plot floor %g)", y, floor)
 	}
 }

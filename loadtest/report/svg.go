@@ -192,8 +192,9 @@ func lineChart(title, xLabel, yLabel string, ss []series, logX bool, yLo, yHi fl
 }
 
 // barChart draws grouped bars: one group per category, one bar per series.
-// ref, when > 0, is drawn as a dashed horizontal line (the even share).
-func barChart(title, yLabel string, categories []string, bs []bars, ref float64) string {
+// ref, when > 0, is drawn as a dashed horizontal line (the even share)
+// labelled refLabel.
+func barChart(title, yLabel string, categories []string, bs []bars, ref float64, refLabel string) string {
 	var b strings.Builder
 	svgOpen(&b, title)
 	hi := ref
@@ -236,6 +237,9 @@ func barChart(title, yLabel string, categories []string, bs []bars, ref float64)
 	}
 	if ref > 0 {
 		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" class="ref"/>`, padL, py(ref), float64(padL)+pw, py(ref))
+		if refLabel != "" {
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" class="tick" text-anchor="end">%s</text>`, float64(padL)+pw-2, py(ref)-4, esc(refLabel))
+		}
 	}
 	fmt.Fprintf(&b, `<text x="14" y="%.1f" class="axis" text-anchor="middle" transform="rotate(-90 14 %.1f)">%s</text>`, float64(padT)+ph/2, float64(padT)+ph/2, esc(yLabel))
 	names := make([]string, len(bs))

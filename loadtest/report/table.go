@@ -23,8 +23,14 @@ type Report struct {
 	// Setup describes the fleet and the workloads, one line each.
 	Setup []string `json:"setup,omitempty"`
 	// Partial is set when the comparison was interrupted.
-	Partial bool            `json:"partial,omitempty"`
-	Runs    []stats.Summary `json:"runs"`
+	Partial bool `json:"partial,omitempty"`
+	// Instances names the fleet's instances in address order (as gpusim
+	// names them: instance i of a fleet on consecutive ports is its
+	// name prefix + i); the charts label instances with these names
+	// instead of their positions. Runs of a comparison use fleets of
+	// their own on different ports, so instances are matched by position.
+	Instances []string        `json:"instances,omitempty"`
+	Runs      []stats.Summary `json:"runs"`
 }
 
 // WriteJSON writes r as indented JSON.
