@@ -95,7 +95,7 @@ type backend struct {
 	// (loads.go): every change of inflight, remote, probeDown or
 	// ejectedUntil reaches them. totalsMu serialises building the totals
 	// of a table whose first backend this is.
-	totals   atomic.Pointer[[]totalsSlot]
+	totals   atomic.Pointer[totalsList]
 	totalsMu sync.Mutex
 
 	probing    atomic.Bool  // a probe of this backend is in flight

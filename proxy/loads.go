@@ -21,10 +21,10 @@ import (
 // in (loadCount, healthFlag, healthTime), from whichever goroutine made
 // the change.
 //
-// A table's totals are built by the first pick that needs them (O(fleet),
-// once per table); a backend feeds the totals of its newest
-// totalsPerBackend tables, so a table that has been replaced twice while a
-// request still routes on it walks again. An ejection ends with the clock,
+// A table's totals are built by the first pick that needs them (O(fleet)
+// and two allocations, once per table); a backend feeds the totals of its
+// newest totalsPerBackend tables, so a request still routing on a table
+// replaced twice since, or on one older than a table with totals, walks. An ejection ends with the clock,
 // not with a change: the totals count ejected backends out until the
 // latest request time they have seen passes the ejection's end, then
 // count them again. So they are exact for a request whose arrival time is
@@ -40,10 +40,20 @@ type totalsSlot struct {
 	i int
 }
 
+// totalsList is the totals a backend feeds, oldest first. A published list
+// is never changed; joining new totals publishes a new one.
+type totalsList struct {
+	slots [totalsPerBackend]totalsSlot
+	n     int
+}
+
 // fleetTotals are one table's kept totals.
 type fleetTotals struct {
 	t     *table
 	tally *ring.Tally
+	// lists are the backends' totals lists that name these totals, one
+	// per backend, allocated together.
+	lists []totalsList
 	// now is the latest request time seen (unix nanos): the clock that
 	// ejections end by.
 	now atomic.Int64
@@ -121,7 +131,8 @@ func (f *fleetTotals) refresh() {
 
 // totals returns t's kept totals, building them on first use, or nil when
 // picks on t must walk: another goroutine is building them, they were
-// dropped, or a backend of t does not report its changes.
+// dropped, t is older (by epoch) than a table whose totals its first
+// backend feeds, or a backend of t does not report its changes.
 func (t *table) totals(now int64) *fleetTotals {
 	if len(t.bs) == 0 {
 		return nil
@@ -135,12 +146,17 @@ func (t *table) totals(now int64) *fleetTotals {
 	if f := b0.totalsFor(t); f != nil {
 		return f.usable()
 	}
+	if l := b0.totals.Load(); l != nil && l.slots[l.n-1].f.t.epoch > t.epoch {
+		// t was replaced (its totals dropped, or never built): building
+		// them now would drop the newer tables'.
+		return nil
+	}
 	for _, b := range t.bs {
 		if b.inflight.b != b {
 			return nil // not made by newBackend: its counters feed nothing
 		}
 	}
-	f := &fleetTotals{t: t, tally: ring.NewTally(len(t.bs))}
+	f := &fleetTotals{t: t, tally: ring.NewTally(len(t.bs)), lists: make([]totalsList, len(t.bs))}
 	f.now.Store(now)
 	for i, b := range t.bs {
 		b.join(f, i)
@@ -162,7 +178,7 @@ func (f *fleetTotals) usable() *fleetTotals {
 // totalsFor returns the totals of t that b feeds, or nil.
 func (b *backend) totalsFor(t *table) *fleetTotals {
 	if l := b.totals.Load(); l != nil {
-		for _, s := range *l {
+		for _, s := range l.slots[:l.n] {
 			if s.f.t == t {
 				return s.f
 			}
@@ -174,21 +190,25 @@ func (b *backend) totalsFor(t *table) *fleetTotals {
 // join makes b feed f as its backend i, and stop feeding the oldest
 // totals beyond totalsPerBackend, which are dropped.
 func (b *backend) join(f *fleetTotals, i int) {
+	next := &f.lists[i]
 	for {
 		old := b.totals.Load()
-		var list []totalsSlot
+		var keep []totalsSlot
 		if old != nil {
-			list = *old
+			keep = old.slots[:old.n]
+			if len(keep) >= totalsPerBackend {
+				keep = keep[len(keep)-(totalsPerBackend-1):]
+			}
 		}
-		keep := list
-		if len(keep) >= totalsPerBackend {
-			keep = keep[len(keep)-(totalsPerBackend-1):]
-		}
-		next := make([]totalsSlot, 0, len(keep)+1)
-		next = append(append(next, keep...), totalsSlot{f: f, i: i})
-		if b.totals.CompareAndSwap(old, &next) {
-			for _, s := range list[:len(list)-len(keep)] {
-				s.f.dropped.Store(true)
+		// next is not published until the swap succeeds.
+		next.n = copy(next.slots[:], keep)
+		next.slots[next.n] = totalsSlot{f: f, i: i}
+		next.n++
+		if b.totals.CompareAndSwap(old, next) {
+			if old != nil {
+				for _, s := range old.slots[:old.n-len(keep)] {
+					s.f.dropped.Store(true)
+				}
 			}
 			return
 		}
@@ -203,7 +223,7 @@ func (b *backend) recount() {
 		return
 	}
 	if l := b.totals.Load(); l != nil {
-		for _, s := range *l {
+		for _, s := range l.slots[:l.n] {
 			s.f.update(s.i)
 		}
 	}

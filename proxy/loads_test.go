@@ -175,16 +175,27 @@ func TestFleetTotalsOldTable(t *testing.T) {
 		}
 		setTotalsRing(t, p, cfg, totalsBackends([]int{1, 2, 3, 4, 5, 6 + gen}), uint64(gen+2))
 	}
-	for gen, tab := range tabs {
+	// The newest table with totals feeds them; the one before it too.
+	// Older ones walk, and never rebuild totals (which would drop the
+	// newer tables').
+	for gen := len(tabs) - 1; gen >= 0; gen-- {
 		st := &reqState{}
-		st.reset(tab, now)
+		st.reset(tabs[gen], now)
 		total, n, ok := st.HealthyTotals()
+		if want := gen >= len(tabs)-totalsPerBackend; ok != want {
+			t.Errorf("generation %d: kept totals %v, want %v", gen, ok, want)
+		}
 		if !ok {
 			continue
 		}
 		if wt, wn := walkTotals(st); total != wt || n != wn {
 			t.Errorf("generation %d: kept totals %d on %d, walk %d on %d", gen, total, n, wt, wn)
 		}
+	}
+	st := &reqState{}
+	st.reset(tabs[len(tabs)-1], now)
+	if _, _, ok := st.HealthyTotals(); !ok {
+		t.Error("the newest table lost its totals to older ones")
 	}
 }
 
