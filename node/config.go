@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/warmroute/warmroute/node/cluster"
 	"github.com/warmroute/warmroute/node/identity"
 	"github.com/warmroute/warmroute/proxy"
+	"github.com/warmroute/warmroute/proxy/reqlog"
 	"github.com/warmroute/warmroute/ring"
 	"go.yaml.in/yaml/v3"
 )
@@ -38,6 +40,11 @@ type Config struct {
 	Engine   Engine        `yaml:"engine"`
 	Admin    Admin         `yaml:"admin"`
 	TLS      TLS           `yaml:"tls"`
+	// AccessLog, Tracing and Record are what the router reports of each
+	// request: a log line, OpenTelemetry spans, a replayable trace.
+	AccessLog AccessLog `yaml:"access_log"`
+	Tracing   Tracing   `yaml:"tracing"`
+	Record    Record    `yaml:"record"`
 	// ShutdownTimeout is how long open streams may finish on shutdown.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 
@@ -208,6 +215,122 @@ type Engine struct {
 	Timeout time.Duration `yaml:"timeout"`
 }
 
+// AccessLog configures the access log: a line per request with its
+// route, model, tenant hash, backend, decision, status, sizes and times;
+// never prompt text.
+type AccessLog struct {
+	// Mode is "off", "on" (every request) or a sampling rate in (0, 1]
+	// (0.01: one request in a hundred, chosen at random).
+	Mode string `yaml:"mode"`
+	// Format is "json" or "text" (logfmt).
+	Format string `yaml:"format"`
+	// Output is "stdout", "stderr" or a file path (appended to).
+	Output string `yaml:"output"`
+}
+
+// sample returns the share of requests Mode logs.
+func (a *AccessLog) sample() (float64, error) {
+	switch strings.ToLower(strings.TrimSpace(a.Mode)) {
+	case "", "off", "false", "0":
+		return 0, nil
+	case "on", "true", "1":
+		return 1, nil
+	}
+	r, err := strconv.ParseFloat(a.Mode, 64)
+	if err != nil || !(r > 0 && r <= 1) {
+		return 0, fmt.Errorf("access log %q: want off, on or a sampling rate in (0, 1]", a.Mode)
+	}
+	return r, nil
+}
+
+// Tracing configures OpenTelemetry tracing: spans exported over OTLP/HTTP.
+type Tracing struct {
+	// Endpoint is the collector's OTLP/HTTP URL: http://host:4318 (spans
+	// go to its /v1/traces) or a full URL with a path. Empty: tracing is
+	// off, unless the standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
+	// OTEL_EXPORTER_OTLP_ENDPOINT variable is set (OTEL_SDK_DISABLED=true
+	// keeps it off). The exporter also reads the other
+	// OTEL_EXPORTER_OTLP_* variables (headers, timeout, certificate).
+	Endpoint string `yaml:"endpoint"`
+	// SampleRatio is the share of requests without a sampled parent that
+	// are traced; a request whose traceparent says sampled always is
+	// (parent-based sampling).
+	SampleRatio float64 `yaml:"sample_ratio"`
+}
+
+// enabled reports whether tracing is on, reading the OTEL_* variables.
+func (t *Tracing) enabled() bool {
+	if strings.EqualFold(strings.TrimSpace(os.Getenv("OTEL_SDK_DISABLED")), "true") {
+		return false
+	}
+	return t.Endpoint != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != ""
+}
+
+// Record configures the recording of the routed traffic as a trace in
+// Mooncake's format, which `warmroute loadtest --trace` replays.
+type Record struct {
+	// Path is the file; empty turns recording off. An existing file is
+	// kept as Path.1.
+	Path string `yaml:"path"`
+	// MaxSize and MaxRecords bound the recording: it stops at either.
+	MaxSize    Size `yaml:"max_size"`
+	MaxRecords int  `yaml:"max_records"`
+}
+
+// maxRecordRecords is loadtest/trace's default bound on a file's records:
+// a recording stays within it so that it replays as it is.
+const maxRecordRecords = 1 << 20
+
+// RequestLogConfig is the reqlog.Config the access log and recording
+// settings describe (Registry and Logger left to the caller).
+func (c *Config) RequestLogConfig() reqlog.Config {
+	sample, _ := c.AccessLog.sample()
+	return reqlog.Config{
+		AccessSample: sample, AccessFormat: strings.ToLower(c.AccessLog.Format), AccessLog: c.AccessLog.Output,
+		RecordPath: c.Record.Path, RecordMaxBytes: int64(c.Record.MaxSize), RecordMaxRecords: c.Record.MaxRecords,
+	}
+}
+
+// validateObserve checks the access log, tracing and recording settings.
+func (c *Config) validateObserve() []error {
+	var errs []error
+	sample, err := c.AccessLog.sample()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if sample > 0 {
+		switch strings.ToLower(c.AccessLog.Format) {
+		case reqlog.FormatJSON, reqlog.FormatText:
+		default:
+			errs = append(errs, fmt.Errorf("access log format %q: want json or text", c.AccessLog.Format))
+		}
+		if strings.TrimSpace(c.AccessLog.Output) == "" {
+			errs = append(errs, errors.New("access log output is empty: want stdout, stderr or a file path"))
+		}
+	}
+	if e := c.Tracing.Endpoint; e != "" {
+		u, err := url.Parse(e)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("tracing endpoint %q: want an http:// or https:// URL, e.g. http://otel-collector:4318", e))
+		}
+	}
+	if r := c.Tracing.SampleRatio; !(r >= 0 && r <= 1) {
+		errs = append(errs, fmt.Errorf("tracing sample ratio %v outside [0, 1]", r))
+	}
+	if c.Record.Path != "" {
+		if c.Record.MaxSize < 1<<20 {
+			errs = append(errs, fmt.Errorf("record max size %s: want at least 1MiB", c.Record.MaxSize))
+		}
+		if c.Record.MaxRecords < 1 || c.Record.MaxRecords > maxRecordRecords {
+			errs = append(errs, fmt.Errorf("record max records %d outside [1, %d] (what a trace file may hold)", c.Record.MaxRecords, maxRecordRecords))
+		}
+		if sample > 0 && c.AccessLog.Output == c.Record.Path {
+			errs = append(errs, fmt.Errorf("the access log and the trace recording both write %s", c.Record.Path))
+		}
+	}
+	return errs
+}
+
 // Enabled reports whether the node runs in a cluster.
 func (c *ClusterConfig) Enabled() bool { return c.GossipListen != "" }
 
@@ -257,6 +380,9 @@ func DefaultConfig() Config {
 			Voters: 3, DeadNodeTimeout: 2 * time.Minute, RaftTimeout: time.Second,
 			DiscoveryInterval: 10 * time.Second},
 		Engine:          Engine{MetricsPath: "/metrics", Interval: time.Second, Timeout: 500 * time.Millisecond},
+		AccessLog:       AccessLog{Mode: "off", Format: "json", Output: "stdout"},
+		Tracing:         Tracing{SampleRatio: 1},
+		Record:          Record{MaxSize: 1 << 30, MaxRecords: maxRecordRecords},
 		ShutdownTimeout: 30 * time.Second,
 	}
 }
@@ -374,6 +500,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("log format %q: want text or json", c.Log.Format))
 	}
 	errs = append(errs, c.validateCluster()...)
+	errs = append(errs, c.validateObserve()...)
 	errs = append(errs, c.TLS.validate()...)
 	if err := c.checkAdminExposure(); err != nil {
 		errs = append(errs, err)

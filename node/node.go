@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -22,7 +23,12 @@ import (
 	"github.com/warmroute/warmroute/node/limit"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/proxy/engine"
+	"github.com/warmroute/warmroute/proxy/reqlog"
 	"github.com/warmroute/warmroute/ring"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 // Node is one router: proxy plus admin listener.
@@ -39,6 +45,11 @@ type Node struct {
 	agree   *cluster.Agreement // Raft agreement on backends and routing
 	scraper *engine.Scraper    // nil when engine scraping is off
 	engines *engineState       // engine figures scraped alone (no gossip)
+
+	// reqs writes the access log and the trace recording, tracer exports
+	// spans; each nil when off. Both stop after the proxy.
+	reqs   *reqlog.Log
+	tracer *sdktrace.TracerProvider
 
 	adminToken string // "" when none is configured
 	// identity is this router's cluster certificate (mutual TLS for Raft
@@ -98,6 +109,18 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 		if a := n.agree; a != nil {
 			a.ReportHealth(backend, ok, n.name)
 		}
+	}
+	lc := cfg.RequestLogConfig()
+	lc.Registry, lc.Logger = n.reg, log.With("component", "reqlog")
+	if n.reqs, err = reqlog.New(lc); err != nil {
+		return nil, err
+	}
+	pc.Requests = n.reqs
+	if cfg.Tracing.enabled() {
+		if n.tracer, err = newTracer(cfg.Tracing, n.name, opts.Version); err != nil {
+			return nil, err
+		}
+		pc.Tracer = n.tracer.Tracer("github.com/warmroute/warmroute/proxy")
 	}
 	p, err := proxy.New(pc)
 	if err != nil {
@@ -197,8 +220,66 @@ func (n *Node) TrafficAddr() net.Addr { return n.trafficLn.Addr() }
 // AdminAddr is the bound admin address.
 func (n *Node) AdminAddr() net.Addr { return n.adminLn.Addr() }
 
+// newTracer builds the tracer provider: parent-based sampling at the
+// configured ratio, spans batched to an OTLP/HTTP exporter (which also
+// reads the OTEL_EXPORTER_OTLP_* variables; the endpoint setting wins over
+// them). The batcher drops spans rather than wait when its queue is full.
+func newTracer(c Tracing, name, version string) (*sdktrace.TracerProvider, error) {
+	var opts []otlptracehttp.Option
+	if c.Endpoint != "" {
+		// A base URL gets the signal's path, as OTEL_EXPORTER_OTLP_ENDPOINT
+		// does (WithEndpointURL alone would post to "/").
+		u, err := url.Parse(c.Endpoint)
+		if err != nil {
+			return nil, fmt.Errorf("tracing endpoint: %w", err)
+		}
+		if u.Path == "" || u.Path == "/" {
+			u.Path = "/v1/traces"
+		}
+		opts = append(opts, otlptracehttp.WithEndpointURL(u.String()))
+	}
+	exp, err := otlptracehttp.New(context.Background(), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	attrs := []attribute.KeyValue{attribute.String("service.name", "warmroute"), attribute.String("service.instance.id", name)}
+	if version != "" {
+		attrs = append(attrs, attribute.String("service.version", version))
+	}
+	// OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win over these.
+	res, err := resource.New(context.Background(), resource.WithAttributes(attrs...), resource.WithFromEnv(), resource.WithTelemetrySDK())
+	if err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	return sdktrace.NewTracerProvider(
+		sdktrace.WithBatcher(exp),
+		sdktrace.WithResource(res),
+		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(c.SampleRatio))),
+	), nil
+}
+
+// stopReporting writes out what the request log and the tracer hold and
+// stops them; after the proxy, which hands them the last requests.
+func (n *Node) stopReporting(ctx context.Context) error {
+	var err error
+	if n.tracer != nil {
+		if e := n.tracer.Shutdown(ctx); e != nil {
+			n.log.Warn("exporting the last spans", "err", e)
+		}
+	}
+	if n.reqs != nil {
+		err = n.reqs.Close()
+	}
+	return err
+}
+
 // closeEarly releases what New acquired when New fails.
 func (n *Node) closeEarly() {
+	if n.reqs != nil || n.tracer != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		n.stopReporting(ctx)
+		cancel()
+	}
 	if n.agree != nil {
 		n.agree.Close()
 	}
@@ -306,6 +387,11 @@ func (n *Node) Run(ctx context.Context) error {
 	for ; pending > 0; pending-- {
 		runErr = errors.Join(runErr, <-errc)
 	}
+	// Streams the proxy cut at the deadline have handed over their
+	// records by now.
+	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer rcancel()
+	runErr = errors.Join(runErr, n.stopReporting(rctx))
 	return runErr
 }
 

@@ -123,6 +123,16 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config) (configPath *string) {
 
 	fs.StringVar(&cfg.Log.Level, "log-level", cfg.Log.Level, "debug, info, warn or error")
 	fs.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "text or json")
+
+	a := &cfg.AccessLog
+	fs.StringVar(&a.Mode, "access-log", a.Mode, "access log: off, on, or a sampling rate in (0, 1]; a line per request (route, model, tenant hash, backend, decision, status, bytes, times; never prompt text)")
+	fs.StringVar(&a.Format, "access-log-format", a.Format, "access log format: json or text")
+	fs.StringVar(&a.Output, "access-log-output", a.Output, "access log destination: stdout, stderr or a file path")
+	fs.StringVar(&cfg.Tracing.Endpoint, "tracing-endpoint", cfg.Tracing.Endpoint, "OpenTelemetry collector's OTLP/HTTP URL (http://host:4318) to export spans to; empty: off, unless OTEL_EXPORTER_OTLP_ENDPOINT is set")
+	fs.Float64Var(&cfg.Tracing.SampleRatio, "tracing-sample-ratio", cfg.Tracing.SampleRatio, "share of requests without a sampled traceparent that are traced (0-1); a sampled traceparent is always followed")
+	fs.StringVar(&cfg.Record.Path, "record-trace", cfg.Record.Path, "record the routed traffic to this file as a Mooncake-format trace (replay with warmroute loadtest --trace FILE --trace-block-tokens 256); empty: off")
+	fs.TextVar(&cfg.Record.MaxSize, "record-trace-max-size", cfg.Record.MaxSize, "the recording stops at this size")
+	fs.IntVar(&cfg.Record.MaxRecords, "record-trace-max-records", cfg.Record.MaxRecords, "the recording stops after this many requests (at most 1048576)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "time open streams get to finish on shutdown")
 	return configPath
 }
