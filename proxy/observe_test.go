@@ -322,3 +322,88 @@ func FuzzTraceparent(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkObserveHotPath is what the request path itself spends on a
+// request's record and spans, without the network: key extraction and the
+// pick (as for any request), then the record or spans filled and handed
+// over, for a 4 KiB chat prompt. The writer formats and writes the lines
+// on its own goroutine (reqlog's BenchmarkFormat).
+func BenchmarkObserveHotPath(b *testing.B) {
+	raw := chatRequest(4<<10, false)
+	body := raw[bytes.Index(raw, []byte("\r\n\r\n"))+4:]
+	for _, mode := range []string{"off", "access", "access+record", "tracing", "tracing-unsampled"} {
+		b.Run(mode, func(b *testing.B) {
+			cfg := DefaultConfig()
+			cfg.ProbePath = ""
+			var lc reqlog.Config
+			if strings.HasPrefix(mode, "access") {
+				lc = reqlog.Config{AccessSample: 1, AccessFormat: reqlog.FormatJSON, AccessLog: reqlog.Stdout, Stdout: io.Discard}
+			}
+			if mode == "access+record" {
+				lc.RecordPath = filepath.Join(b.TempDir(), "rec.jsonl")
+			}
+			l, err := reqlog.New(lc)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			cfg.Requests = l
+			if strings.HasPrefix(mode, "tracing") {
+				sampler := sdktrace.AlwaysSample()
+				if mode == "tracing-unsampled" {
+					sampler = sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0))
+				}
+				tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler))
+				defer tp.Shutdown(context.Background())
+				cfg.Tracer = tp.Tracer("bench")
+			}
+			p, err := New(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			r, err := ring.New(ring.DefaultConfig(), []ring.Backend{{ID: "a/", Addr: "http://127.0.0.1:1"}, {ID: "b/", Addr: "http://127.0.0.1:2"}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := p.SetRing(r, 1); err != nil {
+				b.Fatal(err)
+			}
+			var ctx fasthttp.RequestCtx
+			ctx.Request.Header.SetMethod("POST")
+			ctx.Request.SetBody(body)
+			st := new(reqState)
+			dropped := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				t := p.tab.Load()
+				start := time.Now()
+				st.reset(t, start)
+				if p.observing {
+					p.observeStart(&ctx, st, routeChat, start)
+				}
+				if err := p.readKey(t, ring.Chat, body, nil, st, true); err != nil {
+					b.Fatal(err)
+				}
+				if p.observing {
+					if st.obs.rec == nil && strings.HasPrefix(mode, "access") {
+						dropped++
+					}
+					p.observeKey(t, ring.Chat, body, nil, st)
+				}
+				d, err := t.ring.PickCost(st.info.Key, st.recompute, st)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if p.observing {
+					now := time.Now()
+					p.observeRouted(st, d, nil, now)
+					p.observeSend(&ctx.Request, st, t.bs[d.Backend], d, now)
+					ctx.Response.SetStatusCode(200)
+					p.observeAnswer(st, &ctx.Response, now)
+					p.observeEnd(&ctx, st, start)
+				}
+			}
+			b.ReportMetric(float64(dropped)/float64(b.N), "dropped/op")
+		})
+	}
+}

@@ -332,10 +332,12 @@ func BenchmarkRecord(b *testing.B) {
 	}
 	defer l.Close()
 	model, tenant := []byte("meta-llama/Llama-3.1-8B-Instruct"), []byte("tenant-a")
+	dropped := 0
 	b.ReportAllocs()
 	for b.Loop() {
 		r := l.Begin(time.Now())
 		if r == nil {
+			dropped++
 			continue
 		}
 		r.Route, r.Backend, r.Decision, r.Status = "/v1/chat/completions", "gpu-1", "affinity", 200
@@ -344,8 +346,36 @@ func BenchmarkRecord(b *testing.B) {
 		r.BytesIn, r.BytesOut, r.TTFB, r.Duration = 4096, 300, time.Millisecond, 2*time.Millisecond
 		l.Submit(r)
 	}
+	b.ReportMetric(float64(dropped)/float64(b.N), "dropped/op")
 }
 
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// BenchmarkFormat is the writer's part for one request: a JSON access
+// line, a text one, and a trace record of a 4 KiB prompt (4 hash ids).
+func BenchmarkFormat(b *testing.B) {
+	var r Record
+	r.reset(time.Now(), true, true)
+	r.Route, r.Backend, r.Decision, r.Status = "/v1/chat/completions", "gpu-1", "affinity", 200
+	r.SetModel([]byte("meta-llama/Llama-3.1-8B-Instruct"))
+	r.SetTenant([]byte("tenant-a"))
+	r.BytesIn, r.BytesOut, r.TTFB, r.Duration = 4096, 300, time.Millisecond, 2*time.Millisecond
+	r.PromptTokens, r.CompletionTokens, r.Blocks = 1100, 20, 4
+	var buf []byte
+	for _, f := range []struct {
+		name string
+		fn   func([]byte, *Record) []byte
+	}{
+		{"json", appendJSON}, {"text", appendText},
+		{"trace", func(b []byte, r *Record) []byte { return AppendTrace(b, r, time.Second) }},
+	} {
+		b.Run(f.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				buf = f.fn(buf[:0], &r)
+			}
+		})
+	}
+}
