@@ -104,7 +104,7 @@ func (p *Proxy) observeKey(t *table, api ring.API, body, tenant []byte, st *reqS
 		rec.SkipTrace()
 		return
 	}
-	rec.SetChain(&o.chain, len(body))
+	rec.SetChain(&o.chain, body)
 }
 
 // observeRouted ends the route span at the first decision.

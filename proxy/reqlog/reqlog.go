@@ -148,15 +148,21 @@ func (r *Record) SetTenant(t []byte) {
 	}
 }
 
-// SetChain keeps the block chain of info, read with ChainBlocks =
-// ring.MaxChainBlocks, and the body's size.
-func (r *Record) SetChain(info *ring.KeyInfo, bodyBytes int) {
+// SetChain keeps the block chain of info, read from body with
+// ChainBlocks = ring.MaxChainBlocks, and the body's size. When the text
+// goes on past the chain, Tail also covers the whole body, so that the
+// ids past the chain (see HashID) are shared only by equal bodies, never
+// by prompts that merely open with the same 64 KiB.
+func (r *Record) SetChain(info *ring.KeyInfo, body []byte) {
 	r.Blocks = min(info.Blocks, len(r.Chain))
 	for d := 0; d < r.Blocks; d++ {
 		r.Chain[d] = info.KeyAt(d)
 	}
 	r.Tail = info.KeyAt(r.Blocks)
-	r.TextBytes, r.BodyBytes = info.PrefixBytes, bodyBytes
+	r.TextBytes, r.BodyBytes = info.PrefixBytes, len(body)
+	if r.TextBytes >= ring.MaxChainBlocks*ring.ChainBlockBytes {
+		r.Tail = splitmix(r.Tail ^ xxhash.Sum64(body))
+	}
 }
 
 // TraceWanted reports whether r becomes a trace record: the request path

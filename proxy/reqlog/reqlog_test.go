@@ -3,6 +3,7 @@ package reqlog
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,7 +54,7 @@ func fill(t *testing.T, r *Record, body []byte, prompt, completion int64) {
 	r.BytesIn, r.BytesOut, r.TTFB, r.Duration = int64(len(body)), 42, 3*time.Millisecond, 10*time.Millisecond
 	r.SetModel(info.Model)
 	r.SetTenant([]byte("tenant-a"))
-	r.SetChain(&info, len(body))
+	r.SetChain(&info, body)
 	r.PromptTokens, r.CompletionTokens = prompt, completion
 }
 
@@ -377,5 +378,33 @@ func BenchmarkFormat(b *testing.B) {
 				buf = f.fn(buf[:0], &r)
 			}
 		})
+	}
+}
+
+// TestLongPromptIDs: past the chain's 64 KiB, ids are the same for the
+// same prompt and differ for prompts that only open alike.
+func TestLongPromptIDs(t *testing.T) {
+	open := strings.Repeat("a long shared opening ", 4000) // 88,000 bytes
+	ids := func(body []byte) []int64 {
+		var r Record
+		r.reset(time.Now(), false, true)
+		fill(t, &r, body, -1, -1)
+		out := make([]int64, r.HashIDs())
+		for k := range out {
+			out[k] = r.HashID(k)
+		}
+		return out
+	}
+	a, a2, b := ids(chatBody(open, "ending one")), ids(chatBody(open, "ending one")), ids(chatBody(open, "ending two"))
+	if len(a) <= ring.MaxChainBlocks || len(a) != len(b) {
+		t.Fatalf("%d and %d ids, want the same number, over %d", len(a), len(b), ring.MaxChainBlocks)
+	}
+	if fmt.Sprint(a) != fmt.Sprint(a2) {
+		t.Error("the same prompt, different ids")
+	}
+	for k := range a {
+		if shared := a[k] == b[k]; shared != (k < ring.MaxChainBlocks) {
+			t.Errorf("id %d shared %v", k, shared)
+		}
 	}
 }
