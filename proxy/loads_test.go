@@ -375,3 +375,27 @@ func BenchmarkPickFleetTotals(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkInFlightChange is what a request's count changes cost (one up,
+// one down) on a backend whose table keeps no totals, and on one whose
+// table keeps them.
+func BenchmarkInFlightChange(b *testing.B) {
+	for _, totals := range []string{"none", "kept"} {
+		b.Run("totals="+totals, func(b *testing.B) {
+			p := totalsProxy(b)
+			setTotalsRing(b, p, totalsRingConfig(), totalsBackends([]int{1, 2, 3, 4, 5, 6, 7}), 1)
+			tab := p.tab.Load()
+			if totals == "kept" {
+				if tab.totals(time.Now().UnixNano()) == nil {
+					b.Fatal("no totals")
+				}
+			}
+			be := tab.bs[3]
+			b.ReportAllocs()
+			for b.Loop() {
+				be.inflight.Add(1)
+				be.inflight.Add(-1)
+			}
+		})
+	}
+}

@@ -70,8 +70,12 @@ func (t *Tally) Update(b int, src Loads) {
 			return
 		}
 		if share.CompareAndSwap(old, want) {
-			t.inflight.Add(want>>1 - old>>1)
-			t.healthy.Add(want&1 - old&1)
+			if d := want>>1 - old>>1; d != 0 {
+				t.inflight.Add(d)
+			}
+			if d := want&1 - old&1; d != 0 {
+				t.healthy.Add(d)
+			}
 		}
 	}
 }
