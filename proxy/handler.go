@@ -61,6 +61,30 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 		p.routeLLM(ctx, routeCompletions, ring.Completions)
 	case "/invocations":
 		p.routeLLM(ctx, routeInvocations, ring.Invocations)
+	case "/v1/embeddings":
+		p.routeLLM(ctx, routeEmbeddings, ring.Embeddings)
+	case "/v1/responses":
+		p.routeLLM(ctx, routeResponses, ring.Responses)
+	case "/v1/rerank", "/rerank", "/v2/rerank":
+		p.routeLLM(ctx, routeRerank, ring.Rerank)
+	case "/v1/score", "/score":
+		p.routeLLM(ctx, routeScore, ring.Score)
+	case "/tokenize":
+		p.routeLLM(ctx, routeTokenize, ring.Tokenize)
+	case "/detokenize":
+		p.routeLLM(ctx, routeDetokenize, ring.Detokenize)
+	case "/v1/audio/transcriptions", "/v1/audio/translations":
+		// Multipart audio, passed through as it is: no prompt to key on
+		// and nothing cached, so requests spread like /v1/models.
+		if !ctx.IsPost() {
+			p.methodNotAllowed(ctx, "POST")
+			p.m.countRequest(p.m.none, routeAudio, ring.ReasonNone, fasthttp.StatusMethodNotAllowed)
+			if p.observing {
+				p.observeBare(ctx, routeAudio)
+			}
+			return
+		}
+		p.routeAny(ctx, routeAudio, true)
 	case "/v1/models":
 		if !ctx.IsGet() && !ctx.IsHead() {
 			p.methodNotAllowed(ctx, "GET")
@@ -69,7 +93,7 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 			}
 			return
 		}
-		p.routeAny(ctx, routeModels)
+		p.routeAny(ctx, routeModels, false)
 	case "/ping":
 		if !ctx.IsGet() && !ctx.IsHead() {
 			p.methodNotAllowed(ctx, "GET")
@@ -234,8 +258,10 @@ func (p *Proxy) readKey(t *table, api ring.API, body, tenant []byte, st *reqStat
 	return nil
 }
 
-// routeAny sends a key-less request (GET /v1/models) to a healthy backend.
-func (p *Proxy) routeAny(ctx *fasthttp.RequestCtx, rt route) {
+// routeAny sends a key-less request (GET /v1/models, audio) to a healthy
+// backend, keyed on the time so that such requests spread; stream passes
+// the answer on as it comes instead of reading it whole.
+func (p *Proxy) routeAny(ctx *fasthttp.RequestCtx, rt route, stream bool) {
 	st := p.states.Get().(*reqState)
 	defer p.states.Put(st)
 	now := time.Now()
@@ -244,7 +270,7 @@ func (p *Proxy) routeAny(ctx *fasthttp.RequestCtx, rt route) {
 	if p.observing {
 		p.observeStart(ctx, st, rt, now)
 	}
-	p.dispatch(ctx, st, rt, now, false)
+	p.dispatch(ctx, st, rt, now, stream)
 	if p.observing {
 		p.observeEnd(ctx, st, now)
 	}

@@ -17,10 +17,18 @@ const (
 	routeInvocations
 	routeModels
 	routeOther
+	routeEmbeddings
+	routeResponses
+	routeRerank
+	routeScore
+	routeTokenize
+	routeDetokenize
+	routeAudio
 	numRoutes
 )
 
-var routeNames = [numRoutes]string{"chat", "completions", "invocations", "models", "other"}
+var routeNames = [numRoutes]string{"chat", "completions", "invocations", "models", "other",
+	"embeddings", "responses", "rerank", "score", "tokenize", "detokenize", "audio"}
 
 // codeSlots are the statuses whose counters are cached per backend.
 var codeSlots = [...]int{200, 400, 401, 404, 408, 413, 422, 429, 499, 500, 502, 503, 504}

@@ -22,7 +22,8 @@ import (
 // one branch per request.
 
 // routePaths are the access log's route names.
-var routePaths = [numRoutes]string{"/v1/chat/completions", "/v1/completions", "/invocations", "/v1/models", "other"}
+var routePaths = [numRoutes]string{"/v1/chat/completions", "/v1/completions", "/invocations", "/v1/models", "other",
+	"/v1/embeddings", "/v1/responses", "/v1/rerank", "/v1/score", "/tokenize", "/detokenize", "/v1/audio"}
 
 // Span names.
 const (

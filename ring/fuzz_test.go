@@ -46,6 +46,26 @@ func refKey(cfg KeyConfig, api API, body, tenant []byte) (uint64, bool) {
 	var text strings.Builder
 	switch api {
 	case Chat:
+		tools, hasTools := top["tools"]
+		if f, ok := top["functions"]; ok {
+			if hasTools {
+				return 0, false // which came last is lost in the map
+			}
+			tools, hasTools = f, true
+		}
+		if hasTools {
+			var list []json.RawMessage
+			if json.Unmarshal(tools, &list) != nil {
+				return 0, false
+			}
+			if len(list) > 0 {
+				var c bytes.Buffer
+				if json.Compact(&c, tools) != nil {
+					return 0, false
+				}
+				text.WriteString("\x00tools\n" + c.String() + "\n")
+			}
+		}
 		var raw []map[string]json.RawMessage
 		if json.Unmarshal(req.Messages, &raw) != nil || len(raw) == 0 {
 			return 0, false
@@ -73,9 +93,36 @@ func refKey(cfg KeyConfig, api API, body, tenant []byte) (uint64, bool) {
 			case json.Unmarshal(m.Content, &s) == nil:
 				text.WriteString(s)
 			case json.Unmarshal(m.Content, &parts) == nil:
+				var rawParts []map[string]json.RawMessage
+				var partBytes []json.RawMessage
+				if json.Unmarshal(m.Content, &rawParts) != nil || json.Unmarshal(m.Content, &partBytes) != nil {
+					return 0, false
+				}
 				n := 0
-				for _, p := range parts {
-					if p["type"] != "text" {
+				for i, p := range parts {
+					typ, ok := p["type"].(string)
+					if !ok {
+						return 0, false
+					}
+					if typ != "text" && typ != "input_text" && typ != "output_text" {
+						// Escaped keys or types are matched raw by
+						// Extract; leave them out.
+						if bytes.IndexByte(partBytes[i], '\\') >= 0 {
+							return 0, false
+						}
+						payload, ok := rawParts[i][typ]
+						if !ok {
+							payload = partBytes[i] // the whole part
+						}
+						var c bytes.Buffer
+						if json.Compact(&c, payload) != nil {
+							return 0, false
+						}
+						if n > 0 {
+							text.WriteString("\n")
+						}
+						n++
+						text.WriteString("\x00" + typ + "\n" + c.String())
 						continue
 					}
 					t, ok := p["text"].(string)
@@ -155,14 +202,27 @@ func FuzzExtract(f *testing.F) {
 		`[`, `{"a":"\ud83d\ude00"}`, `{"n":-0.5e+10}`, "",
 	}
 	for _, s := range seeds {
-		for _, api := range []API{Chat, Completions, Invocations} {
+		for api := range numAPIs {
 			f.Add(uint8(api), false, 1024, []byte(s), "")
 			f.Add(uint8(api), true, 4096, []byte(s), "tenant")
 		}
 	}
+	for _, s := range []string{
+		`{"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"messages":[{"role":"user","content":"hi"}]}`,
+		`{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}},{"type":"text","text":"x"}]}],"functions":[{"name":"g"}]}`,
+		`{"model":"m","input":["a","b"]}`,
+		`{"model":"m","instructions":"be brief","tools":[{"type":"function","name":"f"}],"input":[{"role":"user","content":[{"type":"input_text","text":"hi"},{"type":"input_image","image_url":"http://x"}]},{"type":"function_call_output","call_id":"c","output":"42"}]}`,
+		`{"model":"m","query":"q","documents":["a","b"]}`,
+		`{"model":"m","text_1":"a","text_2":["b","c"]}`,
+		`{"model":"m","tokens":[1,2,3]}`,
+	} {
+		for api := range numAPIs {
+			f.Add(uint8(api), false, 1024, []byte(s), "")
+		}
+	}
 	f.Fuzz(func(t *testing.T, api uint8, invJSON bool, plen int, body []byte, tenant string) {
 		cfg := KeyConfig{PrefixLength: MinPrefixLength + int(uint(plen)%uint(MaxPrefixLength-MinPrefixLength+1)), InvocationsJSON: invJSON}
-		a := API(api % 3)
+		a := API(api % uint8(numAPIs))
 		var th []byte
 		if tenant != "" {
 			th = []byte(tenant)
@@ -185,7 +245,11 @@ func FuzzExtract(f *testing.F) {
 		if i1.PrefixBytes > cfg.PrefixLength {
 			t.Fatalf("hashed %d bytes, limit %d", i1.PrefixBytes, cfg.PrefixLength)
 		}
-		if a == Invocations || !json.Valid(body) || !utf8.Valid(body) || !utf8.ValidString(tenant) {
+		if !json.Valid(body) || !utf8.Valid(body) || !utf8.ValidString(tenant) {
+			return
+		}
+		if a == Invocations {
+			checkChain(t, cfg, a, body, th, plen)
 			return
 		}
 		want, ok := refKey(cfg, a, body, th)

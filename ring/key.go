@@ -21,16 +21,26 @@ const (
 	// Invocations is SageMaker's POST /invocations: the raw body, or with
 	// KeyConfig.InvocationsJSON the first of messages, prompt and inputs.
 	Invocations
+	// Embeddings is POST /v1/embeddings: the prompt is `input`.
+	Embeddings
+	// Responses is POST /v1/responses: `tools`, `instructions` and `input`.
+	Responses
+	// Rerank is POST /v1/rerank (and /rerank, /v2/rerank): `query`.
+	Rerank
+	// Score is POST /v1/score (and /score): `text_1`.
+	Score
+	// Tokenize is POST /tokenize: `messages` (with `tools`) or `prompt`.
+	Tokenize
+	// Detokenize is POST /detokenize: the token ids of `tokens`.
+	Detokenize
+	numAPIs
 )
 
+var apiNames = [numAPIs]string{"chat", "completions", "invocations", "embeddings", "responses", "rerank", "score", "tokenize", "detokenize"}
+
 func (a API) String() string {
-	switch a {
-	case Chat:
-		return "chat"
-	case Completions:
-		return "completions"
-	case Invocations:
-		return "invocations"
+	if a < numAPIs {
+		return apiNames[a]
 	}
 	return "unknown"
 }
@@ -130,14 +140,31 @@ func CheckTenant(v []byte) error {
 //
 // The key is xxhash64 over three 64-bit digests: of the model, of the
 // tenant and of the first PrefixLength bytes of prompt text (cut back to a
-// UTF-8 boundary). Prompt text is:
-//   - chat: for each message in order, its role, '\n', its content's text
-//     (text parts of a content array joined by '\n'; other parts skipped)
-//     and '\n';
+// UTF-8 boundary). Prompt text is what the engine's cache sees, in the
+// order it sees it:
+//   - chat: when the body has `tools` (or the older `functions`), "\x00tools\n"
+//     and their JSON without insignificant white space, as chat templates
+//     put them ahead of the conversation; then for each message in order,
+//     its role, '\n', its content (text parts of a content array joined by
+//     '\n'; any other part, such as an image_url or input_audio, as "\x00",
+//     its type, '\n' and its payload's JSON without white space, so two
+//     images make two keys) and '\n';
 //   - completions: the prompt string; the first string of a prompt array;
 //     token ids as decimal text each followed by ' ';
+//   - embeddings: `input` like completions' prompt; score: `text_1` the
+//     same way; rerank: the `query` string; detokenize: the `tokens` ids;
+//     tokenize: `messages` like chat, else `prompt` like completions;
+//   - responses: tools as for chat, then "system\n" and `instructions`
+//     and '\n', then `input`: a string as "user\n", the text and '\n', or
+//     for each item of an array, a message's role, '\n', content and
+//     '\n' as for chat (input_text and output_text parts are text), any
+//     other item (a function call or its output) as "\x00" and its JSON
+//     without white space;
 //   - invocations: the raw body, or as above with InvocationsJSON (TGI's
 //     `inputs` string too).
+//
+// A body without tools or non-text parts gives the text, and the key, it
+// gave before these were read.
 //
 // With cfg.ChainBlocks > 0 it reads the block chain instead (see KeyInfo's
 // Chain, Blocks and Tail) and Key is KeyAt(0); Splits.Route picks the key
@@ -197,8 +224,14 @@ func Extract(cfg KeyConfig, api API, body, tenantHeader []byte, info *KeyInfo) e
 
 // bodyFields are the raw spans of the top-level fields Extract cares about.
 type bodyFields struct {
-	messages, prompt, inputs []byte
+	messages, prompt, inputs, tools []byte
+	input, instructions, query      []byte
+	text1, tokens                   []byte
 }
+
+// chatAPI reports whether api's body may be a chat conversation read
+// inline (in the one pass over the body).
+func chatAPI(api API) bool { return api == Chat || api == Tokenize }
 
 func extractJSON(api API, body []byte, info *KeyInfo, pw *prefixWriter) error {
 	s := scanner{b: body}
@@ -213,17 +246,23 @@ func extractJSON(api API, body []byte, info *KeyInfo, pw *prefixWriter) error {
 	}
 	// Chat and completions hash their prompt field during the one pass over
 	// the body; a repeated field starts over, so the last one counts, as in
-	// every JSON decoder engines use. Invocations pick among several fields
-	// afterwards.
+	// every JSON decoder engines use. Tools come first in the prompt text:
+	// tools after the messages start the messages over from their span.
+	// The other APIs pick among their fields afterwards.
 	var f bodyFields
-	inline := api == Chat || api == Completions
 	err := s.object(func(key []byte) error {
 		switch string(key) {
 		case "messages":
-			if api == Chat {
+			if chatAPI(api) {
 				pw.reset()
-				f.messages = key
-				return chatPrefix(&s, pw)
+				if err := writeTools(f.tools, pw); err != nil {
+					return err
+				}
+				s.ws()
+				from := s.i
+				err := chatPrefix(&s, pw)
+				f.messages = s.b[from:s.i]
+				return err
 			}
 		case "prompt":
 			if api == Completions {
@@ -254,12 +293,38 @@ func extractJSON(api API, body []byte, info *KeyInfo, pw *prefixWriter) error {
 			}
 		case "stream":
 			info.Stream = kind == 't'
+		case "tools", "functions":
+			if kind != '[' && kind != 'z' {
+				return fmt.Errorf("%w: %s must be an array", ErrInvalidRequest, key)
+			}
+			if kind == 'z' || raw[1+bytes.IndexFunc(raw[1:], notSpace)] == ']' {
+				raw = nil // null or []: no tools
+			}
+			f.tools = raw
+			if chatAPI(api) && f.messages != nil {
+				pw.reset()
+				if err := writeTools(f.tools, pw); err != nil {
+					return err
+				}
+				sub := scanner{b: f.messages}
+				return chatPrefix(&sub, pw)
+			}
 		case "messages":
 			f.messages = raw
 		case "prompt":
 			f.prompt = raw
 		case "inputs":
 			f.inputs = raw
+		case "input":
+			f.input = raw
+		case "instructions":
+			f.instructions = raw
+		case "query":
+			f.query = raw
+		case "text_1":
+			f.text1 = raw
+		case "tokens":
+			f.tokens = raw
 		}
 		return nil
 	})
@@ -269,14 +334,56 @@ func extractJSON(api API, body []byte, info *KeyInfo, pw *prefixWriter) error {
 	if err := s.end(); err != nil {
 		return err
 	}
-	switch {
-	case inline && api == Chat && f.messages == nil:
-		return fmt.Errorf("%w: messages is required", ErrInvalidRequest)
-	case inline && api == Completions && f.prompt == nil:
-		return fmt.Errorf("%w: prompt is required", ErrInvalidRequest)
-	case inline:
+	switch api {
+	case Chat:
+		if f.messages == nil {
+			return fmt.Errorf("%w: messages is required", ErrInvalidRequest)
+		}
 		return nil
+	case Completions:
+		if f.prompt == nil {
+			return fmt.Errorf("%w: prompt is required", ErrInvalidRequest)
+		}
+		return nil
+	case Embeddings:
+		return promptField(f.input, "input", pw)
+	case Score:
+		return promptField(f.text1, "text_1", pw)
+	case Rerank:
+		if f.query == nil {
+			return fmt.Errorf("%w: query is required", ErrInvalidRequest)
+		}
+		if f.query[0] != '"' {
+			return fmt.Errorf("%w: query must be a string", ErrInvalidRequest)
+		}
+		return pw.json(f.query[1 : len(f.query)-1])
+	case Detokenize:
+		if f.tokens == nil {
+			return fmt.Errorf("%w: tokens is required", ErrInvalidRequest)
+		}
+		if f.tokens[0] != '[' {
+			return fmt.Errorf("%w: tokens must be an array of token ids", ErrInvalidRequest)
+		}
+		return tokenIDs(f.tokens, pw)
+	case Tokenize:
+		switch {
+		case f.messages != nil:
+			return nil // read inline
+		case f.prompt != nil:
+			sub := scanner{b: f.prompt}
+			return promptPrefix(&sub, pw)
+		}
+		return fmt.Errorf("%w: prompt or messages is required", ErrInvalidRequest)
+	case Responses:
+		return responsesPrefix(&f, pw)
+	}
+	// Invocations.
+	switch {
 	case f.messages != nil:
+		pw.reset()
+		if err := writeTools(f.tools, pw); err != nil {
+			return err
+		}
 		sub := scanner{b: f.messages}
 		return chatPrefix(&sub, pw)
 	case f.prompt != nil:
@@ -291,13 +398,163 @@ func extractJSON(api API, body []byte, info *KeyInfo, pw *prefixWriter) error {
 	return fmt.Errorf("%w: body has none of messages, prompt or inputs", ErrInvalidRequest)
 }
 
+func notSpace(r rune) bool { return !isSpace(byte(r)) || r > 0x7f }
+
+// promptField writes the field raw named name like completions' prompt,
+// or says it is missing.
+func promptField(raw []byte, name string, pw *prefixWriter) error {
+	if raw == nil {
+		return fmt.Errorf("%w: %s is required", ErrInvalidRequest, name)
+	}
+	sub := scanner{b: raw}
+	if err := promptPrefix(&sub, pw); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+var (
+	toolsMarker = []byte("\x00tools\n")
+	partMarker  = []byte("\x00")
+	systemRole  = []byte("system")
+	userRole    = []byte("user")
+)
+
+// writeTools writes a tools array (nil: none) as the prompt text's head.
+func writeTools(raw []byte, pw *prefixWriter) error {
+	if raw == nil {
+		return nil
+	}
+	pw.raw(toolsMarker)
+	compactJSON(raw, pw)
+	pw.raw(newline)
+	return nil
+}
+
+// compactJSON writes the raw JSON value v without the white space outside
+// its strings (v was checked by the scanner).
+func compactJSON(v []byte, pw *prefixWriter) {
+	from, inStr := 0, false
+	for i := 0; i < len(v) && !pw.full(); i++ {
+		c := v[i]
+		switch {
+		case inStr && c == '\\':
+			i++
+		case c == '"':
+			inStr = !inStr
+		case !inStr && isSpace(c):
+			pw.raw(v[from:i])
+			from = i + 1
+		}
+	}
+	if from < len(v) {
+		pw.raw(v[from:])
+	}
+}
+
+// responsesPrefix writes a Responses API request's prompt text: tools,
+// instructions, then input.
+func responsesPrefix(f *bodyFields, pw *prefixWriter) error {
+	if f.input == nil {
+		return fmt.Errorf("%w: input is required", ErrInvalidRequest)
+	}
+	if err := writeTools(f.tools, pw); err != nil {
+		return err
+	}
+	if f.instructions != nil && f.instructions[0] != 'n' {
+		if f.instructions[0] != '"' {
+			return fmt.Errorf("%w: instructions must be a string", ErrInvalidRequest)
+		}
+		pw.raw(systemRole)
+		pw.raw(newline)
+		if err := pw.json(f.instructions[1 : len(f.instructions)-1]); err != nil {
+			return err
+		}
+		pw.raw(newline)
+	}
+	switch f.input[0] {
+	case '"':
+		pw.raw(userRole)
+		pw.raw(newline)
+		if err := pw.json(f.input[1 : len(f.input)-1]); err != nil {
+			return err
+		}
+		pw.raw(newline)
+		return nil
+	case '[':
+	default:
+		return fmt.Errorf("%w: input must be a string or an array of items", ErrInvalidRequest)
+	}
+	s := scanner{b: f.input}
+	return s.array(func(i int) error {
+		if s.peek() != '{' {
+			return fmt.Errorf("%w: input[%d] must be an object", ErrInvalidRequest, i)
+		}
+		_, item, err := s.span()
+		if err != nil {
+			return err
+		}
+		var role, content []byte
+		var contentKind byte
+		sub := scanner{b: item}
+		err = sub.object(func(key []byte) error {
+			kind, v, err := sub.span()
+			if err != nil {
+				return err
+			}
+			switch {
+			case bytes.Equal(key, keyRole):
+				if kind != '"' {
+					return fmt.Errorf("%w: input[%d].role must be a string", ErrInvalidRequest, i)
+				}
+				role = v[1 : len(v)-1]
+			case bytes.Equal(key, keyContent):
+				content, contentKind = v, kind
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if role == nil {
+			// A function call, its output, reasoning: as the engine gets it.
+			pw.raw(partMarker)
+			compactJSON(item, pw)
+			pw.raw(newline)
+			return nil
+		}
+		if err := pw.json(role); err != nil {
+			return err
+		}
+		pw.raw(newline)
+		switch contentKind {
+		case '"':
+			if err := pw.json(content[1 : len(content)-1]); err != nil {
+				return err
+			}
+		case '[':
+			if err := contentParts(content, i, pw); err != nil {
+				return err
+			}
+		case 'z', 0:
+		default:
+			return fmt.Errorf("%w: input[%d].content must be a string or an array of parts", ErrInvalidRequest, i)
+		}
+		pw.raw(newline)
+		return nil
+	})
+}
+
 var (
 	keyRole    = []byte("role")
 	keyContent = []byte("content")
 	keyType    = []byte("type")
 	keyText    = []byte("text")
-	newline    = []byte("\n")
-	space      = []byte(" ")
+	// The Responses API's text parts.
+	keyInputText  = []byte("input_text")
+	keyOutputText = []byte("output_text")
+	newline       = []byte("\n")
+	space         = []byte(" ")
 )
 
 // chatPrefix consumes the messages array at the cursor, checking its shape
@@ -368,7 +625,11 @@ func chatPrefix(s *scanner, pw *prefixWriter) error {
 	return nil
 }
 
-// contentParts writes the text parts of a content array joined by '\n'.
+// contentParts writes the parts of a content array: text parts (and the
+// Responses API's input_text and output_text) joined by '\n', any other
+// part as "\x00", its type, '\n' and the JSON of the field named by its
+// type (an image_url's object, an input_audio's data) without white space.
+// A part without a string type is refused.
 func contentParts(raw []byte, msg int, pw *prefixWriter) error {
 	s := scanner{b: raw}
 	texts := 0
@@ -376,8 +637,9 @@ func contentParts(raw []byte, msg int, pw *prefixWriter) error {
 		if s.peek() != '{' {
 			return fmt.Errorf("%w: messages[%d].content[%d] must be an object", ErrInvalidRequest, msg, i)
 		}
-		var typ, text []byte
+		var typ, text, part []byte
 		textKind := byte(0)
+		from := s.i
 		err := s.object(func(key []byte) error {
 			kind, v, err := s.span()
 			if err != nil {
@@ -394,8 +656,35 @@ func contentParts(raw []byte, msg int, pw *prefixWriter) error {
 			}
 			return nil
 		})
-		if err != nil || !bytes.Equal(typ, keyText) {
+		if err != nil {
 			return err
+		}
+		if typ == nil {
+			return fmt.Errorf("%w: messages[%d].content[%d].type is required", ErrInvalidRequest, msg, i)
+		}
+		if !bytes.Equal(typ, keyText) && !bytes.Equal(typ, keyInputText) && !bytes.Equal(typ, keyOutputText) {
+			// The payload is the field the type names; failing that, the
+			// whole part.
+			part = s.b[from:s.i]
+			sub := scanner{b: part}
+			_ = sub.object(func(key []byte) error {
+				_, v, err := sub.span()
+				if err == nil && bytes.Equal(key, typ) {
+					part = v
+				}
+				return err
+			})
+			if texts > 0 {
+				pw.raw(newline)
+			}
+			texts++
+			pw.raw(partMarker)
+			if err := pw.json(typ); err != nil {
+				return err
+			}
+			pw.raw(newline)
+			compactJSON(part, pw)
+			return nil
 		}
 		if textKind != '"' {
 			return fmt.Errorf("%w: messages[%d].content[%d].text must be a string", ErrInvalidRequest, msg, i)

@@ -26,7 +26,9 @@ func TestChatKeyIgnoresFormattingAndSampling(t *testing.T) {
 		// escapes that decode to the same text
 		`{"model":"m","messages":[{"role":"system","content":"You are helpful\u002e"},{"role":"user","content":"Hi\u0020there"}]}`,
 		// content as an array of text parts, one part
-		`{"model":"m","messages":[{"role":"system","content":[{"type":"text","text":"You are helpful."}]},{"role":"user","content":[{"text":"Hi there","type":"text"},{"type":"image_url","image_url":{"url":"http://x"}}]}]}`,
+		`{"model":"m","messages":[{"role":"system","content":[{"type":"text","text":"You are helpful."}]},{"role":"user","content":[{"text":"Hi there","type":"text"}]}]}`,
+		// no tools, in either form
+		`{"model":"m","tools":[],"messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":"Hi there"}],"functions":null}`,
 		// extra message fields
 		`{"model":"m","messages":[{"role":"system","name":"x","content":"You are helpful."},{"role":"user","content":"Hi there"}],"user":"u1"}`,
 	}
@@ -51,6 +53,11 @@ func TestChatKeyDistinguishes(t *testing.T) {
 		`{"model":"m","messages":[{"role":"system","content":"Hi there"}]}`,
 		`{"model":"m","messages":[{"role":"user","content":"Hi therE"}]}`,
 		`{"model":"m","messages":[{"role":"user","content":"Hi"},{"role":"user","content":"there"}]}`,
+		// what the engine caches beyond the text: images, audio, tools
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"Hi there"},{"type":"image_url","image_url":{"url":"http://x/1.png"}}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/1.png"}},{"type":"text","text":"Hi there"}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"Hi there"},{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}}]}]}`,
+		`{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"Hi there"}]}`,
 	}
 	for i, o := range others {
 		if got := mustKey(t, Chat, o, nil); got.Key == base.Key {
@@ -245,5 +252,83 @@ func TestExtractAllocations(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("Extract allocates %.1f times per call, want 0", allocs)
+	}
+}
+
+// TestEndpointKeys: each endpoint keys on the text its engine caches, so
+// the same text gives the same key across endpoints (under one model),
+// and a missing or mistyped prompt field is refused.
+func TestEndpointKeys(t *testing.T) {
+	chat := mustKey(t, Chat, `{"model":"m","messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":"Hi there"}]}`, nil).Key
+	prompt := mustKey(t, Completions, `{"model":"m","prompt":"Hi there"}`, nil).Key
+	ids := mustKey(t, Completions, `{"model":"m","prompt":[1,2,3]}`, nil).Key
+	same := []struct {
+		api  API
+		body string
+		want uint64
+	}{
+		{Embeddings, `{"model":"m","input":"Hi there"}`, prompt},
+		{Embeddings, `{"model":"m","input":["Hi there","more"],"encoding_format":"float"}`, prompt},
+		{Embeddings, `{"model":"m","input":[1,2,3]}`, ids},
+		{Score, `{"model":"m","text_1":"Hi there","text_2":["a","b"]}`, prompt},
+		{Rerank, `{"model":"m","query":"Hi there","documents":["a","b"]}`, prompt},
+		{Detokenize, `{"model":"m","tokens":[1,2,3]}`, ids},
+		{Tokenize, `{"model":"m","prompt":"Hi there"}`, prompt},
+		{Tokenize, `{"model":"m","messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":"Hi there"}],"add_generation_prompt":true}`, chat},
+		{Responses, `{"model":"m","instructions":"You are helpful.","input":"Hi there"}`, chat},
+		{Responses, `{"model":"m","instructions":"You are helpful.","input":[{"role":"user","content":[{"type":"input_text","text":"Hi there"}]}]}`, chat},
+		{Responses, `{"model":"m","input":[{"role":"system","content":"You are helpful."},{"type":"message","role":"user","content":"Hi there"}],"store":false}`, chat},
+	}
+	for i, c := range same {
+		if got := mustKey(t, c.api, c.body, nil).Key; got != c.want {
+			t.Errorf("%d (%s): key %x, want %x", i, c.api, got, c.want)
+		}
+	}
+	// Tools lead the text wherever they sit in the body, in chat and
+	// responses alike.
+	tools := `[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]`
+	before := mustKey(t, Chat, `{"model":"m","tools":`+tools+`,"messages":[{"role":"user","content":"Hi there"}]}`, nil).Key
+	after := mustKey(t, Chat, `{"model":"m","messages":[{"role":"user","content":"Hi there"}],"tools":`+strings.ReplaceAll(tools, ",", ", ")+`}`, nil).Key
+	if before != after {
+		t.Errorf("tools before and after the messages: %x, %x", before, after)
+	}
+	if before == mustKey(t, Chat, `{"model":"m","messages":[{"role":"user","content":"Hi there"}]}`, nil).Key {
+		t.Error("tools do not enter the key")
+	}
+	resp := mustKey(t, Responses, `{"model":"m","input":"Hi there","tools":`+tools+`}`, nil).Key
+	if resp != before {
+		t.Errorf("responses with tools %x, chat with tools %x", resp, before)
+	}
+	// A function call's output is part of the conversation.
+	a := mustKey(t, Responses, `{"model":"m","input":[{"role":"user","content":"Hi"},{"type":"function_call_output","call_id":"c1","output":"20C"}]}`, nil).Key
+	b := mustKey(t, Responses, `{"model":"m","input":[{"role":"user","content":"Hi"},{"type":"function_call_output","call_id":"c1","output":"25C"}]}`, nil).Key
+	if a == b {
+		t.Error("function call outputs do not enter the key")
+	}
+
+	bad := []struct {
+		api  API
+		body string
+	}{
+		{Embeddings, `{"model":"m"}`},
+		{Embeddings, `{"model":"m","input":{"x":1}}`},
+		{Score, `{"model":"m","text_2":"a"}`},
+		{Rerank, `{"model":"m","documents":["a"]}`},
+		{Rerank, `{"model":"m","query":["a"]}`},
+		{Detokenize, `{"model":"m","tokens":"1 2"}`},
+		{Detokenize, `{"model":"m","tokens":[-1]}`},
+		{Tokenize, `{"model":"m"}`},
+		{Responses, `{"model":"m","instructions":"x"}`},
+		{Responses, `{"model":"m","input":42}`},
+		{Responses, `{"model":"m","input":[1]}`},
+		{Responses, `{"model":"m","input":"x","instructions":7}`},
+		{Chat, `{"model":"m","tools":{"a":1},"messages":[{"role":"user","content":"x"}]}`},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":[{"image_url":{"url":"u"}}]}]}`},
+	}
+	for i, c := range bad {
+		var info KeyInfo
+		if err := Extract(KeyConfig{PrefixLength: 4096}, c.api, []byte(c.body), nil, &info); !errors.Is(err, ErrInvalidRequest) {
+			t.Errorf("bad %d (%s %s): %v, want ErrInvalidRequest", i, c.api, c.body, err)
+		}
 	}
 }
