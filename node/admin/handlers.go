@@ -107,8 +107,20 @@ func explainAPI(path, q string) (ring.API, error) {
 		return ring.Completions, nil
 	case "invocations":
 		return ring.Invocations, nil
+	case "embeddings", "v1/embeddings":
+		return ring.Embeddings, nil
+	case "responses", "v1/responses":
+		return ring.Responses, nil
+	case "rerank", "v1/rerank", "v2/rerank":
+		return ring.Rerank, nil
+	case "score", "v1/score":
+		return ring.Score, nil
+	case "tokenize":
+		return ring.Tokenize, nil
+	case "detokenize":
+		return ring.Detokenize, nil
 	}
-	return 0, fmt.Errorf("unknown API %q (want v1/chat/completions, v1/completions or invocations)", p)
+	return 0, fmt.Errorf("unknown API %q (want v1/chat/completions, v1/completions, invocations, v1/responses, v1/embeddings, v1/rerank, v1/score, tokenize or detokenize)", p)
 }
 
 // backendViews is every agreed backend with this router's live view.
