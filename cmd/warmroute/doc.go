@@ -10,9 +10,10 @@
 //	           the admin API from the command line
 //	tls        the cluster CA and router certificates (ca create, cert
 //	           create, show)
-//	version    print the version
+//	version    print the version and build information (also --version)
 //
 // `warmroute help` lists the commands and `warmroute <command> --help` every
-// flag with its default. The README describes configuration, deployment and
-// metrics.
+// flag with its default. Flags may follow a command's arguments; durations
+// take a unit (500ms, 2s). Exit status: 0 ok, 1 failed, 2 bad command line.
+// The README describes configuration, deployment and metrics.
 package main
