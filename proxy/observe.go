@@ -72,10 +72,11 @@ func (p *Proxy) observeStart(ctx *fasthttp.RequestCtx, st *reqState, rt route, s
 	}
 	if p.cfg.Tracer != nil {
 		parent := p.prop.Extract(context.Background(), headerCarrier{&ctx.Request.Header})
-		o.rctx, o.route = p.cfg.Tracer.Start(parent, spanRoute,
-			trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start),
-			trace.WithAttributes(attribute.String("http.route", routePaths[rt]),
-				attribute.String("http.request.method", string(ctx.Method()))))
+		o.rctx, o.route = p.cfg.Tracer.Start(parent, spanRoute, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start))
+		if o.route.IsRecording() {
+			o.route.SetAttributes(attribute.String("http.route", routePaths[rt]),
+				attribute.String("http.request.method", string(ctx.Method())))
+		}
 	}
 }
 
@@ -143,11 +144,12 @@ func (p *Proxy) observeSend(req *fasthttp.Request, st *reqState, b *backend, d r
 	if parent == nil {
 		parent = context.Background()
 	}
-	uctx, span := p.cfg.Tracer.Start(parent, spanUpstream,
-		trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(sent),
-		trace.WithAttributes(attribute.String("warmroute.backend", b.id),
+	uctx, span := p.cfg.Tracer.Start(parent, spanUpstream, trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(sent))
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("warmroute.backend", b.id),
 			attribute.String("warmroute.decision", d.Reason.String()),
-			attribute.String("server.address", b.target.HostPort)))
+			attribute.String("server.address", b.target.HostPort))
+	}
 	o.up = span
 	p.prop.Inject(uctx, headerCarrier{&req.Header})
 }
