@@ -276,3 +276,33 @@ func TestHitChartFoldsThePartialLastBucket(t *testing.T) {
 		t.Fatalf("the line drops to y=%g (plot floor %g)", y, floor)
 	}
 }
+
+// TestLegendFits: the legend's names do not overlap, and shrink to fit
+// when there are many.
+func TestLegendFits(t *testing.T) {
+	for _, names := range [][]string{
+		{"CONSISTENT_HASH", "PREFIX_AWARE_FIXED", "PREFIX_AWARE"},
+		{"CONSISTENT_HASH", "PREFIX_AWARE_FIXED", "PREFIX_AWARE", "RANDOM", "LEAST_OUTSTANDING_REQUESTS", "ROUND_ROBIN"},
+	} {
+		var b strings.Builder
+		legend(&b, names, make([]string, len(names)))
+		re := regexp.MustCompile(`<text x="([0-9.]+)" y="[0-9]+" class="legend" font-size="([0-9.]+)">([^<]*)</text>`)
+		ms := re.FindAllStringSubmatch(b.String(), -1)
+		if len(ms) != len(names) {
+			t.Fatalf("%d names drawn, want %d", len(ms), len(names))
+		}
+		end := 0.0
+		for _, m := range ms {
+			var x, size float64
+			fmt.Sscan(m[1], &x)
+			fmt.Sscan(m[2], &size)
+			if x < end {
+				t.Errorf("%q starts at %.1f, before the previous name ends (%.1f)", m[3], x, end)
+			}
+			end = x + textWidth(m[3], size)
+		}
+		if end > chartW {
+			t.Errorf("legend ends at %.1f, past the chart's %d", end, chartW)
+		}
+	}
+}

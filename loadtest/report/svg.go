@@ -41,6 +41,10 @@ const (
 
 func esc(s string) string { return html.EscapeString(s) }
 
+// refStroke draws a reference line dashed also where the page's style
+// sheet does not reach (a chart copied out of the report).
+const refStroke = `stroke="#555" stroke-dasharray="4 3"`
+
 // niceTicks returns about n round tick values covering [lo, hi].
 func niceTicks(lo, hi float64, n int) []float64 {
 	if !(hi > lo) {
@@ -95,14 +99,44 @@ func svgOpen(b *strings.Builder, title string) {
 	fmt.Fprintf(b, `<text x="%d" y="18" class="title">%s</text>`, padL, esc(title))
 }
 
+// legend writes one swatch and name per series along the bottom edge,
+// spaced by the names' estimated widths, in a smaller font when they
+// would not fit on one line.
 func legend(b *strings.Builder, names, colours []string) {
-	x := padL
+	const size = 11.0
+	total := 0.0
+	for _, n := range names {
+		total += 24 + textWidth(n, size)
+	}
+	scale := 1.0
+	if avail := float64(chartW - padL - padR); total > avail {
+		scale = avail / total
+	}
+	x := float64(padL)
 	y := chartH - 12
 	for i, n := range names {
-		fmt.Fprintf(b, `<rect x="%d" y="%d" width="10" height="10" fill="%s"/><text x="%d" y="%d" class="legend">%s</text>`,
-			x, y-9, colours[i], x+14, y, esc(n))
-		x += 24 + 7*len(n)
+		fmt.Fprintf(b, `<rect x="%.1f" y="%d" width="10" height="10" fill="%s"/><text x="%.1f" y="%d" class="legend" font-size="%.1f">%s</text>`,
+			x, y-9, colours[i], x+14, y, size*scale, esc(n))
+		x += 24*scale + textWidth(n, size*scale)
 	}
+}
+
+// textWidth estimates the width of s in pixels at a font size, generously
+// (capitals as wide as in a serif fallback font), so that neighbouring
+// labels do not overlap.
+func textWidth(s string, size float64) float64 {
+	w := 0.0
+	for _, r := range s {
+		switch {
+		case r >= 'A' && r <= 'Z', r == 'W', r == 'm', r == 'w':
+			w += 0.78
+		case r == ' ', r == '.', r == ',', r == ':', r == 'i', r == 'l', r == '1':
+			w += 0.35
+		default:
+			w += 0.6
+		}
+	}
+	return w * size
 }
 
 // lineChart draws series on linear or logarithmic x and linear y axes.
@@ -167,8 +201,8 @@ func lineChart(title, xLabel, yLabel string, ss []series, logX bool, yLo, yHi fl
 	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" class="axis" text-anchor="middle">%s</text>`, float64(padL)+pw/2, float64(padT)+ph+30, esc(xLabel))
 	fmt.Fprintf(&b, `<text x="14" y="%.1f" class="axis" text-anchor="middle" transform="rotate(-90 14 %.1f)">%s</text>`, float64(padT)+ph/2, float64(padT)+ph/2, esc(yLabel))
 	if mark > xLo && mark < xHi {
-		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%.1f" class="ref"/><text x="%.1f" y="%d" class="tick">%s</text>`,
-			px(mark), padT, px(mark), float64(padT)+ph, px(mark)+4, padT+10, esc(markLabel))
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%.1f" class="ref" %s/><text x="%.1f" y="%d" class="tick">%s</text>`,
+			px(mark), padT, px(mark), float64(padT)+ph, refStroke, px(mark)+4, padT+10, esc(markLabel))
 	}
 	names := make([]string, len(ss))
 	colours := make([]string, len(ss))
@@ -236,9 +270,14 @@ func barChart(title, yLabel string, categories []string, bs []bars, ref float64,
 			x0+group*0.4, float64(padT)+ph+14, esc(c))
 	}
 	if ref > 0 {
-		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" class="ref"/>`, padL, py(ref), float64(padL)+pw, py(ref))
+		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" class="ref" %s/>`, padL, py(ref), float64(padL)+pw, py(ref), refStroke)
 		if refLabel != "" {
-			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" class="tick" text-anchor="end">%s</text>`, float64(padL)+pw-2, py(ref)-4, esc(refLabel))
+			// The key to the dashed line, under the categories (where a
+			// line chart has its axis label), clear of the bars.
+			y := float64(padT) + ph + 30
+			x := float64(padL) + pw/2 - (28+textWidth(refLabel, 11))/2
+			fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" class="ref" %s/><text x="%.1f" y="%.1f" class="axis">%s</text>`,
+				x, y-4, x+24, y-4, refStroke, x+28, y, esc(refLabel))
 		}
 	}
 	fmt.Fprintf(&b, `<text x="14" y="%.1f" class="axis" text-anchor="middle" transform="rotate(-90 14 %.1f)">%s</text>`, float64(padT)+ph/2, float64(padT)+ph/2, esc(yLabel))
