@@ -25,6 +25,7 @@ import (
 	"github.com/warmroute/warmroute/proxy/engine"
 	"github.com/warmroute/warmroute/proxy/reqlog"
 	"github.com/warmroute/warmroute/ring"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -120,6 +121,11 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 		if n.tracer, err = newTracer(cfg.Tracing, n.name, opts.Version); err != nil {
 			return nil, err
 		}
+		// The SDK reports failed exports (a collector down) to its
+		// process-wide handler, by default unstructured lines on stderr:
+		// they go to this router's log instead.
+		tlog := log.With("component", "tracing")
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { tlog.Warn("exporting spans", "err", err) }))
 		pc.Tracer = n.tracer.Tracer("github.com/warmroute/warmroute/proxy")
 	}
 	p, err := proxy.New(pc)
