@@ -190,7 +190,11 @@ func (p *Proxy) routeLLM(ctx *fasthttp.RequestCtx, rt route, api ring.API) {
 		p.observeStart(ctx, st, rt, start)
 	}
 	body, tenant := ctx.PostBody(), ctx.Request.Header.Peek(HeaderTenant)
-	if err := p.readKey(t, api, body, tenant, st, true); err != nil {
+	var session []byte
+	if h := t.ring.Config().SessionHeader; h != "" {
+		session = ctx.Request.Header.Peek(string(h))
+	}
+	if err := p.readKey(t, api, body, tenant, session, st, true); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, badRequestCode(err), err.Error())
 		p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusBadRequest)
 		if p.observing {
@@ -212,8 +216,10 @@ func (p *Proxy) routeLLM(ctx *fasthttp.RequestCtx, rt route, api ring.API) {
 
 // readKey reads the request's routing key into st: the fixed-length key,
 // or under ADAPTIVE the block chain, routed past the split prefixes (and,
-// with count, counted towards the next splits). It also sets st.recompute.
-func (p *Proxy) readKey(t *table, api ring.API, body, tenant []byte, st *reqState, count bool) error {
+// with count, counted towards the next splits); with a session id (the
+// value of the configured session header, nil when absent), the session's
+// key instead. It also sets st.recompute.
+func (p *Proxy) readKey(t *table, api ring.API, body, tenant, session []byte, st *reqState, count bool) error {
 	rc := t.ring.Config()
 	kc := rc.Key()
 	var splits *ring.Splits
@@ -228,12 +234,18 @@ func (p *Proxy) readKey(t *table, api ring.API, body, tenant []byte, st *reqStat
 	if err != nil {
 		return err
 	}
+	if session != nil && string(session) != ring.NewSession {
+		if err := ring.CheckSession(session); err != nil {
+			return err
+		}
+		st.info.UseSession(session)
+	}
 	mean := p.meanBody.Load()
 	st.recompute = 1
 	if mean > 0 {
 		st.recompute = max(1, (int64(len(body))+mean/2)/mean)
 	}
-	if rc.Adaptive() {
+	if rc.Adaptive() && !st.info.Session {
 		splits.Route(&st.info)
 	}
 	if !count {
@@ -284,6 +296,8 @@ func badRequestCode(err error) string {
 		return "json_too_deep"
 	case errors.Is(err, ring.ErrBadTenant):
 		return "invalid_prefix_aware_id"
+	case errors.Is(err, ring.ErrBadSession):
+		return "invalid_session_id"
 	}
 	return "invalid_request"
 }

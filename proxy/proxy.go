@@ -335,10 +335,16 @@ func (p *Proxy) unreadyReason() string {
 // Explain tells where a request with this body and tenant header would go
 // and why, without sending it.
 func (p *Proxy) Explain(api ring.API, body, tenant []byte) (ring.KeyInfo, ring.Explanation, error) {
+	return p.ExplainSession(api, body, tenant, nil)
+}
+
+// ExplainSession is Explain for a request that carries session id session
+// in the configured session header (nil: none).
+func (p *Proxy) ExplainSession(api ring.API, body, tenant, session []byte) (ring.KeyInfo, ring.Explanation, error) {
 	t := p.tab.Load()
 	st := &reqState{}
 	st.reset(t, time.Now())
-	if err := p.readKey(t, api, body, tenant, st, false); err != nil {
+	if err := p.readKey(t, api, body, tenant, session, st, false); err != nil {
 		return st.info, ring.Explanation{}, err
 	}
 	return st.info, t.ring.ExplainCost(st.info.Key, st.recompute, st), nil

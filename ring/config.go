@@ -124,6 +124,8 @@ type Settings struct {
 	// states written before they existed, so those keep routing as then.
 	KeyDepth KeyDepth     `json:"key_depth,omitempty" yaml:"key_depth" flag:"key-depth" help:"PREFIX_AWARE key: ADAPTIVE (the shortest prefix not split for carrying too much traffic, learned; PrefixLength unused) or FIXED (the first PrefixLength bytes)"`
 	Overflow OverflowRule `json:"overflow,omitempty" yaml:"overflow" flag:"overflow" help:"when PREFIX_AWARE leaves a key's owner: COST (when the owner queues and a less loaded backend does not, by more than the request's prefill; the threshold stays a hard cap) or THRESHOLD (at ConcurrencyThreshold)"`
+	// SessionHeader is empty (off) in states written before it existed.
+	SessionHeader HeaderName `json:"session_header,omitempty" yaml:"session_header" flag:"session-header" help:"a request header (e.g. X-Session-Id, or SageMaker's X-Amzn-SageMaker-Session-Id) whose value, when a request carries it, keys the request instead of its prompt, so a conversation stays on one instance however its prompt changes; empty = off"`
 }
 
 // DefaultSettings returns the defaults: PREFIX_AWARE with ADAPTIVE keys
@@ -168,6 +170,9 @@ func (s *Settings) Validate() error {
 		return fmt.Errorf("%w: unknown overflow rule %d", ErrConfig, s.Overflow)
 	case s.PartitionCount < 0 || s.PartitionCount > 1<<20:
 		return fmt.Errorf("%w: PartitionCount %d out of range [0, %d]", ErrConfig, s.PartitionCount, 1<<20)
+	}
+	if err := checkHeaderName(string(s.SessionHeader)); err != nil {
+		return fmt.Errorf("SessionHeader: %w", err)
 	}
 	return nil
 }

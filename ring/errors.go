@@ -15,6 +15,9 @@ var (
 	// ErrBadTenant: the prefix-aware id header is empty, longer than 64
 	// characters or holds a non-printable character.
 	ErrBadTenant = errors.New("invalid X-Amzn-SageMaker-Prefix-Aware-Id header")
+	// ErrBadSession: the session header (Settings.SessionHeader) is
+	// empty, too long or holds a non-printable character.
+	ErrBadSession = errors.New("invalid session id header")
 	// ErrTooDeep: JSON nested deeper than the scanner allows.
 	ErrTooDeep = errors.New("JSON nested too deeply")
 	// ErrConfig: a Config or backend set that cannot be built.

@@ -73,10 +73,50 @@ type KeyInfo struct {
 	Chain  [MaxChainBlocks]uint64
 	Blocks int
 	Tail   uint64
+	// Session says the key comes from a session id (UseSession), not from
+	// the prompt.
+	Session bool
+
 	// scope holds the digests of the model and the tenant, which every key
 	// mixes in; seed is their digest, for KeyAt.
 	scope [2]uint64
 	seed  uint64
+	chain bool // read with ChainBlocks > 0
+}
+
+// NewSession is the session id SageMaker clients send to open a session:
+// it names none yet, so it keys nothing.
+const NewSession = "NEW_SESSION"
+
+// MaxSessionLength is the longest session id accepted.
+const MaxSessionLength = 256
+
+// CheckSession validates a session id: 1-MaxSessionLength printable ASCII
+// characters.
+func CheckSession(v []byte) error {
+	if len(v) == 0 || len(v) > MaxSessionLength {
+		return fmt.Errorf("%w: want 1-%d printable characters, got %d bytes", ErrBadSession, MaxSessionLength, len(v))
+	}
+	for _, c := range v {
+		if c < 0x20 || c > 0x7e {
+			return fmt.Errorf("%w: non-printable character 0x%02x", ErrBadSession, c)
+		}
+	}
+	return nil
+}
+
+// UseSession keys the request on session id v (checked by CheckSession)
+// under its model and tenant, instead of on its prompt text: every request
+// of the session gets one key, whatever its prompt, and no prefix is
+// counted towards splits. Call it after Extract.
+func (k *KeyInfo) UseSession(v []byte) {
+	d := xxhash.Sum64(v)
+	k.Session, k.PrefixBytes, k.Blocks, k.Tail = true, 0, 0, d
+	if k.chain {
+		k.Key = k.KeyAt(0)
+		return
+	}
+	k.Key = mixKey(k.scope, d)
 }
 
 // ChainBlockBytes is the size of a block of the prompt's block chain:
@@ -207,7 +247,7 @@ func Extract(cfg KeyConfig, api API, body, tenantHeader []byte, info *KeyInfo) e
 	}
 	info.scope = [2]uint64{md.Sum64(), td.Sum64()}
 	if cfg.ChainBlocks > 0 {
-		info.seed = mixKey(info.scope, 0)
+		info.seed, info.chain = mixKey(info.scope, 0), true
 		info.PrefixBytes = pw.written
 		info.Tail = pw.d.Sum64()
 		info.Key = info.KeyAt(0)

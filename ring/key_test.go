@@ -332,3 +332,67 @@ func TestEndpointKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionKeys: a session id keys a request under its model and tenant
+// whatever its prompt, with fixed keys and with the block chain alike.
+func TestSessionKeys(t *testing.T) {
+	for _, cfg := range []KeyConfig{{PrefixLength: 4096}, {ChainBlocks: 5}} {
+		key := func(body, tenant, session string) KeyInfo {
+			t.Helper()
+			var info KeyInfo
+			var th []byte
+			if tenant != "" {
+				th = []byte(tenant)
+			}
+			if err := Extract(cfg, Chat, []byte(body), th, &info); err != nil {
+				t.Fatal(err)
+			}
+			if session != "" {
+				if err := CheckSession([]byte(session)); err != nil {
+					t.Fatal(err)
+				}
+				info.UseSession([]byte(session))
+			}
+			return info
+		}
+		a := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("first turn ", 300) + `"}]}`
+		b := `{"model":"m","messages":[{"role":"system","content":"another system prompt"},{"role":"user","content":"x"}]}`
+		s1 := key(a, "", "sess-1")
+		if s1.Key != key(b, "", "sess-1").Key || !s1.Session || s1.PrefixBytes != 0 || s1.Blocks != 0 {
+			t.Fatalf("chain %d: one session, two prompts: %+v", cfg.ChainBlocks, s1)
+		}
+		if s1.Key == key(a, "", "sess-2").Key || s1.Key == key(a, "", "").Key {
+			t.Fatalf("chain %d: sessions or prompt share a key", cfg.ChainBlocks)
+		}
+		if s1.Key == key(a, "tenant-b", "sess-1").Key || s1.Key == key(strings.Replace(a, `"m"`, `"m2"`, 1), "", "sess-1").Key {
+			t.Fatalf("chain %d: the session key ignores the tenant or the model", cfg.ChainBlocks)
+		}
+		if cfg.ChainBlocks > 0 && s1.KeyAt(0) != s1.Key {
+			t.Fatal("KeyAt(0) of a session differs from its key")
+		}
+	}
+	for _, bad := range []string{"", strings.Repeat("s", MaxSessionLength+1), "tab\tid", "é"} {
+		if err := CheckSession([]byte(bad)); !errors.Is(err, ErrBadSession) {
+			t.Errorf("CheckSession(%q) = %v", bad, err)
+		}
+	}
+	var h HeaderName
+	for _, ok := range []string{"", "X-Session-Id", " x-amzn-sagemaker-session-id "} {
+		if err := h.UnmarshalText([]byte(ok)); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	if h != "x-amzn-sagemaker-session-id" {
+		t.Errorf("blanks kept: %q", h)
+	}
+	for _, bad := range []string{"X Session", "X-Session:", "X-Sé", strings.Repeat("x", 65)} {
+		if err := h.UnmarshalText([]byte(bad)); !errors.Is(err, ErrConfig) {
+			t.Errorf("header name %q: %v", bad, err)
+		}
+	}
+	s := DefaultSettings()
+	s.SessionHeader = "bad name"
+	if err := s.Validate(); err == nil {
+		t.Error("Validate accepts a bad session header name")
+	}
+}

@@ -41,7 +41,7 @@ func TestSettingsTags(t *testing.T) {
 	// YAML under the tag names, and Field points at it.
 	s := Settings{Strategy: ConsistentHash, PrefixLength: 2048, ConcurrencyThreshold: 3, LoadFactor: 1.5,
 		InvocationsJSON: true, BusyIsFull: true, OverflowDepth: 5, PartitionCount: 97, ZoneAware: true,
-		KeyDepth: AdaptiveDepth, Overflow: CostOverflow}
+		KeyDepth: AdaptiveDepth, Overflow: CostOverflow, SessionHeader: "X-Session-Id"}
 	v := reflect.ValueOf(s)
 	for _, info := range SettingsInfo() {
 		if v.Field(info.Index).IsZero() {

@@ -239,3 +239,37 @@ func (s *Splits) Route(info *KeyInfo) int {
 	}
 	return d
 }
+
+// HeaderName is an HTTP header field name setting: empty (off), or 1-64
+// token characters (RFC 9110).
+type HeaderName string
+
+// maxHeaderName bounds a HeaderName.
+const maxHeaderName = 64
+
+// MarshalText implements encoding.TextMarshaler.
+func (h HeaderName) MarshalText() ([]byte, error) { return []byte(h), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler: a field name, or ""
+// (off). Surrounding blanks are dropped.
+func (h *HeaderName) UnmarshalText(b []byte) error {
+	v := strings.TrimSpace(string(b))
+	if err := checkHeaderName(v); err != nil {
+		return err
+	}
+	*h = HeaderName(v)
+	return nil
+}
+
+func checkHeaderName(v string) error {
+	if len(v) > maxHeaderName {
+		return fmt.Errorf("%w: header name of %d bytes, at most %d", ErrConfig, len(v), maxHeaderName)
+	}
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return fmt.Errorf("%w: header name %q: character %q is not allowed in a field name", ErrConfig, v, c)
+		}
+	}
+	return nil
+}

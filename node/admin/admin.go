@@ -34,7 +34,9 @@ type Router interface {
 	Ring() (*ring.Ring, uint64)
 	Status() []proxy.BackendStatus
 	Ready() bool
-	Explain(api ring.API, body, tenant []byte) (ring.KeyInfo, ring.Explanation, error)
+	// ExplainSession explains a request with tenant and session (the
+	// values of the tenant and session headers; nil when absent).
+	ExplainSession(api ring.API, body, tenant, session []byte) (ring.KeyInfo, ring.Explanation, error)
 	// Splits are the prompt prefixes ADAPTIVE keys route past.
 	Splits() []ring.Split
 }

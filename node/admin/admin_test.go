@@ -75,7 +75,7 @@ func (f fakeRouter) Status() []proxy.BackendStatus {
 func (f fakeRouter) Ready() bool          { return true }
 func (f fakeRouter) Splits() []ring.Split { return nil }
 
-func (f fakeRouter) Explain(api ring.API, body, tenant []byte) (ring.KeyInfo, ring.Explanation, error) {
+func (f fakeRouter) ExplainSession(api ring.API, body, tenant, session []byte) (ring.KeyInfo, ring.Explanation, error) {
 	return ring.KeyInfo{}, ring.Explanation{}, nil
 }
 

@@ -72,12 +72,21 @@ func (s *Server) handleExplain(w http.ResponseWriter, r *http.Request) {
 	if vs, ok := r.Header[http.CanonicalHeaderKey(proxy.HeaderTenant)]; ok && len(vs) > 0 {
 		tenant = []byte(vs[0])
 	}
-	_, epoch := s.cfg.Router.Ring()
-	info, e, err := s.cfg.Router.Explain(api, body, tenant)
+	rg, epoch := s.cfg.Router.Ring()
+	var session []byte
+	if h := rg.Config().SessionHeader; h != "" {
+		if vs, ok := r.Header[http.CanonicalHeaderKey(string(h))]; ok && len(vs) > 0 {
+			session = []byte(vs[0])
+		}
+	}
+	info, e, err := s.cfg.Router.ExplainSession(api, body, tenant, session)
 	if err != nil {
 		code := "invalid_request"
-		if errors.Is(err, ring.ErrMalformedJSON) {
+		switch {
+		case errors.Is(err, ring.ErrMalformedJSON):
 			code = "invalid_json"
+		case errors.Is(err, ring.ErrBadSession):
+			code = "invalid_session_id"
 		}
 		writeJSONError(w, http.StatusBadRequest, code, err.Error())
 		return
@@ -91,6 +100,9 @@ func (s *Server) handleExplain(w http.ResponseWriter, r *http.Request) {
 		out.TenantSource = "header"
 	case len(info.Tenant) > 0:
 		out.TenantSource = "prompt_cache_key"
+	}
+	if info.Session {
+		out.KeySource = "session"
 	}
 	writeJSON(w, http.StatusOK, out)
 }

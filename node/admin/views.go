@@ -160,5 +160,8 @@ type Explanation struct {
 	PrefixBytes  int    `json:"prefix_bytes"`
 	Model        string `json:"model,omitempty"`
 	TenantSource string `json:"tenant_source,omitempty"`
+	// KeySource is "session" when the session header keyed the request
+	// (empty: its prompt did).
+	KeySource string `json:"key_source,omitempty"`
 	ring.Explanation
 }

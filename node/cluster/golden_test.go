@@ -26,6 +26,8 @@ func goldenCommands() []Command {
 	off.BusyIsFull = false
 	adaptive := off
 	adaptive.KeyDepth, adaptive.Overflow = ring.AdaptiveDepth, ring.CostOverflow
+	sessions := adaptive
+	sessions.SessionHeader = "X-Session-Id"
 	b := Backend{ID: "gpu-1/", URL: "http://10.0.0.1:8000", Zone: "z1", Weight: 2, State: StateDraining, StateBy: ByAdmin,
 		Labels: map[string]string{"gpu": "h100", "model": "llama"}, Source: SourceAdmin}
 	return []Command{
@@ -41,6 +43,7 @@ func goldenCommands() []Command {
 		SetRouting(adaptive),
 		SetSplits([]ring.Split{{Key: 0x8000000000000001, Depth: 0}, {Key: 42, Depth: 3}}),
 		SetMoves([]ring.Move{{Partition: 7, Backend: "gpu-2/"}}),
+		SetRouting(sessions),
 	}
 }
 

@@ -175,8 +175,9 @@ const (
 // router. Levels:
 //
 //	1: everything up to set_cluster_id (versions that advertise nothing)
-//	2: set_splits, set_moves, and routing settings with key_depth or
-//	   overflow set (ADAPTIVE keys, COST overflow)
+//	2: set_splits, set_moves, and routing settings with key_depth,
+//	   overflow or session_header set (ADAPTIVE keys, COST overflow,
+//	   session affinity)
 const CommandLevel uint8 = 2
 
 // level is the CommandLevel a router needs to apply cmd.
@@ -184,7 +185,7 @@ func (cmd *Command) level() uint8 {
 	switch {
 	case cmd.Op == OpSetSplits, cmd.Op == OpSetMoves:
 		return 2
-	case cmd.Routing != nil && (cmd.Routing.KeyDepth != 0 || cmd.Routing.Overflow != 0):
+	case cmd.Routing != nil && (cmd.Routing.KeyDepth != 0 || cmd.Routing.Overflow != 0 || cmd.Routing.SessionHeader != ""):
 		return 2
 	}
 	return 1
