@@ -27,6 +27,8 @@ type otlpReceiver struct {
 	mu    sync.Mutex
 	spans []*tracepb.Span
 	paths []string
+	// services are the resources' service.name values.
+	services []string
 }
 
 func newOTLPReceiver(t *testing.T) *otlpReceiver {
@@ -44,6 +46,11 @@ func newOTLPReceiver(t *testing.T) *otlpReceiver {
 		o.mu.Lock()
 		o.paths = append(o.paths, r.URL.Path)
 		for _, rs := range req.ResourceSpans {
+			for _, kv := range rs.GetResource().GetAttributes() {
+				if kv.Key == "service.name" {
+					o.services = append(o.services, kv.Value.GetStringValue())
+				}
+			}
 			for _, ss := range rs.ScopeSpans {
 				o.spans = append(o.spans, ss.Spans...)
 			}
@@ -214,5 +221,61 @@ func TestE2EAccessLogTracingRecording(t *testing.T) {
 	}
 	if n < 4 {
 		t.Errorf("the questions on a shared document share %d leading hash ids:\n%v\n%v", n, long[0], long[1])
+	}
+}
+
+// TestE2ETracingFromOTELEnvironment: with no --tracing-endpoint, the
+// standard OTEL_EXPORTER_OTLP_ENDPOINT turns tracing on (spans go to its
+// /v1/traces, the batch delay from OTEL_BSP_SCHEDULE_DELAY), and
+// OTEL_SERVICE_NAME names the service; OTEL_SDK_DISABLED=true keeps it off.
+func TestE2ETracingFromOTELEnvironment(t *testing.T) {
+	needBinary(t)
+	be := newEngine(t, 0, 0, 1)
+	for _, disabled := range []bool{false, true} {
+		otlp := newOTLPReceiver(t)
+		env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + otlp.srv.URL, "OTEL_BSP_SCHEDULE_DELAY=100", "OTEL_SERVICE_NAME=router-under-test"}
+		if disabled {
+			env = append(env, "OTEL_SDK_DISABLED=true")
+		}
+		a := proc.ServeArgs{Listen: freeAddr(t), AdminListen: freeAddr(t), Backends: []string{"http://" + be.addr()},
+			ProbeInterval: 100 * time.Millisecond, ShutdownTimeout: 2 * time.Second}
+		p, err := proc.Start(proc.Spec{Name: "router", Path: binPath, Args: a.Args(), Env: env, TailBytes: routerLogBytes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := &router{Process: p, url: "http://" + a.Listen}
+		if err := r.waitReady(); err != nil {
+			p.Stop(10 * time.Second)
+			t.Fatalf("%v\n%s", err, p.Logs())
+		}
+		req, _ := http.NewRequest("POST", r.url+"/v1/chat/completions", strings.NewReader(chatBody("hello", false)))
+		req.Header.Set("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if !disabled {
+			if _, err := pollUntil(10*time.Second, func() (bool, error) { s, _ := otlp.received(); return len(s) == 2, nil }); err != nil {
+				t.Errorf("spans from OTEL_EXPORTER_OTLP_ENDPOINT: %v", err)
+			}
+		}
+		if err := p.Stop(10 * time.Second); err != nil {
+			t.Fatalf("router stopped with %v\n%s", err, p.Logs())
+		}
+		spans, paths := otlp.received()
+		switch {
+		case disabled && len(spans) != 0:
+			t.Errorf("OTEL_SDK_DISABLED=true: %d spans exported", len(spans))
+		case !disabled && (len(spans) != 2 || len(paths) == 0 || paths[0] != "/v1/traces"):
+			t.Errorf("%d spans to %v, want 2 to /v1/traces", len(spans), paths)
+		case !disabled:
+			otlp.mu.Lock()
+			if len(otlp.services) == 0 || otlp.services[0] != "router-under-test" {
+				t.Errorf("service.name %v, want OTEL_SERVICE_NAME's router-under-test", otlp.services)
+			}
+			otlp.mu.Unlock()
+		}
 	}
 }
