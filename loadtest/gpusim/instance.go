@@ -173,6 +173,34 @@ func (in *Instance) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if allow(w, r, http.MethodPost) {
 			in.serveGenerate(w, r, endpointInvocations)
 		}
+	case "/v1/responses":
+		if allow(w, r, http.MethodPost) {
+			in.serveGenerate(w, r, endpointResponses)
+		}
+	case "/v1/embeddings":
+		if allow(w, r, http.MethodPost) {
+			in.serveDirect(w, r, in.serveEmbeddings)
+		}
+	case "/v1/rerank", "/rerank", "/v2/rerank":
+		if allow(w, r, http.MethodPost) {
+			in.serveDirect(w, r, in.serveRerank)
+		}
+	case "/v1/score", "/score":
+		if allow(w, r, http.MethodPost) {
+			in.serveDirect(w, r, in.serveScore)
+		}
+	case "/tokenize":
+		if allow(w, r, http.MethodPost) {
+			in.serveDirect(w, r, in.serveTokenize)
+		}
+	case "/detokenize":
+		if allow(w, r, http.MethodPost) {
+			in.serveDirect(w, r, in.serveDetokenize)
+		}
+	case "/v1/audio/transcriptions", "/v1/audio/translations":
+		if allow(w, r, http.MethodPost) {
+			in.serveDirect(w, r, in.serveAudio)
+		}
 	case "/v1/models":
 		if allow(w, r, http.MethodGet) {
 			in.serveModels(w)

@@ -15,6 +15,7 @@ const (
 	endpointChat endpoint = iota
 	endpointCompletion
 	endpointInvocations // resolved to chat or completion by the body
+	endpointResponses   // the Responses API, rendered as chat (responses.go)
 )
 
 // apiError is an error answered as OpenAI-style JSON, in vLLM's
@@ -69,6 +70,9 @@ type parsedRequest struct {
 	stream       bool
 	includeUsage bool
 	salt         string
+	// resp is what a Responses API request's answer echoes; nil for the
+	// other endpoints.
+	resp *responsesEcho
 }
 
 // parseRequest decodes and validates a request body for ep, rendering the
@@ -76,6 +80,9 @@ type parsedRequest struct {
 // everything vLLM checks before tokenizing except the model name and the
 // context length, which need the Config (see Instance.admit).
 func parseRequest(body []byte, ep endpoint, bytesPerToken int, buf []byte) (parsedRequest, *apiError) {
+	if ep == endpointResponses {
+		return parseResponses(body, bytesPerToken, buf)
+	}
 	var w wireRequest
 	if err := json.Unmarshal(body, &w); err != nil {
 		return parsedRequest{}, validationError("JSON decode error: %v", err)

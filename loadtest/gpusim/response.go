@@ -71,6 +71,10 @@ func (rs *response) waitToken(ctx context.Context) {
 // token goes out at once, later ones every StreamInterval tokens; tokens
 // that pile up while the client reads slowly are merged into one chunk.
 func (rs *response) stream(ctx context.Context, w http.ResponseWriter) {
+	if rs.p.resp != nil {
+		rs.streamResponses(ctx, w)
+		return
+	}
 	rc := http.NewResponseController(w)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream; charset=utf-8")
@@ -152,6 +156,10 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter) {
 
 // full waits for the whole generation and writes one JSON response.
 func (rs *response) full(ctx context.Context, w http.ResponseWriter) {
+	if rs.p.resp != nil {
+		rs.fullResponses(ctx, w)
+		return
+	}
 	for i := 0; i < rs.s.maxTokens; i++ {
 		rs.waitToken(ctx)
 	}

@@ -17,8 +17,9 @@ var ErrUnknownPath = errors.New("gpusim: not a generation path")
 // its chat template, completion prompts as text or token ids, the chain
 // salted by cache_salt), so two requests share a cached prefix on an
 // instance exactly as far as their hashes agree. path is
-// /v1/chat/completions, /v1/completions or /invocations; a body the
-// instance would reject gives its error.
+// /v1/chat/completions, /v1/completions, /invocations or /v1/responses
+// (instructions and input rendered as chat messages); a body the instance
+// would reject gives its error.
 //
 // A request hits at most (tokens-1)/blockSize blocks, as the last prompt
 // token is always computed; the instance counts tokens as queried and the
@@ -36,6 +37,8 @@ func PromptBlocks(path string, body []byte, bytesPerToken, blockSize int) ([]uin
 		ep = endpointCompletion
 	case "/invocations":
 		ep = endpointInvocations
+	case "/v1/responses":
+		ep = endpointResponses
 	default:
 		return nil, 0, fmt.Errorf("%w: %q", ErrUnknownPath, path)
 	}
