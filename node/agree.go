@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -155,6 +156,10 @@ func (n *Node) applyAgreed() {
 	}
 	if err := n.proxy.SetSplits(st.Splits); err != nil {
 		n.log.Error("cannot install the agreed prefix splits; keeping the last ones", "epoch", epoch, "err", err)
+	}
+	if models := servedModels(&st); !maps.EqualFunc(models, n.models, slices.Equal) {
+		n.models = models
+		n.proxy.SetModels(models)
 	}
 	if _, cur := n.proxy.Ring(); cur == epoch {
 		return

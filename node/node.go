@@ -65,6 +65,9 @@ type Node struct {
 	// from the agreed backends and settings, before the balancer's moves.
 	ringMu   sync.Mutex
 	baseRing *ring.Ring
+	// models is what the backends serve as last handed to the proxy
+	// (applyAgreed's goroutine only).
+	models map[string][]string
 	// started is set by the first Run or Close: each releases what New
 	// took, once.
 	started atomic.Bool
@@ -334,10 +337,14 @@ func (n *Node) Run(ctx context.Context) error {
 			n.followGossip(bg)
 		}()
 	}
-	wg.Add(3)
+	wg.Add(4)
 	go func() {
 		defer wg.Done()
 		n.followAgreement(bg)
+	}()
+	go func() {
+		defer wg.Done()
+		n.learnModels(bg)
 	}()
 	go func() {
 		defer wg.Done()

@@ -42,6 +42,17 @@ func (s *reqState) reset(t *table, now time.Time) {
 	clear(s.tried)
 }
 
+// useTable moves s, keyed but not yet sent, onto t: its model's table.
+func (s *reqState) useTable(t *table) {
+	s.t = t
+	n := (len(t.bs) + 63) / 64
+	if cap(s.tried) < n {
+		s.tried = make([]uint64, n)
+	}
+	s.tried = s.tried[:n]
+	clear(s.tried)
+}
+
 func (s *reqState) InFlight(b int) int64 { return s.t.bs[b].globalInFlight() }
 
 func (s *reqState) Healthy(b int) bool {
@@ -88,6 +99,13 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 	case "/v1/models":
 		if !ctx.IsGet() && !ctx.IsHead() {
 			p.methodNotAllowed(ctx, "GET")
+			if p.observing {
+				p.observeBare(ctx, routeModels)
+			}
+			return
+		}
+		if p.serveModels(ctx, p.tab.Load()) {
+			p.m.countRequest(p.m.none, routeModels, ring.ReasonNone, fasthttp.StatusOK)
 			if p.observing {
 				p.observeBare(ctx, routeModels)
 			}
@@ -201,6 +219,20 @@ func (p *Proxy) routeLLM(ctx *fasthttp.RequestCtx, rt route, api ring.API) {
 			p.observeEnd(ctx, st, start)
 		}
 		return
+	}
+	if t.models != nil {
+		mt := t.forModel(st.info.Model)
+		if mt == nil {
+			modelNotFound(ctx, st.info.Model)
+			p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusNotFound)
+			if p.observing {
+				p.observeEnd(ctx, st, start)
+			}
+			return
+		}
+		if mt != t {
+			st.useTable(mt)
+		}
 	}
 	if p.observing {
 		p.observeKey(t, api, body, tenant, st)

@@ -35,6 +35,9 @@ type table struct {
 	epoch uint64
 	// epochHdr is the epoch pre-rendered for the response header.
 	epochHdr []byte
+	// models are the per-model sub-tables (models.go); nil when no
+	// backend's models are known.
+	models *modelTables
 }
 
 // Proxy is the request path of one router node. Create it with New, feed it
@@ -59,6 +62,12 @@ type Proxy struct {
 
 	mu       sync.Mutex // serialises SetRing; guards backends
 	backends map[string]*backend
+	// served is what each backend serves (SetModels), by backend id;
+	// servedVersion counts SetModels calls, and subRings are the model
+	// rings built for the last one (models.go). All under mu.
+	served        map[string][]string
+	servedVersion uint64
+	subRings      subRingCache
 
 	states   sync.Pool // *reqState
 	streams  sync.Pool // *trackedStream
@@ -166,7 +175,7 @@ func (p *Proxy) SetRing(r *ring.Ring, epoch uint64) error {
 		hits := make([]atomic.Uint32, r.Partitions())
 		p.partHits.Store(&hits)
 	}
-	p.tab.Store(t)
+	p.tab.Store(p.withModels(t))
 	return nil
 }
 

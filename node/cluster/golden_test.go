@@ -44,6 +44,7 @@ func goldenCommands() []Command {
 		SetSplits([]ring.Split{{Key: 0x8000000000000001, Depth: 0}, {Key: 42, Depth: 3}}),
 		SetMoves([]ring.Move{{Partition: 7, Backend: "gpu-2/"}}),
 		SetRouting(sessions),
+		SetModels("gpu-2/", []string{"meta-llama/Llama-3.1-8B-Instruct", "sql-lora"}),
 	}
 }
 

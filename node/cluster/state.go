@@ -68,6 +68,10 @@ type Backend struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Source is who added the backend: config, admin or dns.
 	Source string `json:"source"`
+	// Models are the model ids the backend serves, adapters included,
+	// sorted (set_models; from its /v1/models, polled by the leader, or
+	// declared in the config). Empty: not known, so it takes any model.
+	Models []string `json:"models,omitempty"`
 }
 
 // RingBackend is the ring's view of b. Addr is b.URL; the node converts it
@@ -130,6 +134,7 @@ func (s State) Clone() State {
 	out.Backends = make([]Backend, len(s.Backends))
 	for i, b := range s.Backends {
 		b.Labels = maps.Clone(b.Labels)
+		b.Models = slices.Clone(b.Models)
 		out.Backends[i] = b
 	}
 	return out
@@ -164,6 +169,9 @@ const (
 	OpSetSplits Op = "set_splits"
 	// OpSetMoves replaces the moved partitions.
 	OpSetMoves Op = "set_moves"
+	// OpSetModels sets the models backend ID serves (Models; empty: not
+	// known).
+	OpSetModels Op = "set_models"
 )
 
 // CommandLevel is the newest set of commands this build applies; routers
@@ -175,15 +183,19 @@ const (
 // router. Levels:
 //
 //	1: everything up to set_cluster_id (versions that advertise nothing)
-//	2: set_splits, set_moves, and routing settings with key_depth,
-//	   overflow or session_header set (ADAPTIVE keys, COST overflow,
-//	   session affinity)
+//	2: set_splits, set_moves, set_models, backends with models, and
+//	   routing settings with key_depth, overflow or session_header set
+//	   (ADAPTIVE keys, COST overflow, model-aware routing, session
+//	   affinity)
 const CommandLevel uint8 = 2
 
 // level is the CommandLevel a router needs to apply cmd.
 func (cmd *Command) level() uint8 {
 	switch {
-	case cmd.Op == OpSetSplits, cmd.Op == OpSetMoves:
+	case cmd.Op == OpSetSplits, cmd.Op == OpSetMoves, cmd.Op == OpSetModels:
+		return 2
+	case slices.ContainsFunc(cmd.Backends, func(b Backend) bool { return len(b.Models) > 0 }),
+		cmd.Backend != nil && len(cmd.Backend.Models) > 0:
 		return 2
 	case cmd.Routing != nil && (cmd.Routing.KeyDepth != 0 || cmd.Routing.Overflow != 0 || cmd.Routing.SessionHeader != ""):
 		return 2
@@ -207,6 +219,14 @@ type Command struct {
 	Splits []ring.Split `json:"splits,omitempty"`
 	// Moves are OpSetMoves' partitions.
 	Moves []ring.Move `json:"moves,omitempty"`
+	// Models are OpSetModels' model ids.
+	Models []string `json:"models,omitempty"`
+}
+
+// SetModels returns the command that records the models backend id
+// serves (none: not known).
+func SetModels(id string, models []string) Command {
+	return Command{Op: OpSetModels, ID: id, Models: models}
 }
 
 // SetMoves returns the command that makes moves the moved partitions.
@@ -334,7 +354,7 @@ func (c *Command) normalize() {
 
 func knownOp(op Op) bool {
 	switch op {
-	case OpSeed, OpUpsertBackend, OpRemoveBackend, OpSetBackendState, OpSetRouting, OpSyncDiscovered, OpSetClusterID, OpSetSplits, OpSetMoves:
+	case OpSeed, OpUpsertBackend, OpRemoveBackend, OpSetBackendState, OpSetRouting, OpSyncDiscovered, OpSetClusterID, OpSetSplits, OpSetMoves, OpSetModels:
 		return true
 	}
 	return false
@@ -437,6 +457,19 @@ func apply(cur *State, cmd Command) (next State, changed bool, err error) {
 		if set.Len() > 0 {
 			next.Splits = slices.Clone(set.List())
 		}
+	case OpSetModels:
+		i, ok := slices.BinarySearchFunc(next.Backends, cmd.ID, func(b Backend, id string) int { return strings.Compare(b.ID, id) })
+		if !ok {
+			return *cur, false, fmt.Errorf("%w: %q", ErrUnknownBackend, cmd.ID)
+		}
+		models, err := normModels(cmd.Models)
+		if err != nil {
+			return *cur, false, fmt.Errorf("%w: backend %s: %v", ErrInvalid, cmd.ID, err)
+		}
+		b := next.Backends[i]
+		b.Models = models
+		next.Backends = slices.Clone(next.Backends)
+		next.Backends[i] = b
 	case OpSetMoves:
 		if err := ring.CheckMoves(cmd.Moves); err != nil {
 			return *cur, false, fmt.Errorf("%w: %v", ErrInvalid, err)
@@ -517,7 +550,41 @@ func normBackend(b, old Backend, exists bool, src string) (Backend, error) {
 	if len(b.Labels) == 0 {
 		b.Labels = nil
 	}
+	if len(b.Models) == 0 && exists {
+		b.Models = old.Models // what the backend serves does not change with its settings
+	}
+	models, err := normModels(b.Models)
+	if err != nil {
+		return b, fmt.Errorf("%w: backend %s: %v", ErrInvalid, b.ID, err)
+	}
+	b.Models = models
 	return b, nil
+}
+
+// Bounds of a backend's models.
+const (
+	maxModels   = 1024
+	maxModelLen = 256
+)
+
+// normModels checks a model list (at most maxModels ids of 1-maxModelLen
+// printable characters) and returns it sorted without repeats, nil when
+// empty.
+func normModels(ms []string) ([]string, error) {
+	if len(ms) == 0 {
+		return nil, nil
+	}
+	if len(ms) > maxModels {
+		return nil, fmt.Errorf("%d models, at most %d", len(ms), maxModels)
+	}
+	for _, m := range ms {
+		if m == "" || len(m) > maxModelLen || !printable(m) {
+			return nil, fmt.Errorf("model %q: 1-%d printable characters", m, maxModelLen)
+		}
+	}
+	out := slices.Clone(ms)
+	slices.Sort(out)
+	return slices.Compact(out), nil
 }
 
 func normState(s string) (string, error) {
@@ -614,6 +681,9 @@ func (b *Backend) validate() error {
 		if k == "" || len(k) > maxLabelSize || len(v) > maxLabelSize || !printable(k) || !printable(v) {
 			return fmt.Errorf("%w: backend %s: label %q: key 1-%d printable characters, value at most %d", ErrInvalid, b.ID, k, maxLabelSize, maxLabelSize)
 		}
+	}
+	if ms, err := normModels(b.Models); err != nil || len(ms) != len(b.Models) {
+		return fmt.Errorf("%w: backend %s: models must be at most %d sorted, distinct ids of 1-%d printable characters", ErrInvalid, b.ID, maxModels, maxModelLen)
 	}
 	u, err := url.Parse(b.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" {

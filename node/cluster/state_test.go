@@ -3,9 +3,13 @@ package cluster
 import (
 	"encoding/json"
 	"errors"
-	"github.com/warmroute/warmroute/ring"
+	"fmt"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
+
+	"github.com/warmroute/warmroute/ring"
 )
 
 func seeded(t *testing.T) State {
@@ -300,5 +304,52 @@ func TestEntryChecksum(t *testing.T) {
 	}
 	if _, err := decodeCommand([]byte(`{"op":"reticulate"}`)); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("an unknown op: %v, want ErrCorrupt (a newer version's entry halts this one)", err)
+	}
+}
+
+// TestSetModels: set_models records a backend's models sorted and without
+// repeats, refuses unknown backends and lists out of bounds, clears with
+// an empty list, and an upsert without models keeps them.
+func TestSetModels(t *testing.T) {
+	st := State{}
+	st, _, err := apply(&st, Seed([]Backend{{ID: "a", URL: "http://a:1"}, {ID: "b", URL: "http://b:1"}}, ring.DefaultSettings()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, changed, err := apply(&st, SetModels("a", []string{"qwen", "llama", "qwen"}))
+	if err != nil || !changed {
+		t.Fatal(changed, err)
+	}
+	if a, _ := next.Backend("a"); !slices.Equal(a.Models, []string{"llama", "qwen"}) {
+		t.Fatalf("models %v", a.Models)
+	}
+	if b, _ := st.Backend("a"); b.Models != nil {
+		t.Fatal("the command changed the state it was applied to")
+	}
+	if _, changed, err := apply(&next, SetModels("a", []string{"llama", "qwen"})); err != nil || changed {
+		t.Fatalf("the same models: changed %v, %v", changed, err)
+	}
+	up, _, err := apply(&next, UpsertBackend(Backend{ID: "a", URL: "http://a:2"}))
+	if a, _ := up.Backend("a"); err != nil || !slices.Equal(a.Models, []string{"llama", "qwen"}) {
+		t.Fatalf("after an upsert without models: %v %v", a.Models, err)
+	}
+	cleared, _, err := apply(&next, SetModels("a", nil))
+	if a, _ := cleared.Backend("a"); err != nil || a.Models != nil {
+		t.Fatalf("cleared: %v %v", a.Models, err)
+	}
+	if _, _, err := apply(&next, SetModels("zz", []string{"m"})); !errors.Is(err, ErrUnknownBackend) {
+		t.Fatalf("unknown backend: %v", err)
+	}
+	many := make([]string, maxModels+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("m%d", i)
+	}
+	for _, bad := range [][]string{many, {""}, {strings.Repeat("x", maxModelLen+1)}, {"tab\tm"}} {
+		if _, _, err := apply(&next, SetModels("a", bad)); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%d models, first %.20q: %v", len(bad), bad[0], err)
+		}
+	}
+	if c := SetModels("a", []string{"m"}); c.level() != 2 {
+		t.Fatalf("set_models at level %d", c.level())
 	}
 }

@@ -1,0 +1,142 @@
+package node
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// modelEngine answers /v1/models with models and chat completions.
+func modelEngine(t *testing.T, models ...string) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/models":
+			var data []string
+			for _, m := range models {
+				data = append(data, fmt.Sprintf(`{"id":%q,"object":"model","owned_by":"vllm","root":%q,"parent":null}`, m, m))
+			}
+			fmt.Fprintf(w, `{"object":"list","data":[%s]}`, strings.Join(data, ","))
+		case "/v1/chat/completions":
+			io.Copy(io.Discard, r.Body)
+			io.WriteString(w, `{"object":"chat.completion"}`)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestModelsLearnedAndAgreed: three clustered routers in front of a mixed
+// fleet learn what each backend serves from its /v1/models (through the
+// leader and Raft), route every request to a backend serving its model,
+// agree on each one, and refuse a model nobody serves.
+func TestModelsLearnedAndAgreed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-node test")
+	}
+	serves := map[string][]string{}
+	var urls []string
+	for _, ms := range [][]string{{"llama"}, {"llama", "llama-sql"}, {"qwen"}, {"qwen"}} {
+		srv := modelEngine(t, ms...)
+		urls = append(urls, srv.URL)
+		serves[strings.TrimPrefix(srv.URL, "http://")] = ms
+	}
+	nodes := startClusterRaft(t, 3, 300*time.Millisecond, func(i int, c *Config) { *c = testConfig(urls) })
+	for _, n := range nodes {
+		waitAgreed(t, n)
+	}
+	waitFor(t, 20*time.Second, "every router to know what every backend serves", func() bool {
+		for _, n := range nodes {
+			st, _ := n.agree.State()
+			if !maps2Equal(servedModels(&st), serves) {
+				return false
+			}
+			// Installed in the proxy too: a model nobody serves is refused.
+			if _, err := send("http://"+n.TrafficAddr().String(), `{"model":"mistral","messages":[{"role":"user","content":"x"}]}`); err == nil || !strings.Contains(err.Error(), "404") {
+				return false
+			}
+		}
+		return true
+	})
+	for _, model := range []string{"llama", "qwen", "llama-sql"} {
+		for i := 0; i < 20; i++ {
+			body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"question %d"}]}`, model, i)
+			var first string
+			for j, n := range nodes {
+				b, err := send("http://"+n.TrafficAddr().String(), body)
+				if err != nil {
+					t.Fatalf("%s via router %d: %v", model, j, err)
+				}
+				if !slices.Contains(serves[b], model) {
+					t.Fatalf("%s sent to %s, which serves %v", model, b, serves[b])
+				}
+				if j == 0 {
+					first = b
+				} else if b != first {
+					t.Fatalf("%s: router %d sent to %s, router 0 to %s", model, j, b, first)
+				}
+			}
+		}
+	}
+	resp, err := http.Post("http://"+nodes[1].TrafficAddr().String()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"mistral","messages":[{"role":"user","content":"x"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(body), "model_not_found") {
+		t.Fatalf("unknown model: %d %s", resp.StatusCode, body)
+	}
+}
+
+func maps2Equal(a, b map[string][]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if !slices.Equal(v, b[k]) {
+			return false
+		}
+	}
+	return true
+}
+
+func TestParseModels(t *testing.T) {
+	got, err := parseModels([]byte(`{"object":"list","data":[{"id":"b"},{"id":"a","parent":"b"},{"id":"b"},{"id":""},{"id":"tab\there"}]}`))
+	if err != nil || !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("%v %v", got, err)
+	}
+	for _, bad := range []string{``, `{}`, `{"data":[]}`, `{"data":{"id":"a"}}`, `[1]`, `{"data":[{"id":""}]}`} {
+		if _, err := parseModels([]byte(bad)); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	many := `{"data":[` + strings.Repeat(`{"id":"m"},`, maxBackendModels) + `{"id":"m"}]}`
+	if _, err := parseModels([]byte(many)); err == nil {
+		t.Error("more than maxBackendModels accepted")
+	}
+}
+
+func FuzzParseModels(f *testing.F) {
+	f.Add([]byte(`{"object":"list","data":[{"id":"meta-llama/Llama-3.1-8B-Instruct","object":"model"},{"id":"sql-lora","parent":"meta-llama/Llama-3.1-8B-Instruct"}]}`))
+	f.Add([]byte(`{"data":[{"id":"a"},{"id":"a"}]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ms, err := parseModels(b)
+		if err != nil {
+			return
+		}
+		if len(ms) == 0 || len(ms) > maxBackendModels || !slices.IsSorted(ms) || len(slices.Compact(slices.Clone(ms))) != len(ms) {
+			t.Fatalf("models %q", ms)
+		}
+		for _, m := range ms {
+			if m == "" || len(m) > maxModelID || !printableASCII(m) {
+				t.Fatalf("model %q", m)
+			}
+		}
+	})
+}
