@@ -223,11 +223,13 @@ func newCircle(hashes []uint64, rf int) *circle {
 	// One insertion sort over the whole circle finishes the small
 	// buckets: an entry never moves past the start of its bucket, whose
 	// hashes are all larger than the previous bucket's, and equal hashes
-	// keep their (backend) order.
+	// keep their (backend) order. An entry equal to another ends next to
+	// it, after it, which is where dups are noticed.
 	hs, bs := c.hash, c.backend
 	for i := 1; i < n; i++ {
 		h := hs[i]
 		if h >= hs[i-1] {
+			c.dups = c.dups || h == hs[i-1]
 			continue
 		}
 		b, j := bs[i], i
@@ -235,12 +237,7 @@ func newCircle(hashes []uint64, rf int) *circle {
 			hs[j], bs[j] = hs[j-1], bs[j-1]
 		}
 		hs[j], bs[j] = h, b
-	}
-	for i := 1; i < n; i++ {
-		if hs[i] == hs[i-1] {
-			c.dups = true
-			break
-		}
+		c.dups = c.dups || (j > 0 && hs[j-1] == h)
 	}
 	return c
 }
