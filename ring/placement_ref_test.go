@@ -224,3 +224,32 @@ func TestOrderMatchesReference(t *testing.T) {
 	}
 	t.Logf("%d cases, %d refused by both", cases, refused)
 }
+
+// TestCircleOrderAndDups checks newCircle on hand-made hashes: sorted by
+// hash, equal hashes by backend, and equal hashes noticed whether or not
+// the insertion pass had to move one of them.
+func TestCircleOrderAndDups(t *testing.T) {
+	for _, c := range []struct {
+		hashes   []uint64
+		rf       int
+		hash     []uint64
+		backends []int32
+		dups     bool
+	}{
+		{[]uint64{5, 3, 1, 3}, 2, []uint64{1, 3, 3, 5}, []int32{1, 0, 1, 0}, true},
+		{[]uint64{3, 5, 3, 1}, 2, []uint64{1, 3, 3, 5}, []int32{1, 0, 1, 0}, true},
+		{[]uint64{5, 3, 1, 4}, 2, []uint64{1, 3, 4, 5}, []int32{1, 0, 1, 0}, false},
+		{[]uint64{1 << 63, 7, 1<<63 + 1, 7}, 1, []uint64{7, 7, 1 << 63, 1<<63 + 1}, []int32{1, 3, 0, 2}, true},
+	} {
+		got := newCircle(c.hashes, c.rf)
+		if !slices.Equal(got.hash, c.hash) || !slices.Equal(got.backend, c.backends) || got.dups != c.dups {
+			t.Errorf("%v: hashes %v, backends %v, dups %v; want %v, %v, %v", c.hashes, got.hash, got.backend, got.dups, c.hash, c.backends, c.dups)
+		}
+		for _, h := range []uint64{0, 2, 3, 6, 1 << 63, 1<<64 - 1} {
+			want, _ := slices.BinarySearch(got.hash, h)
+			if i := got.search(h); i != want {
+				t.Errorf("%v: search(%d) = %d, want %d", c.hashes, h, i, want)
+			}
+		}
+	}
+}
