@@ -2,28 +2,179 @@ package cluster
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
+	"net"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
 )
 
 // hclogAdapter sends Raft's and raft-wal's hclog output to slog. Raft
 // reports routine events (state changes, elections) at info; they go to
 // debug so a node stays quiet at info. Warnings and errors keep their
-// level.
+// level, except the ones Raft logs in the normal course of a healthy
+// cluster (see routine) and a peer that cannot be reached for less than
+// peerGrace (see peerFailures).
 type hclogAdapter struct {
-	log  *slog.Logger
-	name string
-	args []any
+	log   *slog.Logger
+	name  string
+	args  []any
+	peers *peerFailures // shared by every logger derived from one
 }
 
 var _ hclog.Logger = (*hclogAdapter)(nil)
 
 func newHclog(l *slog.Logger, name string) hclog.Logger {
-	return &hclogAdapter{log: l, name: name}
+	return &hclogAdapter{log: l, name: name, peers: newPeerFailures()}
+}
+
+// routine lists the warnings Raft logs while a healthy cluster starts,
+// elects, catches a follower up or adds a server: they go to debug.
+var routine = map[string]bool{
+	// Before the configuration is bootstrapped, or on a server not yet
+	// added to it.
+	"no known peers, aborting election":                   true,
+	"not part of stable configuration, aborting election": true,
+	"heartbeat timeout reached, not part of a stable configuration or a non-voter, not triggering a leader election": true,
+	// Elections racing one another.
+	"Election timeout reached, restarting election":                 true,
+	"new leader elected, stepping down":                             true,
+	"duplicate requestVote from":                                    true,
+	"rejecting vote request since our last term is greater":         true,
+	"rejecting vote request since our last index is greater":        true,
+	"rejecting vote request since we have a leader":                 true,
+	"rejecting pre-vote request since our last term is greater":     true,
+	"rejecting pre-vote request since our last index is greater":    true,
+	"rejecting pre-vote request since we have a leader":             true,
+	"rejecting vote request since node is not in configuration":     true,
+	"rejecting pre-vote request since node is not in configuration": true,
+	// A leader finding where a follower's log ends (a new or lagging
+	// follower).
+	"failed to get previous log":                 true,
+	"previous log term mis-match":                true,
+	"appendEntries rejected, sending older logs": true,
+}
+
+// peerMessages are the messages Raft logs when it fails to reach a peer,
+// with the argument that names the peer.
+var peerMessages = map[string]string{
+	"failed to appendEntries to":              "peer",
+	"failed to heartbeat to":                  "peer",
+	"failed to pipeline appendEntries":        "peer",
+	"failed to start pipeline replication to": "peer",
+	"failed to make requestVote RPC":          "target",
+	"failed to contact":                       "server-id",
+}
+
+// adjust returns the level to log a Raft message at.
+func (h *hclogAdapter) adjust(l hclog.Level, msg string, args []any) hclog.Level {
+	if l != hclog.Warn && l != hclog.Error {
+		return l
+	}
+	switch {
+	case routine[msg]:
+		return hclog.Debug
+	case msg == "heartbeat timeout reached, starting election" && argString(args, "last-leader-id") == "":
+		// The first election after a start: no leader was lost.
+		return hclog.Debug
+	case msg == "failed to decode incoming command" || msg == "failed to accept connection":
+		// This node's own transport closing.
+		if err, _ := argValue(args, "error").(error); errors.Is(err, raft.ErrTransportShutdown) || errors.Is(err, net.ErrClosed) {
+			return hclog.Debug
+		}
+	}
+	if key, ok := peerMessages[msg]; ok && !h.peers.failing(peerName(argValue(args, key)), time.Now()) {
+		return hclog.Debug
+	}
+	return l
+}
+
+func argValue(args []any, key string) any {
+	for i := 0; i+1 < len(args); i += 2 {
+		if k, ok := args[i].(string); ok && k == key {
+			return args[i+1]
+		}
+	}
+	return nil
+}
+
+func argString(args []any, key string) string {
+	switch v := argValue(args, key).(type) {
+	case nil:
+		return ""
+	case string:
+		return v
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+// peerName names a peer by its address when Raft gives one.
+func peerName(v any) string {
+	switch p := v.(type) {
+	case raft.Server:
+		return string(p.Address)
+	case *raft.Server:
+		return string(p.Address)
+	case raft.ServerAddress:
+		return string(p)
+	case raft.ServerID:
+		return "id:" + string(p)
+	case nil:
+		return ""
+	default:
+		return fmt.Sprint(p)
+	}
+}
+
+// Failures to reach one peer are logged at debug for their first
+// peerGrace, and at their own level after that: a router that stops (a
+// restart, a scale-down, a planned shutdown) is unreachable for a moment
+// before the leader removes it from the configuration or it comes back,
+// while one that stays unreachable is a problem to report. A peer that
+// has not failed for peerReset starts again with a grace period.
+const (
+	peerGrace = 5 * time.Second
+	peerReset = time.Minute
+)
+
+// peerFailures remembers, per peer, when its current run of failures
+// began and when it last failed.
+type peerFailures struct {
+	mu    sync.Mutex
+	peers map[string]failureRun
+}
+
+type failureRun struct{ first, last time.Time }
+
+func newPeerFailures() *peerFailures { return &peerFailures{peers: make(map[string]failureRun)} }
+
+// failing records a failure to reach peer at now and reports whether the
+// peer has been failing for at least peerGrace.
+func (p *peerFailures) failing(peer string, now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, ok := p.peers[peer]
+	if !ok || now.Sub(r.last) > peerReset {
+		r.first = now
+	}
+	r.last = now
+	p.peers[peer] = r
+	if len(p.peers) > 256 {
+		for k, v := range p.peers {
+			if now.Sub(v.last) > peerReset {
+				delete(p.peers, k)
+			}
+		}
+	}
+	return now.Sub(r.first) >= peerGrace
 }
 
 func (h *hclogAdapter) level(l hclog.Level) slog.Level {
@@ -41,7 +192,7 @@ func (h *hclogAdapter) Log(l hclog.Level, msg string, args ...any) {
 	if l == hclog.Off {
 		return
 	}
-	lv := h.level(l)
+	lv := h.level(h.adjust(l, msg, args))
 	ctx := context.Background()
 	if !h.log.Enabled(ctx, lv) {
 		return
