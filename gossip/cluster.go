@@ -60,6 +60,7 @@ type Mesh struct {
 	chainMsgs  [2][]byte     // this node's chain message: [0] plain, [1] asking for the peer's
 	skewWarned atomic.Int64  // unix ns of the last clock skew warning
 	seedWarned atomic.Bool
+	joinFailed time.Time // start of the current run of failed joins; joinSeeds only
 
 	stopPub   chan struct{}
 	pubDone   chan struct{}
@@ -251,7 +252,14 @@ func (c *Mesh) Close() error {
 		var errs []error
 		if c.ml.NumMembers() > 1 {
 			if err := c.ml.Leave(c.cfg.LeaveTimeout); err != nil {
-				errs = append(errs, fmt.Errorf("gossip: leave: %w", err))
+				if c.ml.NumMembers() > 1 {
+					errs = append(errs, fmt.Errorf("gossip: leave: %w", err))
+				} else {
+					// The others left while this node waited to tell
+					// them (routers stopped together): nobody is left
+					// to tell.
+					c.log.Debug("gossip leave: the other members left first", "err", err)
+				}
 			}
 		}
 		if err := c.ml.Shutdown(); err != nil {
@@ -688,6 +696,10 @@ func (c *Mesh) mergeState(b []byte) {
 	c.receive(b, new(rxScratch))
 }
 
+// joinWarnAfter is how long joining the seeds may fail before it is
+// logged as a warning.
+const joinWarnAfter = 10 * time.Second
+
 // joinSeeds resolves the seeds and joins them. It reports whether another
 // node is now a member.
 func (c *Mesh) joinSeeds() bool {
@@ -697,9 +709,21 @@ func (c *Mesh) joinSeeds() bool {
 	}
 	n, err := c.ml.Join(addrs)
 	if err != nil && n == 0 {
-		c.log.Warn("gossip join failed; retrying in the background", "seeds", c.cfg.Join, "err", err)
+		now := time.Now()
+		if c.joinFailed.IsZero() {
+			c.joinFailed = now
+		}
+		// Routers started together try each other before all listen: a
+		// join that succeeds within joinWarnAfter is no problem.
+		lv := slog.LevelDebug
+		if now.Sub(c.joinFailed) >= joinWarnAfter {
+			lv = slog.LevelWarn
+		}
+		c.log.Log(context.Background(), lv, "gossip join failed; retrying in the background",
+			"seeds", c.cfg.Join, "failing_for", now.Sub(c.joinFailed).Round(time.Millisecond), "err", err)
 		return false
 	}
+	c.joinFailed = time.Time{}
 	c.log.Info("gossip joined", "contacted", n, "members", c.ml.NumMembers())
 	return c.ml.NumMembers() > 1
 }

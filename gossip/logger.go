@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net"
 )
 
 // logWriter turns memberlist's "[LEVEL] memberlist: text" lines into slog
-// records.
+// records. A failure to use this node's own socket after it was closed is
+// part of stopping, not a problem: it goes to debug.
 type logWriter struct{ log *slog.Logger }
 
 func (w logWriter) Write(p []byte) (int, error) {
@@ -29,6 +31,9 @@ func (w logWriter) Write(p []byte) (int, error) {
 			line = line[i+len(l.tag):]
 			break
 		}
+	}
+	if level > slog.LevelDebug && bytes.Contains(line, []byte(net.ErrClosed.Error())) {
+		level = slog.LevelDebug
 	}
 	ctx := context.Background()
 	if w.log.Enabled(ctx, level) {
