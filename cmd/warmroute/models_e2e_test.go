@@ -1,9 +1,7 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,29 +14,6 @@ import (
 	"github.com/warmroute/warmroute/loadtest/proc"
 )
 
-// startGpusimModel is startGpusim serving model.
-func startGpusimModel(t *testing.T, model string) string {
-	t.Helper()
-	a := proc.GpusimArgs{Listen: "127.0.0.1:0", TimeScale: 0.01, Extra: []string{"--model", model}}
-	p, err := proc.Start(proc.Spec{Name: "gpusim-" + model, Path: binPath, Args: a.Args()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Stop(10 * time.Second) })
-	var url string
-	if err := p.WaitReady(context.Background(), 15*time.Second, func(context.Context) error {
-		m := gpusimURL.FindStringSubmatch(p.Logs())
-		if m == nil {
-			return errors.New("no address printed yet")
-		}
-		url = m[1]
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return url
-}
-
 // TestE2EModelAwareRouting runs the real binary in front of a mixed fleet:
 // two gpusim instances serving llama, two serving qwen, and an engine
 // serving llama with a LoRA adapter (llama-sql) loaded. Each request must
@@ -49,7 +24,7 @@ func TestE2EModelAwareRouting(t *testing.T) {
 	serves := map[string][]string{}
 	var urls []string
 	for _, m := range []string{"llama", "llama", "qwen", "qwen"} {
-		u := startGpusimModel(t, m)
+		u := startGpusim(t, "--model", m)
 		urls = append(urls, u)
 		serves[strings.TrimPrefix(u, "http://")] = []string{m}
 	}

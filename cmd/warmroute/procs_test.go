@@ -187,11 +187,11 @@ const gpusimModel = "meta-llama/Llama-3.1-70B-Instruct"
 var gpusimURL = regexp.MustCompile(`at (http://\S+)\n`)
 
 // startGpusim runs `warmroute gpusim` on a free loopback port, fast (time
-// scale 0.01), and returns its base URL. It is stopped at the end of the
-// test.
-func startGpusim(t *testing.T) string {
+// scale 0.01), with extra flags, and returns its base URL. It is stopped
+// at the end of the test.
+func startGpusim(t *testing.T, extra ...string) string {
 	t.Helper()
-	a := proc.GpusimArgs{Listen: "127.0.0.1:0", TimeScale: 0.01}
+	a := proc.GpusimArgs{Listen: "127.0.0.1:0", TimeScale: 0.01, Extra: extra}
 	p, err := proc.Start(proc.Spec{Name: "gpusim", Path: binPath, Args: a.Args()})
 	if err != nil {
 		t.Fatal(err)
