@@ -5,11 +5,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"runtime"
 	"slices"
 	"sort"
 	"strconv"
-	"sync"
 	"sync/atomic"
 
 	"github.com/buraksezer/consistent"
@@ -106,54 +104,29 @@ type vnode struct {
 // virtualNodes hashes every backend's virtual-node names in the order
 // buraksezer/consistent inserts them: backends in slice order, replicas
 // 0..ReplicationFactor-1, named fmt.Sprintf("%s%d", memberName(id), i).
-// Hash i is backend i / ReplicationFactor's. A large circle is hashed by
-// up to GOMAXPROCS goroutines, each over its own range of backends (hashing
-// is a third of a 1,000-backend rebuild); the result is the same.
+// Hash i is backend i / ReplicationFactor's.
 func virtualNodes(cfg Config, bs []Backend) []uint64 {
-	rf := cfg.ReplicationFactor
 	// The replica numbers' decimal forms, written once: sufs[off[v]:off[v+1]].
-	off := make([]int, rf+1)
+	off := make([]int, cfg.ReplicationFactor+1)
 	var sufs []byte
-	for v := 0; v < rf; v++ {
+	for v := 0; v < cfg.ReplicationFactor; v++ {
 		sufs = strconv.AppendInt(sufs, int64(v), 10)
 		off[v+1] = len(sufs)
 	}
-	hashes := make([]uint64, len(bs)*rf)
-	hash := func(bs []Backend, out []uint64) {
-		var key []byte
-		k := 0
-		for _, b := range bs {
-			key = append(key[:0], memberName(b.ID)...)
-			n := len(key)
-			for v := 0; v < rf; v++ {
-				key = append(key[:n], sufs[off[v]:off[v+1]]...)
-				out[k] = cfg.Hash(key)
-				k++
-			}
+	hashes := make([]uint64, len(bs)*cfg.ReplicationFactor)
+	var key []byte
+	k := 0
+	for _, b := range bs {
+		key = append(key[:0], memberName(b.ID)...)
+		n := len(key)
+		for v := 0; v < cfg.ReplicationFactor; v++ {
+			key = append(key[:n], sufs[off[v]:off[v+1]]...)
+			hashes[k] = cfg.Hash(key)
+			k++
 		}
 	}
-	workers := min(runtime.GOMAXPROCS(0), 4, len(hashes)/parallelVnodes)
-	if workers < 2 {
-		hash(bs, hashes)
-		return hashes
-	}
-	var wg sync.WaitGroup
-	per := (len(bs) + workers - 1) / workers
-	for lo := 0; lo < len(bs); lo += per {
-		hi := min(lo+per, len(bs))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			hash(bs[lo:hi], hashes[lo*rf:hi*rf])
-		}()
-	}
-	wg.Wait()
 	return hashes
 }
-
-// parallelVnodes is how many virtual nodes each goroutine hashing a circle
-// gets at least: below it, starting goroutines costs more than it saves.
-const parallelVnodes = 32768
 
 // circle is the hash circle: every virtual node sorted by hash, equal
 // hashes by backend index, and an index from a hash's top bits to the
