@@ -71,6 +71,9 @@ var peerMessages = map[string]string{
 	"failed to start pipeline replication to": "peer",
 	"failed to make requestVote RPC":          "target",
 	"failed to contact":                       "server-id",
+	// A server gossip no longer knows (it left or failed) but that is
+	// still in the configuration.
+	"unable to get address for server, using fallback address": "id",
 }
 
 // adjust returns the level to log a Raft message at.

@@ -53,6 +53,9 @@ func TestRaftLogLevels(t *testing.T) {
 			h.Error("failed to decode incoming command", "error", errors.New("unknown rpc type 9"))
 		}, "ERROR"},
 		{"quorum lost", func() { h.Warn("failed to contact quorum of nodes, stepping down") }, "WARN"},
+		{"server leaving", func() {
+			h.Warn("unable to get address for server, using fallback address", "id", raft.ServerID("router-0"), "fallback", "127.0.0.1:1", "error", errors.New("no gossip address"))
+		}, "DEBUG"},
 		{"info", func() { h.Info("entering follower state") }, "DEBUG"},
 		{"storage", func() { h.Error("failed to append to logs", "error", errors.New("disk full")) }, "ERROR"},
 	}
