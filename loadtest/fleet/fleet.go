@@ -2,10 +2,13 @@ package fleet
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -319,15 +322,13 @@ func (f *Fleet) Targets() []string {
 }
 
 // Close stops every child (routers first, then gpusim) and waits for them.
-// It is safe to call more than once.
+// Routers in one cluster stop one at a time, the Raft leader last, each
+// once the leader has removed the one before from the configuration: a
+// router that leaves a healthy cluster this way is a planned departure,
+// not a failure the others must report. It is safe to call more than once.
 func (f *Fleet) Close() error {
 	f.closeOnce.Do(func() {
-		var wg sync.WaitGroup
-		// routers first so they do not see their backends vanish
-		for _, p := range f.procs[min(1, len(f.procs)):] {
-			wg.Go(func() { p.Stop(f.cfg.StopTimeout) })
-		}
-		wg.Wait()
+		f.stopRouters()
 		if len(f.procs) > 0 {
 			f.procs[0].Stop(f.cfg.StopTimeout)
 		}
@@ -336,6 +337,100 @@ func (f *Fleet) Close() error {
 		}
 	})
 	return f.closeErr
+}
+
+// stopRouters stops the routers: a cluster in order (see Close), and
+// whatever that leaves, or routers that are not one cluster, all at once.
+func (f *Fleet) stopRouters() {
+	procs := f.procs[min(1, len(f.procs)):]
+	left := make([]int, len(procs)) // indices into procs and f.routers
+	for i := range left {
+		left[i] = i
+	}
+	if len(procs) == len(f.routers) {
+		for len(left) > 1 {
+			next, leader, name, ok := f.nextToStop(left)
+			if !ok {
+				break
+			}
+			procs[left[next]].Stop(f.cfg.StopTimeout)
+			f.waitRemoved(left[leader], name)
+			left = slices.Delete(left, next, next+1)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, i := range left {
+		wg.Go(func() { procs[i].Stop(f.cfg.StopTimeout) })
+	}
+	wg.Wait()
+}
+
+// clusterView is the part of a router's GET /v1/cluster the fleet reads.
+type clusterView struct {
+	Node   string `json:"node"`
+	Leader string `json:"leader"`
+	Raft   struct {
+		Servers []raftServer `json:"servers"`
+	} `json:"raft"`
+}
+
+type raftServer struct {
+	ID string `json:"id"`
+}
+
+// clusterOf asks router i for its view of the cluster.
+func (f *Fleet) clusterOf(i int) (clusterView, error) {
+	var v clusterView
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, f.routers[i].AdminURL+"/v1/cluster", nil)
+	if err != nil {
+		return v, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return v, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return v, fmt.Errorf("fleet: GET /v1/cluster: %s", resp.Status)
+	}
+	err = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&v)
+	return v, err
+}
+
+// nextToStop picks among the running routers left (indices into
+// f.routers) one that is not the Raft leader, and returns its position in
+// left, its node name, and the leader's position. ok is false unless
+// every router answers and all name the same leader among them.
+func (f *Fleet) nextToStop(left []int) (next, leader int, name string, ok bool) {
+	names := make([]string, len(left))
+	lead := ""
+	for k, i := range left {
+		v, err := f.clusterOf(i)
+		if err != nil || v.Node == "" || v.Leader == "" || (lead != "" && v.Leader != lead) {
+			return 0, 0, "", false
+		}
+		names[k], lead = v.Node, v.Leader
+	}
+	if leader = slices.Index(names, lead); leader < 0 {
+		return 0, 0, "", false
+	}
+	next = (leader + 1) % len(left)
+	return next, leader, names[next], true
+}
+
+// waitRemoved waits, at most StopTimeout, until router i (the leader) no
+// longer lists name among the Raft servers.
+func (f *Fleet) waitRemoved(i int, name string) {
+	deadline := time.Now().Add(f.cfg.StopTimeout)
+	for time.Now().Before(deadline) {
+		v, err := f.clusterOf(i)
+		if err != nil || !slices.ContainsFunc(v.Raft.Servers, func(s raftServer) bool { return s.ID == name }) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // consecutivePorts finds n consecutive ports free on 127.0.0.1 right now,
