@@ -141,21 +141,26 @@ func peerName(v any) string {
 // peerGrace, and at their own level after that: a router that stops (a
 // restart, a scale-down, a planned shutdown) is unreachable for a moment
 // before the leader removes it from the configuration or it comes back,
-// while one that stays unreachable is a problem to report. A peer that
-// has not failed for peerReset starts again with a grace period.
+// while one that stays unreachable is a problem to report. A run of
+// failures ends when the peer has not failed for peerQuiet, or for
+// peerReset once the run was reported (Raft backs off up to 10 s between
+// attempts to reach a peer that stays down).
 const (
 	peerGrace = 5 * time.Second
+	peerQuiet = 4 * time.Second
 	peerReset = time.Minute
 )
 
-// peerFailures remembers, per peer, when its current run of failures
-// began and when it last failed.
+// peerFailures remembers, per peer, its current run of failures.
 type peerFailures struct {
 	mu    sync.Mutex
 	peers map[string]failureRun
 }
 
-type failureRun struct{ first, last time.Time }
+type failureRun struct {
+	first, last time.Time
+	reported    bool
+}
 
 func newPeerFailures() *peerFailures { return &peerFailures{peers: make(map[string]failureRun)} }
 
@@ -165,10 +170,11 @@ func (p *peerFailures) failing(peer string, now time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r, ok := p.peers[peer]
-	if !ok || now.Sub(r.last) > peerReset {
-		r.first = now
+	if gap := now.Sub(r.last); !ok || gap > peerReset || (!r.reported && gap > peerQuiet) {
+		r = failureRun{first: now}
 	}
 	r.last = now
+	r.reported = r.reported || now.Sub(r.first) >= peerGrace
 	p.peers[peer] = r
 	if len(p.peers) > 256 {
 		for k, v := range p.peers {
@@ -177,7 +183,7 @@ func (p *peerFailures) failing(peer string, now time.Time) bool {
 			}
 		}
 	}
-	return now.Sub(r.first) >= peerGrace
+	return r.reported
 }
 
 func (h *hclogAdapter) level(l hclog.Level) slog.Level {

@@ -88,16 +88,17 @@ func TestPeerFailureGrace(t *testing.T) {
 
 	p := newPeerFailures()
 	t0 := time.Unix(1000, 0)
+	step := peerQuiet - time.Millisecond // failures close enough to form one run
 	for _, s := range []struct {
 		at      time.Duration
 		failing bool
 	}{
 		{0, false},
-		{peerGrace / 2, false},
-		{peerGrace, true},
-		{peerGrace + time.Second, true},
-		{peerGrace + time.Second + peerReset + time.Second, false}, // recovered, then failed again
-		{2*peerGrace + time.Second + peerReset + time.Second, true},
+		{step, false},
+		{2 * step, true},                // past peerGrace
+		{2*step + 10*time.Second, true}, // reported runs tolerate Raft's longest backoff
+		{2*step + 10*time.Second + peerReset + time.Second, false},                           // recovered, then failed again
+		{2*step + 10*time.Second + peerReset + time.Second + peerQuiet + time.Second, false}, // a brief failure, then another: two runs
 	} {
 		if got := p.failing("127.0.0.1:7001", t0.Add(s.at)); got != s.failing {
 			t.Errorf("at %v: failing = %v, want %v", s.at, got, s.failing)
