@@ -28,7 +28,11 @@
 // # HTTP API
 //
 // POST /v1/chat/completions, /v1/completions (streaming or not, with
-// stream_options.include_usage), GET /v1/models, POST /invocations and
+// stream_options.include_usage), /v1/responses (rendered and cached as
+// chat; the Responses SSE events when streamed), /v1/embeddings,
+// /v1/rerank, /v1/score, /tokenize, /detokenize and
+// /v1/audio/transcriptions (deterministic answers, without the engine),
+// GET /v1/models, POST /invocations and
 // GET /ping (SageMaker), GET /health, GET /metrics (vLLM V1 metric names),
 // GET /admin/stats, GET|POST /admin/faults, POST /reset_prefix_cache.
 // Every response carries X-Gpusim-Instance: <name>. Errors are vLLM's
