@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -245,7 +246,7 @@ func TestEncryption(t *testing.T) {
 	cfg.Join = []string{nodes[0].c.Addr()}
 	cfg.RejoinInterval = time.Hour
 	var logs syncBuffer
-	cfg.Logger = logs.warnLogger()
+	cfg.Logger = logs.debugLogger()
 	c, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -360,13 +361,17 @@ func TestJoinRetriesUntilSeedIsUp(t *testing.T) {
 	var logs syncBuffer
 	b := startNode(t, "node-b", nil, func(c *Config) {
 		c.Join = []string{fmt.Sprintf("localhost:%d", port)}
-		c.Logger = logs.warnLogger()
+		c.Logger = logs.debugLogger()
 	})
 	if n := len(b.c.View().members); n != 1 {
 		t.Fatalf("node-b sees %d members before its seed is up", n)
 	}
 	// New tried once; let a retry in the background fail as well.
 	waitFor(t, 10*time.Second, func() bool { return joinFailures(&logs) >= 2 }, "node-b retries its seed")
+	// A seed that comes up within joinWarnAfter is no problem to warn about.
+	if strings.Contains(logs.String(), `level=WARN msg="gossip join failed`) {
+		t.Fatalf("a join failing for less than %v logged as a warning:\n%s", joinWarnAfter, logs.String())
+	}
 	a := startNode(t, "node-a", nil, func(c *Config) { c.BindPort = port })
 	waitMembers(t, []*testNode{a, b}, 2)
 	// A seed that is this node itself is skipped.

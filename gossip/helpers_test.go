@@ -189,7 +189,7 @@ func (p *publisher) resending() bool {
 }
 
 // joinFailures counts the failed joins a node logged to logs (its
-// Logger is logs.warnLogger()).
+// Logger is logs.debugLogger(): the first failures are logged at debug).
 func joinFailures(logs *syncBuffer) int {
 	return strings.Count(logs.String(), "gossip join failed")
 }
@@ -399,6 +399,11 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// debugLogger returns a logger that writes every record to s.
+func (s *syncBuffer) debugLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(s, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 // warnLogger returns a logger that writes warnings and errors to s.
