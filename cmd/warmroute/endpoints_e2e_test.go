@@ -162,6 +162,26 @@ func TestE2EOpenAIClientEmbeddingsResponses(t *testing.T) {
 		t.Fatalf("repeated response: %s", again.RawJSON())
 	}
 
+	// The same conversation as chat keys alike, so it reaches the same
+	// backend, whose cache holds the prompt the Responses request left.
+	chat, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+		Model: gpusimModel,
+		Messages: []openai.ChatCompletionMessageParamUnion{
+			openai.SystemMessage(instructions), openai.UserMessage("What does the router key on?"),
+		},
+		MaxCompletionTokens: openai.Int(16),
+	})
+	if err != nil {
+		t.Fatalf("chat: %v", err)
+	}
+	if b := routed("chat"); b != first {
+		t.Fatalf("the same conversation as chat went to %s, not %s", b, first)
+	}
+	if chat.Usage.PromptTokens != wantInput || chat.Usage.PromptTokensDetails.CachedTokens != (wantInput-1)/16*16 ||
+		chat.Choices[0].Message.Content != res.OutputText() {
+		t.Fatalf("chat after responses: %s", chat.RawJSON())
+	}
+
 	// Streamed: the events, the same text, the cache hit in the usage.
 	stream := client.Responses.NewStreaming(ctx, params)
 	var types []string
