@@ -395,3 +395,23 @@ func TestResponsesStreamWire(t *testing.T) {
 		t.Fatalf("last event %q after %d", event, n)
 	}
 }
+
+func TestDirectEndpointsTooLarge(t *testing.T) {
+	cfg := FastConfig()
+	cfg.MaxRequestBytes = 4096
+	ts := startInstance(t, cfg)
+	ct, body := multipartBody(t, map[string]string{"model": "m"}, bytes.Repeat([]byte{1}, 8192))
+	req, _ := http.NewRequest("POST", ts.srv.URL+"/v1/audio/transcriptions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", ct)
+	res, err := ts.c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("audio over the limit: %d", res.StatusCode)
+	}
+	if res, b := ts.do(t, "POST", "/v1/embeddings", `{"input":"`+strings.Repeat("x", 5000)+`"}`); res.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("embeddings over the limit: %d %s", res.StatusCode, b)
+	}
+}
