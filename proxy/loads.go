@@ -22,17 +22,20 @@ import (
 // the change.
 //
 // A table's totals are built by the first pick that needs them (O(fleet)
-// and two allocations, once per table); a backend feeds the totals of its
-// newest totalsPerBackend tables, so a request still routing on a table
-// replaced twice since, or on one older than a table with totals, walks. An ejection ends with the clock,
+// and two allocations, once per table); a backend feeds the totals of at
+// most totalsPerBackend tables, newer ones replacing older ones, so a
+// request on a table replaced several times since, or on one of more
+// tables in use at once than that, walks (see mayKeepTotals). An ejection ends with the clock,
 // not with a change: the totals count ejected backends out until the
 // latest request time they have seen passes the ejection's end, then
 // count them again. So they are exact for a request whose arrival time is
 // the latest seen; one that arrived microseconds earlier may count a
 // backend whose ejection ended in between, which its walk would not.
 
-// totalsPerBackend is how many tables' totals a backend feeds at most.
-const totalsPerBackend = 2
+// totalsPerBackend is how many tables' totals a backend feeds at most:
+// the table in use and its models' sub-tables, and the tables they
+// replaced while requests still route on them.
+const totalsPerBackend = 4
 
 // totalsSlot is one table's totals a backend feeds, and its index there.
 type totalsSlot struct {
@@ -131,8 +134,7 @@ func (f *fleetTotals) refresh() {
 
 // totals returns t's kept totals, building them on first use, or nil when
 // picks on t must walk: another goroutine is building them, they were
-// dropped, t is older (by epoch) than a table whose totals its first
-// backend feeds, or a backend of t does not report its changes.
+// dropped, or they may not be built (mayKeepTotals).
 func (t *table) totals(now int64) *fleetTotals {
 	if len(t.bs) == 0 {
 		return nil
@@ -141,20 +143,16 @@ func (t *table) totals(now int64) *fleetTotals {
 	if f := b0.totalsFor(t); f != nil {
 		return f.usable()
 	}
+	if !t.mayKeepTotals() {
+		return nil
+	}
 	b0.totalsMu.Lock()
 	defer b0.totalsMu.Unlock()
 	if f := b0.totalsFor(t); f != nil {
 		return f.usable()
 	}
-	if l := b0.totals.Load(); l != nil && l.slots[l.n-1].f.t.epoch > t.epoch {
-		// t was replaced (its totals dropped, or never built): building
-		// them now would drop the newer tables'.
+	if !t.mayKeepTotals() {
 		return nil
-	}
-	for _, b := range t.bs {
-		if b.inflight.b != b {
-			return nil // not made by newBackend: its counters feed nothing
-		}
 	}
 	f := &fleetTotals{t: t, tally: ring.NewTally(len(t.bs)), lists: make([]totalsList, len(t.bs))}
 	f.now.Store(now)
@@ -166,6 +164,25 @@ func (t *table) totals(now int64) *fleetTotals {
 	f.refresh()
 	f.ready.Store(true)
 	return f
+}
+
+// mayKeepTotals reports whether t's totals may be built: every backend of
+// t reports its changes, and none feeds as many totals as it may unless
+// the oldest of them is of an older table (by epoch), which would be
+// dropped. So tables in use at once (a table and its models' sub-tables,
+// of one epoch) never drop each other's totals: the first
+// totalsPerBackend of them a backend is in keep totals, the others walk,
+// and a replaced table never takes totals back from its successors.
+func (t *table) mayKeepTotals() bool {
+	for _, b := range t.bs {
+		if b.inflight.b != b {
+			return false // not made by newBackend: its counters feed nothing
+		}
+		if l := b.totals.Load(); l != nil && l.n == totalsPerBackend && l.slots[0].f.t.epoch >= t.epoch {
+			return false
+		}
+	}
+	return true
 }
 
 func (f *fleetTotals) usable() *fleetTotals {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -162,7 +163,7 @@ func TestFleetTotalsOldTable(t *testing.T) {
 	setTotalsRing(t, p, cfg, totalsBackends([]int{1, 2, 3, 4, 5}), 1)
 	now := time.Unix(2_000_000, 0)
 	var tabs []*table
-	for gen := 0; gen < 4; gen++ {
+	for gen := 0; gen < totalsPerBackend+2; gen++ {
 		tab := p.tab.Load()
 		tabs = append(tabs, tab)
 		st := &reqState{}
@@ -196,6 +197,74 @@ func TestFleetTotalsOldTable(t *testing.T) {
 	st.reset(tabs[len(tabs)-1], now)
 	if _, _, ok := st.HealthyTotals(); !ok {
 		t.Error("the newest table lost its totals to older ones")
+	}
+}
+
+// TestFleetTotalsSubTables: tables in use at once over shared backends
+// (a table and its models' sub-tables, of one epoch) never take totals from
+// each other: after a first round of picks on each, no backend's totals
+// change, and every table either has totals equal to a walk or walks.
+func TestFleetTotalsSubTables(t *testing.T) {
+	p := totalsProxy(t)
+	cfg := totalsRingConfig()
+	ids := []int{0, 1, 2, 3, 4, 5, 6, 7}
+	setTotalsRing(t, p, cfg, totalsBackends(ids), 3)
+	main := p.tab.Load()
+	tabs := []*table{main}
+	// Sub-tables as models.go builds them: a subset's ring and backends.
+	for m := 0; m < totalsPerBackend+2; m++ {
+		var sub []int
+		for _, id := range ids {
+			if id%4 != m%4 || id < 2 { // backends 0 and 1 are in every table
+				sub = append(sub, id)
+			}
+		}
+		r, err := ring.New(cfg, totalsBackends(sub))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := &table{ring: r, epoch: main.epoch, epochHdr: main.epochHdr}
+		for _, rb := range r.Backends() {
+			i, _ := main.ring.Index(rb.ID)
+			st.bs = append(st.bs, main.bs[i])
+		}
+		tabs = append(tabs, st)
+	}
+	for i, b := range main.bs {
+		b.inflight.Add(int64(i + 1))
+	}
+	now := time.Unix(4_000_000, 0)
+	lists := func() []*totalsList {
+		var out []*totalsList
+		for _, b := range main.bs {
+			out = append(out, b.totals.Load())
+		}
+		return out
+	}
+	var first []*totalsList
+	kept := 0
+	for round := 0; round < 3; round++ {
+		for k, tab := range tabs {
+			st := &reqState{}
+			st.reset(tab, now)
+			total, n, ok := st.HealthyTotals()
+			if round == 0 && ok {
+				kept++
+			}
+			if ok {
+				if wt, wn := walkTotals(st); total != wt || n != wn {
+					t.Errorf("round %d table %d: kept totals %d on %d, walk %d on %d", round, k, total, n, wt, wn)
+				}
+			}
+		}
+		if round == 0 {
+			first = lists()
+		} else if !slices.Equal(lists(), first) {
+			t.Fatalf("round %d: picks on tables in use at once rebuilt totals", round)
+		}
+	}
+	if kept < totalsPerBackend {
+		t.Errorf("%d of %d tables keep totals, want at least %d", kept, len(tabs), totalsPerBackend)
 	}
 }
 
