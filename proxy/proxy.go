@@ -145,7 +145,11 @@ func New(cfg Config) (*Proxy, error) {
 		// fasthttp's parse errors otherwise quote the request bytes
 		// (headers with credentials, prompt text) into its log messages.
 		SecureErrorLogMessage: true,
-		Logger:                fasthttpLogger{log},
+		// A multipart body (an audio upload) is passed on as it came:
+		// pre-parsed, fasthttp would rebuild it from a map (its fields
+		// reordered) and spill large files to disk.
+		DisablePreParseMultipartForm: true,
+		Logger:                       fasthttpLogger{log},
 	}
 	return p, nil
 }
