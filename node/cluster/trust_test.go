@@ -227,13 +227,15 @@ func TestForeignClusterRefused(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the router with another cluster's data did not stop")
 	}
-	if _, in := raftServers(leader(t, nodes).c)["x"]; in {
+	l := leader(t, nodes)
+	if _, in := raftServers(l.c)["x"]; in {
 		t.Fatal("the foreign router entered the Raft configuration")
 	}
-	for _, n := range nodes {
-		if v := counterValue(n.c.met.raftForeign); v == 0 {
-			t.Errorf("%s counted no foreign peer", n.id)
-		}
+	// The leader dials every router gossip names, x included, and meets
+	// the other cluster's ID; a follower meets it only if x happened to
+	// dial it (a bootstrap probe) before stopping.
+	if v := counterValue(l.c.met.raftForeign); v == 0 {
+		t.Errorf("the leader %s counted no foreign peer", l.id)
 	}
 }
 
