@@ -349,8 +349,13 @@ func (f *Fleet) stopRouters() {
 	}
 	if len(procs) == len(f.routers) {
 		for len(left) > 1 {
-			next, leader, name, ok := f.nextToStop(left)
-			if !ok {
+			next, leader, name, err := f.nextToStop(left)
+			// An election may be under way: ask again for a moment.
+			for wait := time.Now().Add(time.Second); errors.Is(err, errNoLeader) && time.Now().Before(wait); {
+				time.Sleep(50 * time.Millisecond)
+				next, leader, name, err = f.nextToStop(left)
+			}
+			if err != nil {
 				break
 			}
 			procs[left[next]].Stop(f.cfg.StopTimeout)
@@ -399,25 +404,39 @@ func (f *Fleet) clusterOf(i int) (clusterView, error) {
 	return v, err
 }
 
+// errNoLeader: the routers do not name one leader among them.
+var errNoLeader = errors.New("fleet: no leader")
+
 // nextToStop picks among the running routers left (indices into
 // f.routers) one that is not the Raft leader, and returns its position in
-// left, its node name, and the leader's position. ok is false unless
-// every router answers and all name the same leader among them.
-func (f *Fleet) nextToStop(left []int) (next, leader int, name string, ok bool) {
+// left, its node name, and the leader's position. It fails unless every
+// router answers, and with errNoLeader unless they all name one leader
+// among them.
+func (f *Fleet) nextToStop(left []int) (next, leader int, name string, err error) {
 	names := make([]string, len(left))
-	lead := ""
+	leaders := map[string]bool{}
 	for k, i := range left {
 		v, err := f.clusterOf(i)
-		if err != nil || v.Node == "" || v.Leader == "" || (lead != "" && v.Leader != lead) {
-			return 0, 0, "", false
+		if err != nil {
+			return 0, 0, "", err
 		}
-		names[k], lead = v.Node, v.Leader
+		names[k] = v.Node
+		leaders[v.Leader] = true
 	}
-	if leader = slices.Index(names, lead); leader < 0 {
-		return 0, 0, "", false
+	electing := leaders[""]
+	delete(leaders, "")
+	if len(leaders) > 1 {
+		return 0, 0, "", errors.New("fleet: the routers are not one cluster")
+	}
+	lead := ""
+	for l := range leaders {
+		lead = l
+	}
+	if leader = slices.Index(names, lead); electing || lead == "" || leader < 0 {
+		return 0, 0, "", errNoLeader
 	}
 	next = (leader + 1) % len(left)
-	return next, leader, names[next], true
+	return next, leader, names[next], nil
 }
 
 // waitRemoved waits, at most StopTimeout, until router i (the leader) no
