@@ -50,17 +50,18 @@ var errRedirected = errors.New("redirect not followed")
 func (n *Node) learnModels(ctx context.Context) {
 	client := &http.Client{
 		Transport: &http.Transport{
-			Proxy:                  nil,
-			DialContext:            (&net.Dialer{Timeout: modelsTimeout}).DialContext,
-			MaxIdleConnsPerHost:    1,
-			IdleConnTimeout:        3 * modelsPeriod,
+			Proxy:       nil,
+			DialContext: (&net.Dialer{Timeout: modelsTimeout}).DialContext,
+			// One question per backend every 10 s: a connection each time,
+			// rather than one idle connection (and its goroutines) held
+			// open per backend.
+			DisableKeepAlives:      true,
 			ResponseHeaderTimeout:  modelsTimeout,
 			MaxResponseHeaderBytes: 64 << 10,
 		},
 		Timeout:       modelsTimeout,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return errRedirected },
 	}
-	defer client.CloseIdleConnections()
 	t := time.NewTimer(modelsFirst)
 	defer t.Stop()
 	for {

@@ -209,7 +209,7 @@ func badInputCases() []badCase {
 		{"Prefix-Aware-Id with a control char", post(ok, "X-Amzn-SageMaker-Prefix-Aware-Id: t\x01"), 1, 400, "bad_request", true},
 		{"empty Prefix-Aware-Id", post(ok, "X-Amzn-SageMaker-Prefix-Aware-Id:"), 1, 400, "invalid_prefix_aware_id", false},
 		{"prompt_cache_key not a string", post([]byte(`{"model":"m","prompt_cache_key":1,"messages":[{"role":"user","content":"hi"}]}`)), 1, 400, "invalid_request", false},
-		{"unknown model (engine's 404)", post(chatJSON("no-such-model", "hi")), 1, 404, "404", false},
+		{"unknown model (the router's 404)", post(chatJSON("no-such-model", "hi")), 1, 404, "model_not_found", false},
 		{"HTTP/1.0", []byte(fmt.Sprintf("POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(ok), ok)), 1, 200, "", true},
 		{"3 pipelined requests", bytes.Repeat(post(ok), 3), 3, 200, "", false},
 		{"pipelined, the 2nd malformed", append(append(post(ok), post([]byte(`{"messages":`))...), post(ok)...), 3, 0, "", false},
@@ -248,6 +248,14 @@ func TestE2EBadInputMatrix(t *testing.T) {
 	ok := chatJSON(gpusimModel, "warm up")
 	if ex := rawDo(t, addr, httpReq("POST", "/v1/chat/completions", nil, ok), 1, "POST"); ex.status() != 200 {
 		t.Fatalf("warm-up: %d %v", ex.status(), ex.err)
+	}
+	// The router answers an unknown model itself once it has read what
+	// the backend serves (its /v1/models, within a second or so).
+	if _, err := pollUntil(15*time.Second, func() (bool, error) {
+		ex := rawDo(t, addr, httpReq("POST", "/v1/chat/completions", nil, chatJSON("no-such-model", "hi")), 1, "POST")
+		return ex.errorCode() == "model_not_found", nil
+	}); err != nil {
+		t.Fatalf("the router never learned its backend's models: %v", err)
 	}
 	base := metric(t, r, "go_goroutines")
 	var rows []string
