@@ -59,5 +59,8 @@ func ParseBackend(req admin.BackendRequest) (cluster.Backend, error) {
 	if err != nil {
 		return cluster.Backend{}, err
 	}
-	return cluster.Backend{ID: rb.ID, URL: rb.Addr, Zone: rb.Zone, Weight: rb.Weight, State: req.State, Labels: req.Labels}, nil
+	if err := checkModels(rb.ID, req.Models); err != nil {
+		return cluster.Backend{}, err
+	}
+	return cluster.Backend{ID: rb.ID, URL: rb.Addr, Zone: rb.Zone, Weight: rb.Weight, State: req.State, Labels: req.Labels, Models: req.Models}, nil
 }

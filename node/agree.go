@@ -24,8 +24,12 @@ func (c *Config) seedBackends() ([]cluster.Backend, error) {
 	}
 	out := make([]cluster.Backend, len(rbs))
 	for i, b := range rbs {
+		// RingBackends keeps the config's order.
+		if err := checkModels(b.ID, c.Backends[i].Models); err != nil {
+			return nil, err
+		}
 		out[i] = cluster.Backend{ID: b.ID, URL: b.Addr, Zone: b.Zone, Weight: b.Weight,
-			State: cluster.StateActive, Source: cluster.SourceConfig}
+			State: cluster.StateActive, Source: cluster.SourceConfig, Models: c.Backends[i].Models}
 	}
 	return out, nil
 }

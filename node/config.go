@@ -479,6 +479,11 @@ func (c *Config) Validate() error {
 	if err := pc.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	for _, b := range c.Backends {
+		if err := checkModels(b.URL, b.Models); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if rbs, err := c.RingBackends(); err != nil {
 		errs = append(errs, err)
 	} else if rcErr == nil {
@@ -555,6 +560,24 @@ type BackendSpec struct {
 	URL    string `yaml:"url"`
 	Zone   string `yaml:"zone"`
 	Weight int    `yaml:"weight"`
+	// Models declares what the backend serves (model ids, adapters
+	// included) until its /v1/models answers; empty: learned from that
+	// alone. YAML mapping form only.
+	Models []string `yaml:"models"`
+}
+
+// checkModels bounds a declared model list as the agreed state does: at
+// most maxBackendModels ids of 1-maxModelID printable ASCII characters.
+func checkModels(id string, ms []string) error {
+	if len(ms) > maxBackendModels {
+		return fmt.Errorf("backend %s: %d models, at most %d", id, len(ms), maxBackendModels)
+	}
+	for _, m := range ms {
+		if m == "" || len(m) > maxModelID || !printableASCII(m) {
+			return fmt.Errorf("backend %s: model %q: 1-%d printable ASCII characters", id, m, maxModelID)
+		}
+	}
+	return nil
 }
 
 // ParseBackendSpec parses "[id=]url[;zone=z][;weight=n]".

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -114,7 +115,7 @@ func FuzzParseBackendSpec(f *testing.F) {
 		if err != nil {
 			t.Fatalf("%q parsed to %+v, formatted as %q, which fails: %v", s, b, out, err)
 		}
-		if back != b {
+		if !reflect.DeepEqual(back, b) {
 			t.Fatalf("%q parsed to %+v, formatted as %q, re-parsed to %+v", s, b, out, back)
 		}
 	})

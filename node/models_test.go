@@ -5,10 +5,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/node/admin"
 )
 
 // modelEngine answers /v1/models with models and chat completions.
@@ -139,4 +142,41 @@ func FuzzParseModels(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestModelsDeclared: models declared in the config file seed the agreed
+// backends, models given to the admin API's add-backend request reach the
+// agreed backend, and lists out of bounds are refused up front.
+func TestModelsDeclared(t *testing.T) {
+	c := DefaultConfig()
+	path := t.TempDir() + "/warmroute.yaml"
+	yaml := "backends:\n  - url: http://10.0.0.1:8000\n    models: [llama, llama-sql]\n  - http://10.0.0.2:8000\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.LoadFile(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	seed, err := c.seedBackends()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(seed[0].Models, []string{"llama", "llama-sql"}) || seed[1].Models != nil {
+		t.Fatalf("seeded models %v, %v", seed[0].Models, seed[1].Models)
+	}
+	c.Backends[1].Models = []string{"tab\tm"}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "model") {
+		t.Fatalf("a bad declared model: %v", err)
+	}
+
+	b, err := ParseBackend(admin.BackendRequest{URL: "http://10.0.0.3:8000", Models: []string{"qwen"}})
+	if err != nil || !slices.Equal(b.Models, []string{"qwen"}) {
+		t.Fatalf("admin request: %+v %v", b, err)
+	}
+	if _, err := ParseBackend(admin.BackendRequest{URL: "http://10.0.0.3:8000", Models: []string{strings.Repeat("m", maxModelID+1)}}); err == nil {
+		t.Fatal("an over-long model accepted")
+	}
 }

@@ -114,6 +114,9 @@ type BackendRequest struct {
 	Weight int               `json:"weight,omitempty"`
 	State  string            `json:"state,omitempty"`
 	Labels map[string]string `json:"labels,omitempty"`
+	// Models declares what the backend serves until its /v1/models
+	// answers (omitted: kept, or learned from that alone).
+	Models []string `json:"models,omitempty"`
 }
 
 // ConfigDoc is GET /v1/config.
