@@ -93,17 +93,7 @@ const MaxSessionLength = 256
 
 // CheckSession validates a session id: 1-MaxSessionLength printable ASCII
 // characters.
-func CheckSession(v []byte) error {
-	if len(v) == 0 || len(v) > MaxSessionLength {
-		return fmt.Errorf("%w: want 1-%d printable characters, got %d bytes", ErrBadSession, MaxSessionLength, len(v))
-	}
-	for _, c := range v {
-		if c < 0x20 || c > 0x7e {
-			return fmt.Errorf("%w: non-printable character 0x%02x", ErrBadSession, c)
-		}
-	}
-	return nil
-}
+func CheckSession(v []byte) error { return checkHeaderValue(v, MaxSessionLength, ErrBadSession) }
 
 // UseSession keys the request on session id v (checked by CheckSession)
 // under its model and tenant, instead of on its prompt text: every request
@@ -160,13 +150,17 @@ func mixKey(scope [2]uint64, p uint64) uint64 {
 
 // CheckTenant validates an X-Amzn-SageMaker-Prefix-Aware-Id value: 1-64
 // printable ASCII characters.
-func CheckTenant(v []byte) error {
-	if len(v) == 0 || len(v) > MaxTenantLength {
-		return fmt.Errorf("%w: want 1-%d printable characters, got %d bytes", ErrBadTenant, MaxTenantLength, len(v))
+func CheckTenant(v []byte) error { return checkHeaderValue(v, MaxTenantLength, ErrBadTenant) }
+
+// checkHeaderValue checks that v is 1-max printable ASCII characters; its
+// errors wrap bad.
+func checkHeaderValue(v []byte, max int, bad error) error {
+	if len(v) == 0 || len(v) > max {
+		return fmt.Errorf("%w: want 1-%d printable characters, got %d bytes", bad, max, len(v))
 	}
 	for _, c := range v {
 		if c < 0x20 || c > 0x7e {
-			return fmt.Errorf("%w: non-printable character 0x%02x", ErrBadTenant, c)
+			return fmt.Errorf("%w: non-printable character 0x%02x", bad, c)
 		}
 	}
 	return nil
