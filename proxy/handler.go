@@ -87,15 +87,9 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 	case "/v1/audio/transcriptions", "/v1/audio/translations":
 		// Multipart audio, passed through as it is: no prompt to key on
 		// and nothing cached, so requests spread like /v1/models.
-		if !ctx.IsPost() {
-			p.methodNotAllowed(ctx, "POST")
-			p.m.countRequest(p.m.none, routeAudio, ring.ReasonNone, fasthttp.StatusMethodNotAllowed)
-			if p.observing {
-				p.observeBare(ctx, routeAudio)
-			}
-			return
+		if p.requirePost(ctx, routeAudio) {
+			p.routeAny(ctx, routeAudio, true)
 		}
-		p.routeAny(ctx, routeAudio, true)
 	case "/v1/models":
 		if !ctx.IsGet() && !ctx.IsHead() {
 			p.methodNotAllowed(ctx, "GET")
@@ -105,10 +99,7 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		if p.serveModels(ctx, p.tab.Load()) {
-			p.m.countRequest(p.m.none, routeModels, ring.ReasonNone, fasthttp.StatusOK)
-			if p.observing {
-				p.observeBare(ctx, routeModels)
-			}
+			p.answered(ctx, routeModels, fasthttp.StatusOK)
 			return
 		}
 		p.routeAny(ctx, routeModels, false)
@@ -139,10 +130,7 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetBodyString("ready\n")
 	default:
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "unknown route "+string(ctx.Method())+" "+string(ctx.Path()))
-		p.m.countRequest(p.m.none, routeOther, ring.ReasonNone, fasthttp.StatusNotFound)
-		if p.observing {
-			p.observeBare(ctx, routeOther)
-		}
+		p.answered(ctx, routeOther, fasthttp.StatusNotFound)
 	}
 }
 
@@ -183,20 +171,32 @@ func (p *Proxy) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 	if l, ok := ctx.Conn().(interface{ lingerOnClose() }); ok {
 		l.lingerOnClose()
 	}
-	p.m.countRequest(p.m.none, routeOther, ring.ReasonNone, status)
+	p.answered(ctx, routeOther, status)
+}
+
+// answered counts and reports a request the router answered itself,
+// before any routing: no backend, no key.
+func (p *Proxy) answered(ctx *fasthttp.RequestCtx, rt route, status int) {
+	p.m.countRequest(p.m.none, rt, ring.ReasonNone, status)
 	if p.observing {
-		p.observeBare(ctx, routeOther)
+		p.observeBare(ctx, rt)
 	}
+}
+
+// requirePost answers 405 to anything but a POST on rt and reports
+// whether the request is a POST.
+func (p *Proxy) requirePost(ctx *fasthttp.RequestCtx, rt route) bool {
+	if ctx.IsPost() {
+		return true
+	}
+	p.methodNotAllowed(ctx, "POST")
+	p.answered(ctx, rt, fasthttp.StatusMethodNotAllowed)
+	return false
 }
 
 // routeLLM routes a request by its prompt prefix.
 func (p *Proxy) routeLLM(ctx *fasthttp.RequestCtx, rt route, api ring.API) {
-	if !ctx.IsPost() {
-		p.methodNotAllowed(ctx, "POST")
-		p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusMethodNotAllowed)
-		if p.observing {
-			p.observeBare(ctx, rt)
-		}
+	if !p.requirePost(ctx, rt) {
 		return
 	}
 	st := p.states.Get().(*reqState)
