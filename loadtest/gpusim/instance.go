@@ -356,22 +356,7 @@ func (in *Instance) serveGenerate(w http.ResponseWriter, r *http.Request, ep end
 	}
 
 	ctx := r.Context()
-	f := in.faults.Load()
-	if f.FailFraction > 0 && rand.Float64() < f.FailFraction {
-		in.c.failed.Add(1)
-		writeError(w, &apiError{status: http.StatusInternalServerError, typ: "InternalServerError",
-			message: "gpusim: injected failure"})
-		return
-	}
-	if f.StallFraction > 0 && rand.Float64() < f.StallFraction {
-		in.c.stalled.Add(1)
-		if !in.sleep(ctx, f.StallFor) {
-			in.c.aborted.Add(1)
-			return
-		}
-	}
-	if !in.sleep(ctx, in.cfg.scaled(in.cfg.Overhead)) {
-		in.c.aborted.Add(1)
+	if !in.admit(ctx, w) {
 		return
 	}
 	s := newSeq(shape, p.maxTokens, p.limited, arrival)
@@ -385,6 +370,31 @@ func (in *Instance) serveGenerate(w http.ResponseWriter, r *http.Request, ep end
 	} else {
 		rs.full(ctx, w)
 	}
+}
+
+// admit applies the injected faults (a failure answered at once, a
+// stall) and the fixed per-request overhead before a request is served.
+// It reports false when the request is done: failed, or its client gone.
+func (in *Instance) admit(ctx context.Context, w http.ResponseWriter) bool {
+	f := in.faults.Load()
+	if f.FailFraction > 0 && rand.Float64() < f.FailFraction {
+		in.c.failed.Add(1)
+		writeError(w, &apiError{status: http.StatusInternalServerError, typ: "InternalServerError",
+			message: "gpusim: injected failure"})
+		return false
+	}
+	if f.StallFraction > 0 && rand.Float64() < f.StallFraction {
+		in.c.stalled.Add(1)
+		if !in.sleep(ctx, f.StallFor) {
+			in.c.aborted.Add(1)
+			return false
+		}
+	}
+	if !in.sleep(ctx, in.cfg.scaled(in.cfg.Overhead)) {
+		in.c.aborted.Add(1)
+		return false
+	}
+	return true
 }
 
 // check applies the validations that need the configuration: the model

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"slices"
 	"time"
@@ -55,21 +54,7 @@ func (in *Instance) serveDirect(w http.ResponseWriter, r *http.Request, handle f
 		writeError(w, aerr)
 		return
 	}
-	ctx := r.Context()
-	f := in.faults.Load()
-	if f.FailFraction > 0 && rand.Float64() < f.FailFraction {
-		in.c.failed.Add(1)
-		writeError(w, &apiError{status: http.StatusInternalServerError, typ: "InternalServerError",
-			message: "gpusim: injected failure"})
-		return
-	}
-	if f.StallFraction > 0 && rand.Float64() < f.StallFraction {
-		in.c.stalled.Add(1)
-		if !in.sleep(ctx, f.StallFor) {
-			return
-		}
-	}
-	if !in.sleep(ctx, in.cfg.scaled(in.cfg.Overhead)) {
+	if !in.admit(r.Context(), w) {
 		return
 	}
 	if a, ok := v.(answer); ok {
