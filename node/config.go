@@ -89,6 +89,9 @@ type Upstream struct {
 	// MaxHops bounds the warmroute routers a request may already have
 	// passed (X-Warmroute-Hops); more is a loop: 508.
 	MaxHops int `yaml:"max_hops"`
+	// StreamRelay passes streamed answers on event loops (Linux, plain
+	// TCP on both sides) instead of a goroutine and buffers per stream.
+	StreamRelay bool `yaml:"stream_relay"`
 }
 
 // Health configures active and passive health checking.
@@ -365,6 +368,7 @@ func DefaultConfig() Config {
 			Retries:             pc.Retries,
 			MaxBufferedResponse: Size(pc.MaxBufferedResponse),
 			MaxHops:             pc.MaxHops,
+			StreamRelay:         pc.StreamRelay,
 		},
 		Health: Health{
 			ProbePath:          pc.ProbePath,
@@ -451,6 +455,7 @@ func (c *Config) ProxyConfig() proxy.Config {
 	pc.Retries = c.Upstream.Retries
 	pc.MaxBufferedResponse = int(c.Upstream.MaxBufferedResponse)
 	pc.MaxHops = c.Upstream.MaxHops
+	pc.StreamRelay = c.Upstream.StreamRelay
 	pc.ProbePath = c.Health.ProbePath
 	pc.ProbeInterval = c.Health.ProbeInterval
 	pc.ProbeTimeout = c.Health.ProbeTimeout

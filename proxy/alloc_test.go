@@ -15,7 +15,7 @@ import (
 
 // allocProxy serves a proxy with health checks off in front of one raw
 // stub and returns its address.
-func allocProxy(t testing.TB, stubs int) string {
+func allocProxy(t testing.TB, stubs int, relayed ...bool) string {
 	t.Helper()
 	var bs []ring.Backend
 	for i := 0; i < stubs; i++ {
@@ -24,6 +24,7 @@ func allocProxy(t testing.TB, stubs int) string {
 	}
 	cfg := DefaultConfig()
 	cfg.ProbePath = ""
+	cfg.StreamRelay = len(relayed) > 0 && relayed[0]
 	h := startProxyBackends(t, cfg, ring.DefaultConfig(), bs)
 	return strings.TrimPrefix(h.url, "http://")
 }
@@ -47,8 +48,8 @@ func TestRequestPathAllocations(t *testing.T) {
 	}
 }
 
-// TestStreamPathAllocations bounds a streamed (SSE) answer's allocations.
-// fasthttp's streamed client body allocates a small wrapper and its
+// TestStreamPathAllocations bounds a streamed (SSE) answer's allocations
+// on the goroutine path (StreamRelay off). fasthttp's streamed client body allocates a small wrapper and its
 // closures per response (4 objects); the proxy's own part allocates
 // nothing.
 func TestStreamPathAllocations(t *testing.T) {
@@ -63,6 +64,26 @@ func TestStreamPathAllocations(t *testing.T) {
 	t.Logf("a streamed request allocates %.2f times", n)
 	if n > want {
 		t.Errorf("a streamed request allocates %.2f times, want at most %v", n, want)
+	}
+}
+
+// TestRelayedStreamAllocations bounds a relayed stream's allocations
+// (StreamRelay on). The events themselves allocate nothing on the relay;
+// each stream's set-up does: a connection of its own to the backend (its
+// dial, and the stub's accept, counted here too), the hand-over of both
+// descriptors, and the client connection's return to the server.
+func TestRelayedStreamAllocations(t *testing.T) {
+	c := newRawClient(t, allocProxy(t, 1, true))
+	n := allocsPerRequest(t, c, chatRequest(4<<10, true), func(head, body []byte) bool {
+		return bytes.HasPrefix(head, []byte("HTTP/1.1 200")) && bytes.Count(body, []byte("data: ")) == 3
+	})
+	want := 90.0 // 82 measured
+	if raceEnabled {
+		want = 120 // 102 measured
+	}
+	t.Logf("a relayed stream allocates %.2f times", n)
+	if n > want {
+		t.Errorf("a relayed stream allocates %.2f times, want at most %v", n, want)
 	}
 }
 

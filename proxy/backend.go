@@ -91,6 +91,9 @@ type backend struct {
 	// ejectedUntil (unix nanos): passive ejection after connect failures.
 	ejectedUntil healthTime
 	connFails    atomic.Int32
+	// relayConns counts the upstream connections of relayed streams
+	// (relay.go), which MaxConnsPerBackend bounds with the client's.
+	relayConns atomic.Int64
 	// totals lists the fleet totals this backend's counts and health feed
 	// (loads.go): every change of inflight, remote, probeDown or
 	// ejectedUntil reaches them. totalsMu serialises building the totals

@@ -29,6 +29,10 @@ type clientClose struct {
 // goes out before its request was read to the end.
 func (cc *clientClose) lingerOnClose() { cc.lingerNext.Store(true) }
 
+// handOver makes the coming Close close the connection without counting
+// it closed: its socket lives on elsewhere (the relay), which counts it.
+func (cc *clientClose) handOver() { cc.closed.Store(true) }
+
 // close closes c; the first call counts it closed and lingers if asked to.
 func (cc *clientClose) close(c net.Conn) error {
 	if cc.closed.CompareAndSwap(false, true) {

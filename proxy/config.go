@@ -64,6 +64,10 @@ type Config struct {
 	// upstream_response_too_large and its connection closed. Streamed
 	// answers (SSE, /invocations) are passed through and not bounded.
 	MaxBufferedResponse int
+	// StreamRelay passes streamed answers between plain-TCP clients and
+	// plain-HTTP backends on event loops (Linux), instead of a goroutine
+	// and its buffers per stream; see relay.go.
+	StreamRelay bool
 	// MaxHops bounds the warmroute routers a request may have passed
 	// through before this one, as counted by the X-Warmroute-Hops field
 	// every router sets on the requests it forwards: a request that passed
@@ -123,6 +127,7 @@ func DefaultConfig() Config {
 		Retries:            2,
 
 		MaxBufferedResponse: 8 << 20,
+		StreamRelay:         true,
 		MaxHops:             4,
 
 		ProbePath:          "/health",

@@ -452,6 +452,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ri
 		return false, nil
 	}
 
+	if rc, ok := p.relayable(ctx, st, b); ok {
+		return p.forwardRelayed(ctx, st, b, d, rt, sent, rc)
+	}
 	up := fasthttp.AcquireResponse()
 	up.StreamBody = true
 	err = b.client.Do(req, up)
@@ -478,8 +481,16 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ri
 	p.setHeaders(resp, st.t, b, d)
 	p.m.countRequest(b.m, rt, d.Reason, up.StatusCode())
 
-	bs, ok := up.BodyStream().(fasthttp.ReadCloserWithError)
-	if !ok || bs == nil {
+	bs, _ := up.BodyStream().(fasthttp.ReadCloserWithError)
+	return p.passStream(ctx, st, b, up, bs, sent)
+}
+
+// passStream passes the body of up (its stream bs, or its body when bs is
+// nil) to the client as it comes, through a trackedStream. b's in-flight
+// count is already up; the stream's end takes it down.
+func (p *Proxy) passStream(ctx *fasthttp.RequestCtx, st *reqState, b *backend, up *fasthttp.Response, bs fasthttp.ReadCloserWithError, sent time.Time) (bool, error) {
+	resp := &ctx.Response
+	if bs == nil {
 		// The whole body came with the headers.
 		b.m.ttfb.Observe(time.Since(sent).Seconds())
 		resp.SetBody(up.Body())

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 	"github.com/warmroute/warmroute/proxy/internal/hot"
+	"github.com/warmroute/warmroute/proxy/internal/relay"
 	"github.com/warmroute/warmroute/ring"
 	"go.opentelemetry.io/otel/propagation"
 )
@@ -72,6 +74,16 @@ type Proxy struct {
 	states   sync.Pool // *reqState
 	streams  sync.Pool // *trackedStream
 	observed sync.Pool // *observedStream
+	relayed  sync.Pool // *relayStream
+	readers  sync.Pool // *bufio.Reader for relayed exchanges
+	writers  sync.Pool // *bufio.Writer for relayed exchanges
+
+	// relay passes streamed bodies on event loops (relay.go); nil where
+	// the platform has none or Config.StreamRelay is off.
+	relay *relay.Relay
+	// servedAgain: client connections the relay gave back, being served
+	// (guarded by mu).
+	servedAgain map[net.Conn]struct{}
 
 	// observing: Requests or Tracer is set (observe.go); prop reads and
 	// writes W3C traceparent fields.
@@ -114,11 +126,29 @@ func New(cfg Config) (*Proxy, error) {
 		}),
 	}
 	if cfg.Registry != nil {
-		cfg.Registry.MustRegister(p.splitsGauge)
+		cfg.Registry.MustRegister(p.splitsGauge, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "warmroute_relayed_streams",
+			Help: "Streamed answers being passed on the event loops (StreamRelay) rather than by a goroutine each.",
+		}, func() float64 {
+			if p.relay == nil {
+				return 0
+			}
+			return float64(p.relay.Active())
+		}))
 	}
 	p.states.New = func() any { return new(reqState) }
 	p.streams.New = func() any { return new(trackedStream) }
 	p.observed.New = func() any { return new(observedStream) }
+	p.relayed.New = func() any { return new(relayStream) }
+	p.readers.New = func() any { return bufio.NewReaderSize(nil, 16<<10) }
+	p.writers.New = func() any { return bufio.NewWriterSize(nil, 16<<10) }
+	if cfg.StreamRelay {
+		p.relay = relay.New(relay.Config{
+			UpstreamIdle: cfg.StreamIdleTimeout,
+			WriteStall:   cfg.WriteTimeout,
+			ErrorEvent:   sseUpstreamError,
+		})
+	}
 	p.observing = cfg.Requests != nil || cfg.Tracer != nil
 	empty, _ := ring.New(ring.DefaultConfig(), nil)
 	p.tab.Store(&table{ring: empty, epochHdr: []byte("0")})
@@ -402,6 +432,15 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		ln.Close()
 	}
 	err := p.server.ShutdownWithContext(ctx)
+	if p.relay != nil {
+		// Relayed streams are not the server's connections: wait for
+		// them here, then end what is left.
+		if rerr := p.relay.Wait(ctx); err == nil {
+			err = rerr
+		}
+		p.relay.Close()
+	}
+	p.closeServedAgain()
 	p.wg.Wait()
 	p.mu.Lock()
 	for _, b := range p.backends {

@@ -75,6 +75,7 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config) (configPath *string) {
 	fs.DurationVar(&u.IdleConnTimeout, "upstream-idle-conn-timeout", u.IdleConnTimeout, "close idle upstream connections after this (keep below the engine's keep-alive, 5s for vLLM)")
 	fs.IntVar(&u.Retries, "retries", u.Retries, "other backends to try when a request could not reach one")
 	fs.TextVar(&u.MaxBufferedResponse, "max-buffered-response", u.MaxBufferedResponse, "largest complete (not streamed) backend answer the router reads; larger ones get 502 upstream_response_too_large (streamed answers are not bounded)")
+	fs.BoolVar(&u.StreamRelay, "stream-relay", u.StreamRelay, "pass streamed answers on event loops instead of a goroutine and buffers each (Linux; plain TCP to the client and the backend; other streams always take the goroutine path)")
 	fs.IntVar(&u.MaxHops, "max-hops", u.MaxHops, "warmroute routers a request may already have passed (X-Warmroute-Hops) before this router answers 508 loop_detected (1-64)")
 
 	h := &cfg.Health

@@ -27,7 +27,8 @@ type Spec struct {
 	// (non-blocking sockets, see Detach). The relay owns them from Start
 	// on.
 	Up, Client int
-	// Head is written to the client first: the answer's headers. Copied.
+	// Head is written to the client first: the answer's headers. Not
+	// copied: it must stay unchanged until Obs.End.
 	Head []byte
 	// In is what was already read from the upstream after its headers:
 	// the start of the chunked body. Copied.

@@ -64,7 +64,6 @@ func (r *Relay) Start(s Spec) error {
 	}
 	l := r.loops[int(r.next.Add(1))%len(r.loops)]
 	st := &stream{spec: s}
-	st.spec.Head = append([]byte(nil), s.Head...)
 	st.spec.In = append([]byte(nil), s.In...)
 	r.active.Add(1)
 	l.mu.Lock()

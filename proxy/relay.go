@@ -1,0 +1,389 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/warmroute/warmroute/proxy/internal/relay"
+	"github.com/warmroute/warmroute/ring"
+)
+
+// Streams on the relay.
+//
+// A streamed answer that a plain-TCP HTTP/1.1 client asked for from a
+// plain-HTTP backend, with nothing observing its body (no access-log record,
+// trace span or trace recording), goes through the relay
+// (internal/relay) once its headers are known: the request is sent on a
+// connection of its own (exchangeHead), the client gets the answer's
+// headers, and both connections' descriptors move to an event loop, which
+// passes the body as it comes. The request's goroutine, its buffers and
+// the fasthttp request and response are released at once, so an open
+// stream costs a small struct (relayStream) and its sockets' kernel
+// buffers. When the body ended, the client connection comes back to the
+// server for its next request (serveAgain). An answer that turns out not to
+// be chunked is passed by the goroutine path on the exchange's connection.
+// Every other stream takes the goroutine path
+// (trackedStream).
+
+// relayStream is the proxy's side of a stream on the relay: it counts what
+// the body carries and ends the request when the relay is done.
+type relayStream struct {
+	p    *Proxy
+	b    *backend
+	sent time.Time
+
+	client *rawConn
+	up     *upstreamConn
+	br     *bufio.Reader // the upstream's reader, until the hand-over
+	head   []byte        // the answer's headers for the client
+	sse    bool
+	// keepAlive: the client connection serves its next request after the
+	// stream (not when it asked to close).
+	keepAlive bool
+	pipelined []byte // what the client sent after the request
+
+	usage    usageScan
+	gotFirst bool
+}
+
+// relayable reports whether the stream to b may go through the relay, and
+// returns the client connection.
+func (p *Proxy) relayable(ctx *fasthttp.RequestCtx, st *reqState, b *backend) (*rawConn, bool) {
+	if p.relay == nil || b.target.TLS || !ctx.Request.Header.IsHTTP11() ||
+		(p.observing && (st.obs.rec != nil || st.obs.up != nil)) {
+		return nil, false
+	}
+	rc, ok := ctx.Conn().(*rawConn)
+	if !ok || rc.up != nil || b.client.ConnsCount()+int(b.relayConns.Load()) >= p.cfg.MaxConnsPerBackend {
+		return nil, false
+	}
+	return rc, true
+}
+
+// forwardRelayed is forward's stream branch for the relay (see relayable).
+// b's in-flight count is already up.
+func (p *Proxy) forwardRelayed(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ring.Decision, rt route, sent time.Time, rc *rawConn) (bool, error) {
+	up := fasthttp.AcquireResponse()
+	uc, br, err := p.exchangeHead(b, &ctx.Request, up)
+	if err != nil {
+		fasthttp.ReleaseResponse(up)
+		b.inflight.Add(-1)
+		if p.observing {
+			p.observeFailed(st, err)
+		}
+		return p.upstreamFailed(ctx, b, d, rt, err)
+	}
+	b.connOK()
+	resp := &ctx.Response
+	up.Header.CopyTo(&resp.Header)
+	if !p.upstreamHeaders(ctx, st, b, d, rt, up) {
+		p.dropUpstream(b, uc, br, up)
+		return false, nil
+	}
+	if up.Header.ContentLength() != -1 {
+		return p.passUnchunked(ctx, st, b, d, rt, sent, uc, br, up)
+	}
+	p.setHeaders(resp, st.t, b, d)
+	p.m.countRequest(b.m, rt, d.Reason, up.StatusCode())
+
+	rs := p.relayed.Get().(*relayStream)
+	*rs = relayStream{p: p, b: b, sent: sent, client: rc, up: uc, br: br, head: rs.head[:0],
+		sse:       bytes.HasPrefix(up.Header.ContentType(), strEventStream),
+		keepAlive: !ctx.Request.Header.ConnectionClose()}
+	rs.usage.begin(&up.Header)
+	if !rs.keepAlive {
+		resp.Header.SetConnectionClose()
+	}
+	rs.head = resp.Header.AppendBytes(rs.head)
+	fasthttp.ReleaseResponse(up)
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(rs.hijacked)
+	return false, nil
+}
+
+// dropUpstream ends an exchange whose answer was refused.
+func (p *Proxy) dropUpstream(b *backend, uc *upstreamConn, br *bufio.Reader, up *fasthttp.Response) {
+	uc.Close()
+	b.relayConns.Add(-1)
+	p.putReader(br)
+	fasthttp.ReleaseResponse(up)
+	b.inflight.Add(-1)
+}
+
+// passUnchunked passes an answer that is not chunked (a Content-Length,
+// or a body that ends with the connection) through the goroutine path
+// (passStream), on the exchange's connection, which closes at its end.
+func (p *Proxy) passUnchunked(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ring.Decision, rt route, sent time.Time,
+	uc *upstreamConn, br *bufio.Reader, up *fasthttp.Response) (bool, error) {
+	up.StreamBody = true
+	if err := up.ReadBody(br, 0); err != nil {
+		p.dropUpstream(b, uc, br, up)
+		return p.upstreamFailed(ctx, b, d, rt, upstreamReadErr(err))
+	}
+	p.setHeaders(&ctx.Response, st.t, b, d)
+	p.m.countRequest(b.m, rt, d.Reason, up.StatusCode())
+	var bs fasthttp.ReadCloserWithError
+	if r := up.BodyStream(); r != nil {
+		bs = &exchangeBody{Reader: r, p: p, b: b, uc: uc, br: br}
+	} else {
+		uc.Close()
+		b.relayConns.Add(-1)
+		p.putReader(br)
+	}
+	return p.passStream(ctx, st, b, up, bs, sent)
+}
+
+// exchangeBody is the body of an exchangeHead answer read by the goroutine
+// path; its end closes the exchange's connection.
+type exchangeBody struct {
+	io.Reader
+	p      *Proxy
+	b      *backend
+	uc     *upstreamConn
+	br     *bufio.Reader
+	closed bool
+}
+
+func (e *exchangeBody) CloseWithError(error) error {
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	err := e.uc.Close()
+	e.b.relayConns.Add(-1)
+	e.p.putReader(e.br)
+	return err
+}
+
+// exchangeHead sends req to b on a new connection and reads the answer's
+// headers into up (interim 1xx answers skipped). The connection counts in
+// b.relayConns until dropUpstream or the stream's end.
+func (p *Proxy) exchangeHead(b *backend, req *fasthttp.Request, up *fasthttp.Response) (*upstreamConn, *bufio.Reader, error) {
+	c, err := b.client.DialTimeout(b.target.HostPort, p.cfg.ConnectTimeout)
+	if err != nil {
+		return nil, nil, err
+	}
+	uc, ok := c.(*upstreamConn)
+	if !ok {
+		c.Close()
+		return nil, nil, errors.New("upstream connection of an unexpected type")
+	}
+	b.relayConns.Add(1)
+	bw := p.writers.Get().(*bufio.Writer)
+	bw.Reset(uc)
+	err = req.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	bw.Reset(nil)
+	p.writers.Put(bw)
+	var br *bufio.Reader
+	if err == nil {
+		br = p.readers.Get().(*bufio.Reader)
+		br.Reset(uc)
+		err = readFinalHead(up, br)
+	}
+	if err != nil {
+		uc.Close()
+		b.relayConns.Add(-1)
+		p.putReader(br)
+		return nil, nil, upstreamReadErr(err)
+	}
+	return uc, br, nil
+}
+
+// readFinalHead reads a response head, skipping interim (1xx) ones except
+// 101, at most 8 of them.
+func readFinalHead(up *fasthttp.Response, br *bufio.Reader) error {
+	for range 8 {
+		if err := up.Header.Read(br); err != nil {
+			return err
+		}
+		if sc := up.StatusCode(); sc < 100 || sc > 199 || sc == fasthttp.StatusSwitchingProtocols {
+			return nil
+		}
+	}
+	return errors.New("too many interim (1xx) answers")
+}
+
+// upstreamReadErr gives a read failure the error upstreamFailed knows:
+// a deadline is fasthttp.ErrTimeout (504), as it is on the client path.
+func upstreamReadErr(err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fasthttp.ErrTimeout
+	}
+	return err
+}
+
+func (p *Proxy) putReader(br *bufio.Reader) {
+	if br != nil {
+		br.Reset(nil)
+		p.readers.Put(br)
+	}
+}
+
+// maxPipelined bounds what a client may have sent after a relayed
+// request and still get its connection back.
+const maxPipelined = 64 << 10
+
+// hijacked runs when the server let go of the client connection c (which
+// wraps rs.client): both descriptors go to the relay.
+func (rs *relayStream) hijacked(c net.Conn) {
+	p := rs.p
+	rs.pipelined = readPipelined(c, rs.pipelined[:0])
+	if len(rs.pipelined) > maxPipelined {
+		rs.keepAlive, rs.pipelined = false, nil
+	}
+	cfd, cerr := relay.Detach(rs.client.Conn)
+	ufd, uerr := relay.Detach(rs.up.Conn)
+	in, _ := rs.br.Peek(rs.br.Buffered()) // Start copies it
+	// The relay holds both sockets now (or they close here): the server's
+	// Close of c no longer counts the connection closed; serveAgain or
+	// End does.
+	rs.client.handOver()
+	rs.up.Close()
+	br := rs.br
+	rs.br, rs.up = nil, nil
+	defer p.putReader(br)
+	if cerr != nil || uerr != nil {
+		if cfd >= 0 {
+			relay.CloseFD(cfd)
+		}
+		if ufd >= 0 {
+			relay.CloseFD(ufd)
+		}
+		rs.End(relay.Result{Outcome: relay.Stopped, Client: -1, Err: errors.Join(cerr, uerr)})
+		return
+	}
+	if err := p.relay.Start(relay.Spec{Up: ufd, Client: cfd, Head: rs.head, In: in, SSE: rs.sse, Obs: rs}); err != nil {
+		rs.End(relay.Result{Outcome: relay.Stopped, Client: -1, Err: err})
+	}
+}
+
+// readPipelined returns what the server had read from c past the request
+// (a client pipelining its next request), up to maxPipelined+1 bytes,
+// without waiting for more: the read deadline is in the past, so only
+// buffered bytes come back.
+func readPipelined(c net.Conn, dst []byte) []byte {
+	_ = c.SetReadDeadline(time.Unix(1, 0))
+	for len(dst) <= maxPipelined {
+		if cap(dst)-len(dst) < 512 {
+			dst = append(dst, make([]byte, 4<<10)...)[:len(dst)]
+		}
+		n, err := c.Read(dst[len(dst):cap(dst)])
+		dst = dst[:len(dst)+n]
+		if err != nil || n == 0 {
+			break
+		}
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	return dst
+}
+
+// Data hears body bytes as they pass (on the relay's loop).
+func (rs *relayStream) Data(p []byte) {
+	if !rs.gotFirst {
+		rs.gotFirst = true
+		rs.b.m.ttfb.Observe(time.Since(rs.sent).Seconds())
+	}
+	rs.usage.feed(p)
+}
+
+// End ends the request (on the relay's loop, or in hijacked).
+func (rs *relayStream) End(r relay.Result) {
+	p, b := rs.p, rs.b
+	switch r.Outcome {
+	case relay.UpstreamFailed:
+		b.m.upErrors["other"].Inc()
+	case relay.ClientGone, relay.Stopped:
+		b.m.aborts.Inc()
+	}
+	b.relayConns.Add(-1)
+	b.inflight.Add(-1)
+	b.m.countUsage(rs.usage.report())
+	switch {
+	case r.Client < 0:
+		p.open.Add(-1)
+	case rs.keepAlive:
+		p.serveAgain(r.Client, rs.pipelined)
+	default:
+		relay.CloseFD(r.Client)
+		p.open.Add(-1)
+	}
+	head, pipe := rs.head, rs.pipelined
+	*rs = relayStream{head: head[:0], pipelined: pipe[:0]}
+	p.relayed.Put(rs)
+}
+
+// serveAgain gives a client connection back to the server for its next
+// request (prefixed with what it pipelined), unless Shutdown began. The
+// connection is still counted open.
+func (p *Proxy) serveAgain(fd int, pipelined []byte) {
+	c, err := relay.Attach(fd)
+	if err != nil {
+		p.open.Add(-1)
+		return
+	}
+	p.mu.Lock()
+	if p.shutdown {
+		p.mu.Unlock()
+		c.Close()
+		p.open.Add(-1)
+		return
+	}
+	conn := newRawConn(c, p.cfg.WriteTimeout, &p.open, p.lingerClose)
+	if len(pipelined) > 0 {
+		conn = &prefixConn{Conn: conn, pre: bytes.Clone(pipelined)}
+	}
+	if p.servedAgain == nil {
+		p.servedAgain = map[net.Conn]struct{}{}
+	}
+	p.servedAgain[conn] = struct{}{}
+	p.wg.Add(1)
+	p.mu.Unlock()
+	go func() {
+		defer p.wg.Done()
+		_ = p.server.ServeConn(conn)
+		p.mu.Lock()
+		delete(p.servedAgain, conn)
+		p.mu.Unlock()
+	}()
+}
+
+// closeServedAgain closes the connections serveAgain gave the server that
+// are still open (Shutdown, once the server's own wait is over), so their
+// goroutines end.
+func (p *Proxy) closeServedAgain() {
+	p.mu.Lock()
+	cs := make([]net.Conn, 0, len(p.servedAgain))
+	for c := range p.servedAgain {
+		cs = append(cs, c)
+	}
+	p.mu.Unlock()
+	for _, c := range cs {
+		c.Close()
+	}
+}
+
+// prefixConn reads pre before its connection.
+type prefixConn struct {
+	net.Conn
+	pre []byte
+}
+
+func (c *prefixConn) Read(b []byte) (int, error) {
+	if len(c.pre) > 0 {
+		n := copy(b, c.pre)
+		c.pre = c.pre[n:]
+		return n, nil
+	}
+	return c.Conn.Read(b)
+}
+
+var _ io.Reader = (*prefixConn)(nil)

@@ -1,0 +1,162 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warmroute/warmroute/ring"
+)
+
+// holdingStub answers a streamed request with the SSE head and one event,
+// then holds the stream until release is closed (or the proxy closes the
+// connection), then ends it; other requests get rawAnswer. closed hears
+// each connection's end.
+type holdingStub struct {
+	ln      net.Listener
+	release chan struct{}
+	closed  chan struct{}
+}
+
+func newHoldingStub(t *testing.T) *holdingStub {
+	s := &holdingStub{release: make(chan struct{}), closed: make(chan struct{}, 16)}
+	s.ln = serveConns(t, func(c net.Conn) {
+		defer func() { s.closed <- struct{}{} }()
+		br := bufio.NewReaderSize(c, 64<<10)
+		buf := make([]byte, 0, 256<<10)
+		for {
+			_, body, err := readMessage(br, buf)
+			if err != nil {
+				return
+			}
+			if !bytes.Contains(body, streamTrue) {
+				if _, err := c.Write(rawAnswer); err != nil {
+					return
+				}
+				continue
+			}
+			c.Write(rawSSEHead)
+			c.Write(chunked("data: {\"t\":1}\n\n")[:len(chunked("data: {\"t\":1}\n\n"))-5])
+			gone := make(chan struct{})
+			go func() {
+				var b [1]byte
+				c.Read(b[:]) // the proxy closing the connection
+				close(gone)
+			}()
+			select {
+			case <-s.release:
+			case <-gone:
+				return
+			}
+			if _, err := c.Write(chunked("data: [DONE]\n\n")); err != nil {
+				return
+			}
+			<-gone
+			return
+		}
+	})
+	return s
+}
+
+func relayHarness(t *testing.T, stubURL string) *harness {
+	cfg := noProbes()
+	cfg.StreamRelay = true
+	return startProxyBackends(t, cfg, ring.DefaultConfig(), []ring.Backend{{ID: "b/", Addr: stubURL}})
+}
+
+// A relayed stream ends cleanly and its client connection serves the next
+// requests, pipelined ones included; the connection counts open from
+// first to last.
+func TestRelayedStreamKeepsTheConnection(t *testing.T) {
+	stub := newRawStub(t)
+	h := relayHarness(t, stub.url())
+	c := newRawClient(t, strings.TrimPrefix(h.url, "http://"))
+	stream, plain := chatRequest(1<<10, true), chatRequest(1<<10, false)
+	for i := range 3 {
+		head, body, err := c.do(stream)
+		if err != nil || !bytes.HasPrefix(head, []byte("HTTP/1.1 200")) || !bytes.Contains(body, []byte("data: [DONE]")) {
+			t.Fatalf("stream %d: %v %q %q", i, err, head, body)
+		}
+		head, body, err = c.do(plain)
+		if err != nil || !bytes.HasPrefix(head, []byte("HTTP/1.1 200")) || !bytes.Equal(body, rawAnswer[len(rawAnswer)-48:]) {
+			t.Fatalf("plain %d: %v %q %q", i, err, head, body)
+		}
+	}
+	// A stream and a plain request sent together: both answered, in order.
+	if _, err := c.c.Write(append(append([]byte(nil), stream...), plain...)); err != nil {
+		t.Fatal(err)
+	}
+	_, body, err := readMessage(c.br, c.buf)
+	if err != nil || !bytes.Contains(body, []byte("data: [DONE]")) {
+		t.Fatalf("pipelined stream: %v %q", err, body)
+	}
+	_, body, err = readMessage(c.br, c.buf)
+	if err != nil || !bytes.Equal(body, rawAnswer[len(rawAnswer)-48:]) {
+		t.Fatalf("pipelined plain request after a stream: %v %q", err, body)
+	}
+	if n := h.p.open.Load(); n != 1 {
+		t.Fatalf("open connections %d, want 1", n)
+	}
+	c.c.Close()
+	waitFor(t, func() bool { return h.p.open.Load() == 0 && h.p.relay.Active() == 0 }, "the connection counted closed")
+	if n := h.p.backends["b/"].inflight.Load(); n != 0 {
+		t.Fatalf("in flight %d after the streams", n)
+	}
+}
+
+// While a stream is open it is on the relay, not a goroutine; when the
+// client leaves, the backend's connection is closed (the engine stops).
+func TestRelayedStreamClientLeaves(t *testing.T) {
+	stub := newHoldingStub(t)
+	h := relayHarness(t, "http://"+stub.ln.Addr().String())
+	c := h.dial(t)
+	c.Write(chatRequest(1<<10, true))
+	br := bufio.NewReader(c)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "HTTP/1.1 200") {
+		t.Fatalf("%q %v", line, err)
+	}
+	waitFor(t, func() bool { return h.p.relay.Active() == 1 }, "the stream on the relay")
+	c.Close()
+	select {
+	case <-stub.closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the backend's connection stayed open after the client left")
+	}
+	waitFor(t, func() bool {
+		return h.p.relay.Active() == 0 && h.p.open.Load() == 0 && h.p.backends["b/"].inflight.Load() == 0
+	}, "the stream ended and counted")
+}
+
+// Shutdown waits for relayed streams until its context ends, then ends
+// them; a stream that finishes in time ends cleanly.
+func TestRelayedStreamShutdown(t *testing.T) {
+	stub := newHoldingStub(t)
+	h := relayHarness(t, "http://"+stub.ln.Addr().String())
+	c := h.dial(t)
+	c.Write(chatRequest(1<<10, true))
+	waitFor(t, func() bool { return h.p.relay.Active() == 1 }, "the stream on the relay")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := h.p.Shutdown(ctx); err == nil {
+		t.Fatal("Shutdown returned nil with a stream open past its context")
+	}
+	if d := time.Since(start); d < 250*time.Millisecond {
+		t.Fatalf("Shutdown gave up after %v, before its context ended", d)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadAll(c); err != nil {
+		t.Fatalf("client connection not closed: %v", err)
+	}
+	if h.p.relay.Active() != 0 {
+		t.Fatalf("active %d after Shutdown", h.p.relay.Active())
+	}
+}
