@@ -23,17 +23,17 @@ var (
 
 // Decoder states.
 const (
-	stSize     uint8 = iota // reading the chunk size's hex digits
-	stExt                   // reading a chunk extension, up to CR
-	stSizeLF                // expecting the LF of the size line
-	stData                  // reading chunk data
-	stDataCR                // expecting the CR after chunk data
-	stDataLF                // expecting the LF after chunk data
-	stTrailer               // at the start of a trailer line (or the final CRLF)
-	stTrailerLn             // inside a trailer line, up to CR
-	stTrailerLF             // expecting a trailer line's LF
-	stEndLF                 // expecting the LF of the final CRLF
-	stDone                  // the body ended
+	stSize      uint8 = iota // reading the chunk size's hex digits
+	stExt                    // reading a chunk extension, up to CR
+	stSizeLF                 // expecting the LF of the size line
+	stData                   // reading chunk data
+	stDataCR                 // expecting the CR after chunk data
+	stDataLF                 // expecting the LF after chunk data
+	stTrailer                // at the start of a trailer line (or the final CRLF)
+	stTrailerLn              // inside a trailer line, up to CR
+	stTrailerLF              // expecting a trailer line's LF
+	stEndLF                  // expecting the LF of the final CRLF
+	stDone                   // the body ended
 )
 
 // Decoder reads HTTP/1.1 chunked framing as it arrives, in pieces of any
