@@ -10,14 +10,15 @@ import (
 
 	"github.com/valyala/fasthttp"
 	"github.com/warmroute/warmroute/proxy/internal/relay"
+	"github.com/warmroute/warmroute/proxy/reqlog"
 	"github.com/warmroute/warmroute/ring"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Streams on the relay.
 //
 // A streamed answer that a plain-TCP HTTP/1.1 client asked for from a
-// plain-HTTP backend, with nothing observing its body (no access-log record,
-// trace span or trace recording), goes through the relay
+// plain-HTTP backend goes through the relay
 // (internal/relay) once its headers are known: the request is sent on a
 // connection of its own (exchangeHead), the client gets the answer's
 // headers, and both connections' descriptors move to an event loop, which
@@ -49,13 +50,21 @@ type relayStream struct {
 
 	usage    usageScan
 	gotFirst bool
+
+	// The request's access-log record and upstream span, when observed
+	// (as observedStream does on the goroutine path).
+	rec    *reqlog.Record
+	span   trace.Span
+	status int
+	start  time.Time
+	out    int64
+	comp   reqlog.CompletionScan
 }
 
 // relayable reports whether the stream to b may go through the relay, and
 // returns the client connection.
 func (p *Proxy) relayable(ctx *fasthttp.RequestCtx, st *reqState, b *backend) (*rawConn, bool) {
-	if p.relay == nil || b.target.TLS || !ctx.Request.Header.IsHTTP11() ||
-		(p.observing && (st.obs.rec != nil || st.obs.up != nil)) {
+	if p.relay == nil || b.target.TLS || !ctx.Request.Header.IsHTTP11() {
 		return nil, false
 	}
 	rc, ok := ctx.Conn().(*rawConn)
@@ -96,6 +105,13 @@ func (p *Proxy) forwardRelayed(ctx *fasthttp.RequestCtx, st *reqState, b *backen
 		sse:       bytes.HasPrefix(up.Header.ContentType(), strEventStream),
 		keepAlive: !ctx.Request.Header.ConnectionClose()}
 	rs.usage.begin(&up.Header)
+	if p.observing && (st.obs.rec != nil || st.obs.up != nil) {
+		rs.rec, rs.span, rs.status, rs.start = st.obs.rec, st.obs.up, up.StatusCode(), st.obs.start
+		if rs.rec != nil {
+			rs.rec.Status = rs.status
+		}
+		st.obs.rec, st.obs.up = nil, nil
+	}
 	if !rs.keepAlive {
 		resp.Header.SetConnectionClose()
 	}
@@ -293,6 +309,15 @@ func (rs *relayStream) Data(p []byte) {
 		rs.b.m.ttfb.Observe(time.Since(rs.sent).Seconds())
 	}
 	rs.usage.feed(p)
+	if rs.rec != nil {
+		if rs.out == 0 {
+			rs.rec.TTFB = time.Since(rs.sent)
+		}
+		rs.out += int64(len(p))
+		if rs.rec.TraceWanted() {
+			rs.comp.Feed(p)
+		}
+	}
 }
 
 // End ends the request (on the relay's loop, or in hijacked).
@@ -306,7 +331,11 @@ func (rs *relayStream) End(r relay.Result) {
 	}
 	b.relayConns.Add(-1)
 	b.inflight.Add(-1)
-	b.m.countUsage(rs.usage.report())
+	u := rs.usage.report()
+	b.m.countUsage(u)
+	if rs.rec != nil || rs.span != nil {
+		rs.observeEnd(r, u)
+	}
 	switch {
 	case r.Client < 0:
 		p.open.Add(-1)
@@ -319,6 +348,32 @@ func (rs *relayStream) End(r relay.Result) {
 	head, pipe := rs.head, rs.pipelined
 	*rs = relayStream{head: head[:0], pipelined: pipe[:0]}
 	p.relayed.Put(rs)
+}
+
+// observeEnd completes the stream's record and span.
+func (rs *relayStream) observeEnd(r relay.Result, u usageReport) {
+	var cerr error // how the client's side ended: nil when it got a whole answer
+	if r.Client < 0 {
+		cerr = r.Err
+		if cerr == nil {
+			cerr = errors.New(r.Outcome.String())
+		}
+	}
+	rec := rs.rec
+	if rec != nil {
+		rec.BytesOut = rs.out
+		rec.Duration = time.Since(rs.start)
+		if rec.TraceWanted() {
+			setPrompt(rec, u)
+			rec.CompletionTokens = rs.comp.Tokens()
+		}
+	}
+	if rs.span != nil {
+		endUpstream(rs.span, rs.status, cerr, rec)
+	}
+	if rec != nil {
+		rs.p.cfg.Requests.Submit(rec)
+	}
 }
 
 // serveAgain gives a client connection back to the server for its next
