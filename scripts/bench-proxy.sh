@@ -4,7 +4,9 @@
 # (Debian), builds warmroute and the harness, and runs
 # loadtest/benchproxy, which starts the stub backends, HAProxy and
 # warmroute on loopback, pins them, drives them with wrk and stops them
-# all on exit. Arguments go to the harness (e.g. -reps 5 -duration 10s).
+# all on exit. Arguments go to the harness (e.g. -reps 5 -duration 10s;
+# -phases open -open-streams 2000,10000 for the open-streams phase alone,
+# see docs/performance.md).
 # Environment: BENCH_NICE (default -10; 0 to run at normal priority),
 # BENCH_TIMEOUT (default 30m), SKIP_RING=1 to skip the ring benchmarks.
 set -euo pipefail

@@ -99,8 +99,8 @@ func TestWorkload(t *testing.T) {
 }
 
 func TestHAProxyConfigIsValid(t *testing.T) {
-	cfg := haproxyConfig("127.0.0.1:18999", []string{"127.0.0.1:1", "127.0.0.1:2"}, 2048, 125)
-	for _, want := range []string{"balance hash req.body,bytes(0,2048)", "hash-type consistent", "hash-balance-factor 125", "option http-buffer-request", "server e1 127.0.0.1:2"} {
+	cfg := haproxyConfig("127.0.0.1:18999", []string{"127.0.0.1:1", "127.0.0.1:2"}, 2048, 125, 10064)
+	for _, want := range []string{"maxconn 10064", "balance hash req.body,bytes(0,2048)", "hash-type consistent", "hash-balance-factor 125", "option http-buffer-request", "server e1 127.0.0.1:2"} {
 		if !strings.Contains(cfg, want) {
 			t.Errorf("config lacks %q", want)
 		}
@@ -125,7 +125,7 @@ func TestHAProxyConfigCommand(t *testing.T) {
 	if err := haproxyConfigMain([]string{"-listen", "127.0.0.1:18999", "-backends", "127.0.0.1:1,127.0.0.1:2"}, &b); err != nil {
 		t.Fatal(err)
 	}
-	if want := haproxyConfig("127.0.0.1:18999", []string{"127.0.0.1:1", "127.0.0.1:2"}, 2048, 125); b.String() != want {
+	if want := haproxyConfig("127.0.0.1:18999", []string{"127.0.0.1:1", "127.0.0.1:2"}, 2048, 125, haproxyMaxConn); b.String() != want {
 		t.Fatalf("got\n%s\nwant\n%s", b.String(), want)
 	}
 	if err := haproxyConfigMain([]string{"-listen", "127.0.0.1:1"}, &b); err == nil {

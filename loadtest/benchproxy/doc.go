@@ -13,6 +13,15 @@
 // warmroute/HAProxy ratios; then the time to the first SSE chunk of a
 // 50-chunk stream through each proxy against a direct call.
 //
+// The open-streams phase (-phases open; openstreams.go) holds N long SSE
+// streams open at once, as LLM streaming does: 61 events 300 ms apart
+// each, started over 3 s, on a connection each, through a fresh proxy
+// process per run. Every event carries the stub's send time, so the client
+// measures each event's one-way latency. While every stream is open it
+// reads the proxy's CPU time per relayed event and its RSS (and, for
+// warmroute, Go heap) per open stream over its idle figure; after the
+// streams end it watches how much of that memory the process returns.
+//
 // Repetitions are interleaved (direct, HAProxy, warmroute, then again) so
 // ratios come from the same conditions, and the summary gives the median
 // and the spread over repetitions. Every child runs in its own process

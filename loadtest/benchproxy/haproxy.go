@@ -5,6 +5,10 @@ import (
 	"strings"
 )
 
+// haproxyMaxConn is the client connections the wrk and streaming phases'
+// HAProxy accepts.
+const haproxyMaxConn = 4096
+
 // haproxyConfig renders the HAProxy configuration the comparison runs:
 // one thread (the process is pinned to one core, as warmroute is), HTTP
 // keep-alive on both sides with server connection reuse, and body-prefix
@@ -13,15 +17,18 @@ import (
 // and hash-balance-factor caps any server at balanceFactor percent of the
 // average load. http-no-delay makes HAProxy forward SSE chunks as they
 // come: without it HAProxy sends with MSG_MORE and an SSE stream reached
-// the client only at its end.
-func haproxyConfig(listen string, backends []string, prefixBytes, balanceFactor int) string {
+// the client only at its end. maxconn bounds client connections, in the
+// process and (set in defaults too, since a frontend's own default may be
+// lower) in the frontend.
+func haproxyConfig(listen string, backends []string, prefixBytes, balanceFactor, maxconn int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `global
     nbthread 1
-    maxconn 4096
+    maxconn %d
 
 defaults
     mode http
+    maxconn %d
     timeout connect 2s
     timeout client 60s
     timeout server 60s
@@ -39,7 +46,7 @@ backend engines
     balance hash req.body,bytes(0,%d)
     hash-type consistent
     hash-balance-factor %d
-`, listen, prefixBytes, balanceFactor)
+`, maxconn, maxconn, listen, prefixBytes, balanceFactor)
 	for i, a := range backends {
 		fmt.Fprintf(&b, "    server e%d %s\n", i, a)
 	}

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -112,13 +113,17 @@ func haproxyConfigMain(args []string, w io.Writer) error {
 	backends := fs.String("backends", "", "comma-separated stub addresses (host:port)")
 	prefixBytes := fs.Int("prefix-bytes", 2048, "bytes hashed for affinity")
 	balanceFactor := fs.Int("balance-factor", 125, "hash-balance-factor")
+	maxconn := fs.Int("maxconn", haproxyMaxConn, "client connections HAProxy accepts")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *listen == "" || *backends == "" {
 		return errors.New("-listen and -backends are required")
 	}
-	_, err := io.WriteString(w, haproxyConfig(*listen, strings.Split(*backends, ","), *prefixBytes, *balanceFactor))
+	if *maxconn < 1 {
+		return errors.New("-maxconn must be positive")
+	}
+	_, err := io.WriteString(w, haproxyConfig(*listen, strings.Split(*backends, ","), *prefixBytes, *balanceFactor, *maxconn))
 	return err
 }
 
@@ -128,6 +133,7 @@ type options struct {
 	Baseline                         string
 	SUTCPUs, GenCPUs                 string
 	Backends                         int
+	Phases                           []string
 	Duration, Warmup                 time.Duration
 	Reps                             int
 	Conns                            []int
@@ -135,11 +141,17 @@ type options struct {
 	PrefixBytes, BalanceFactor       int
 	Streams, StreamChunks            int
 	StreamPrefill, StreamGap         time.Duration
+	OpenStreams                      []int
+	OpenChunks, OpenReps             int
+	OpenGap, OpenRamp, OpenSettle    time.Duration
 	Out                              string
 	Timeout                          time.Duration
 	WarmrouteArgs                    string
 	Nice                             int
 }
+
+// phase reports whether the run includes phase name.
+func (o *options) phase(name string) bool { return slices.Contains(o.Phases, name) }
 
 func parseOptions(args []string) (options, error) {
 	o := options{}
@@ -152,9 +164,10 @@ func parseOptions(args []string) (options, error) {
 	fs.StringVar(&o.SUTCPUs, "sut-cpus", "0", "CPUs the proxy under test is pinned to")
 	fs.StringVar(&o.GenCPUs, "gen-cpus", "1", "CPUs wrk and the stub backends are pinned to")
 	fs.IntVar(&o.Backends, "backends", 4, "stub backends")
+	phases := fs.String("phases", strings.Join(phaseNames, ","), "phases to run, comma-separated: wrk (requests/s, latency and CPU per request), stream (time to the first SSE chunk), open (many long SSE streams open at once)")
 	fs.DurationVar(&o.Duration, "duration", 5*time.Second, "length of each measured wrk run (whole seconds)")
 	fs.DurationVar(&o.Warmup, "warmup", time.Second, "unmeasured wrk run before each measured one (whole seconds; 0 = none)")
-	fs.IntVar(&o.Reps, "reps", 5, "repetitions, interleaved across targets")
+	fs.IntVar(&o.Reps, "reps", 5, "repetitions of the wrk and stream phases, interleaved across targets")
 	conns := fs.String("conns", "1,64", "comma-separated wrk connection counts")
 	fs.IntVar(&o.BodySize, "body-size", 4096, "request body bytes")
 	fs.IntVar(&o.Prefixes, "prefixes", 64, "distinct shared prefixes (system prompts)")
@@ -163,14 +176,36 @@ func parseOptions(args []string) (options, error) {
 	fs.IntVar(&o.BalanceFactor, "balance-factor", 125, "HAProxy hash-balance-factor; warmroute gets --load-factor N/100")
 	fs.IntVar(&o.Streams, "streams", 60, "streamed requests per target per repetition")
 	fs.IntVar(&o.StreamChunks, "stream-chunks", 50, "SSE chunks per stream")
-	fs.DurationVar(&o.StreamPrefill, "stream-prefill", 10*time.Millisecond, "stub delay before the first SSE chunk")
+	fs.DurationVar(&o.StreamPrefill, "stream-prefill", 10*time.Millisecond, "stub delay before the first SSE chunk (open streams too)")
 	fs.DurationVar(&o.StreamGap, "stream-gap", time.Millisecond, "stub delay between SSE chunks")
+	openStreams := fs.String("open-streams", "2000", "open phase: comma-separated counts of SSE streams open at once (e.g. 2000,10000); \"0\" or \"\" skips the phase")
+	fs.IntVar(&o.OpenChunks, "open-chunks", 61, "open phase: SSE events per stream")
+	fs.DurationVar(&o.OpenGap, "open-gap", 300*time.Millisecond, "open phase: time between a stream's events")
+	fs.DurationVar(&o.OpenRamp, "open-ramp", 3*time.Second, "open phase: the streams start spread over this time")
+	fs.IntVar(&o.OpenReps, "open-reps", 3, "open phase: repetitions, interleaved across targets, each on a fresh proxy process")
+	fs.DurationVar(&o.OpenSettle, "open-settle", 30*time.Second, "open phase: how long the proxy's memory is watched after the streams ended")
 	fs.StringVar(&o.Out, "out", "out/bench-proxy", "directory for results.json and summary.md")
 	fs.DurationVar(&o.Timeout, "timeout", 20*time.Minute, "bound on the whole run")
 	fs.IntVar(&o.Nice, "nice", 0, "niceness for the proxies, stubs and wrk (e.g. -10 so other processes on a shared machine disturb less; needs root)")
 	fs.StringVar(&o.WarmrouteArgs, "warmroute-args", "", "extra `warmroute serve` flags, separated by blanks, quoted as in a shell")
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var err error
+	if o.Phases, err = parsePhases(*phases); err != nil {
+		return o, err
+	}
+	if o.OpenStreams, err = parseStreamCounts(*openStreams); err != nil {
+		return o, err
+	}
+	if len(o.OpenStreams) == 0 {
+		o.Phases = slices.DeleteFunc(o.Phases, func(p string) bool { return p == "open" })
+		if len(o.Phases) == 0 {
+			return o, errors.New("nothing to run: -phases open with -open-streams 0")
+		}
 	}
 	for _, s := range strings.Split(*conns, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -186,6 +221,13 @@ func parseOptions(args []string) (options, error) {
 		return o, errors.New("duration and warmup are whole seconds (duration at least 1s)")
 	case o.Prefixes < 1 || o.Suffixes < 1:
 		return o, errors.New("prefixes and suffixes must be positive")
+	case o.Timeout <= 0:
+		return o, errors.New("-timeout must be positive")
+	}
+	if o.phase("open") {
+		if err := o.validateOpen(); err != nil {
+			return o, err
+		}
 	}
 	return o, nil
 }
@@ -202,7 +244,11 @@ func runMain(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	for _, p := range []*string{&o.Warmroute, &o.HAProxy, &o.Wrk, &o.Taskset, &o.Baseline} {
+	bins := []*string{&o.Warmroute, &o.HAProxy, &o.Taskset, &o.Baseline}
+	if o.phase("wrk") {
+		bins = append(bins, &o.Wrk)
+	}
+	for _, p := range bins {
 		if *p == "" {
 			continue
 		}
@@ -211,6 +257,13 @@ func runMain(args []string, stdout io.Writer) error {
 			return fmt.Errorf("%s not found (scripts/bench-proxy.sh installs HAProxy and wrk): %w", *p, err)
 		}
 		*p = path
+	}
+	if o.phase("open") {
+		limit, err := raiseNoFile(fdsNeeded(slices.Max(o.OpenStreams)))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "benchproxy: open-file limit %d for the harness and its children\n", limit)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.Timeout)
 	defer cancel()
@@ -248,21 +301,6 @@ func runMain(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-
-	// HAProxy and warmroute (and the baseline), each on the SUT's cores.
-	free, err := proc.FreeAddrs("127.0.0.1", 5)
-	if err != nil {
-		return err
-	}
-	hapAddr := free[0]
-	cfgPath := filepath.Join(dir, "haproxy.cfg")
-	if err := os.WriteFile(cfgPath, []byte(haproxyConfig(hapAddr, addrs, o.PrefixBytes, o.BalanceFactor)), 0o644); err != nil {
-		return err
-	}
-	hap, err := cs.start("haproxy", o.Taskset, o.SUTCPUs, o.Nice, o.HAProxy, "-db", "-f", cfgPath)
-	if err != nil {
-		return err
-	}
 	var urls []string
 	for _, a := range addrs {
 		urls = append(urls, "http://"+a)
@@ -271,13 +309,79 @@ func runMain(args []string, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--warmroute-args: %w", err)
 	}
-	wrArgs := proc.ServeArgs{Listen: free[1], AdminListen: free[2], Backends: urls, Strategy: "PREFIX_AWARE",
+	serve := proc.ServeArgs{Backends: urls, Strategy: "PREFIX_AWARE",
 		PrefixLength: o.PrefixBytes, LoadFactor: float64(o.BalanceFactor) / 100, LogLevel: "warn", Extra: extra}
+
+	hv, _ := exec.Command(o.HAProxy, "-v").Output()
+	res := &results{
+		Started: time.Now().UTC(), Options: o, LoadAvgStart: loadAvg(),
+		HAProxyVersion: strings.SplitN(string(hv), "\n", 2)[0], CPU: cpuModel(),
+		Command: "benchproxy " + strings.Join(args, " "),
+	}
+	fmt.Fprintf(stdout, "benchproxy: phases %s; %d stub backends %v; SUT cpus %s, generator cpus %s; load average %s\n",
+		strings.Join(o.Phases, ","), o.Backends, addrs, o.SUTCPUs, o.GenCPUs, res.LoadAvgStart)
+
+	if o.phase("wrk") || o.phase("stream") {
+		if err := runRequestPhases(ctx, &cs, dir, o, stubs, addrs, serve, bodies, streamBodies, res, stdout); err != nil {
+			return err
+		}
+	}
+	if o.phase("open") {
+		env := openEnv{cs: &cs, dir: dir, stubs: addrs, bodies: streamBodies, readyBody: bodies[0], serve: serve,
+			minWindow: minOpenWindow, out: stdout}
+		runs, err := runOpenPhase(ctx, env, o)
+		res.Open = runs
+		if err != nil {
+			return err
+		}
+	}
+	if err := stubs.Alive(); err != nil {
+		return fmt.Errorf("the stubs exited during the run: %w", err)
+	}
+	res.LoadAvgEnd = loadAvg()
+	res.summarise()
+	fmt.Fprintln(stdout)
+	fmt.Fprint(stdout, res.text())
+	if o.Out != "" {
+		if err := os.MkdirAll(o.Out, 0o755); err != nil {
+			return err
+		}
+		j, _ := json.MarshalIndent(res, "", "  ")
+		if err := os.WriteFile(filepath.Join(o.Out, "results.json"), j, 0o644); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(o.Out, "summary.md"), []byte(res.markdown()), 0o644); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "\nwrote %s and %s\n", filepath.Join(o.Out, "results.json"), filepath.Join(o.Out, "summary.md"))
+	}
+	return nil
+}
+
+// runRequestPhases runs the wrk and stream phases against one HAProxy
+// and one warmroute (and the baseline) for all their repetitions, and
+// stops those proxies.
+func runRequestPhases(ctx context.Context, cs *children, dir string, o options, stubs *proc.Process, addrs []string,
+	serve proc.ServeArgs, bodies, streamBodies [][]byte, res *results, stdout io.Writer) error {
+	free, err := proc.FreeAddrs("127.0.0.1", 5)
+	if err != nil {
+		return err
+	}
+	hapAddr := free[0]
+	cfgPath := filepath.Join(dir, "haproxy.cfg")
+	if err := os.WriteFile(cfgPath, []byte(haproxyConfig(hapAddr, addrs, o.PrefixBytes, o.BalanceFactor, haproxyMaxConn)), 0o644); err != nil {
+		return err
+	}
+	hap, err := cs.start("haproxy", o.Taskset, o.SUTCPUs, o.Nice, o.HAProxy, "-db", "-f", cfgPath)
+	if err != nil {
+		return err
+	}
+	wrArgs := serve
+	wrArgs.Listen, wrArgs.AdminListen = free[1], free[2]
 	wr, err := cs.start("warmroute", o.Taskset, o.SUTCPUs, o.Nice, append([]string{o.Warmroute}, wrArgs.Args()...)...)
 	if err != nil {
 		return err
 	}
-
 	targets := []target{
 		{Name: "direct", URL: "http://" + addrs[0]},
 		{Name: "haproxy", URL: "http://" + hapAddr, process: hap},
@@ -297,21 +401,19 @@ func runMain(args []string, stdout io.Writer) error {
 			return fmt.Errorf("%s: %w", t.Name, err)
 		}
 	}
-	hv, _ := exec.Command(o.HAProxy, "-v").Output()
-	res := &results{
-		Started: time.Now().UTC(), Options: o, LoadAvgStart: loadAvg(),
-		HAProxyVersion: strings.SplitN(string(hv), "\n", 2)[0], CPU: cpuModel(),
-		Command: "benchproxy " + strings.Join(args, " "),
-	}
-	fmt.Fprintf(stdout, "benchproxy: %d stub backends %v; HAProxy %s; warmroute %s; SUT cpus %s, generator cpus %s; load average %s\n",
-		o.Backends, addrs, hapAddr, wrArgs.Listen, o.SUTCPUs, o.GenCPUs, res.LoadAvgStart)
+	fmt.Fprintf(stdout, "benchproxy: HAProxy %s; warmroute %s\n", hapAddr, wrArgs.Listen)
 
-	wrkr, err := newWrkRunner(dir, o.Wrk, o.Taskset, o.GenCPUs, o.Nice, bodies)
-	if err != nil {
-		return err
+	var wrkr *wrkRunner
+	if o.phase("wrk") {
+		if wrkr, err = newWrkRunner(dir, o.Wrk, o.Taskset, o.GenCPUs, o.Nice, bodies); err != nil {
+			return err
+		}
 	}
 	for rep := 0; rep < o.Reps; rep++ {
 		for k := range targets {
+			if !o.phase("wrk") {
+				break
+			}
 			t := targets[(k+rep)%len(targets)]
 			for _, c := range o.Conns {
 				r, err := measure(ctx, wrkr, t, stubs, c, o)
@@ -325,7 +427,7 @@ func runMain(args []string, stdout io.Writer) error {
 			}
 		}
 		for _, together := range []bool{false, true} {
-			if o.Streams == 0 {
+			if o.Streams == 0 || !o.phase("stream") {
 				break
 			}
 			st, err := measureStreams(ctx, targets, streamBodies, together, o)
@@ -347,23 +449,8 @@ func runMain(args []string, stdout io.Writer) error {
 		if err := t.process.Alive(); err != nil {
 			return fmt.Errorf("%s exited during the run: %w", t.Name, err)
 		}
-	}
-	res.LoadAvgEnd = loadAvg()
-	res.summarise()
-	fmt.Fprintln(stdout)
-	fmt.Fprint(stdout, res.text())
-	if o.Out != "" {
-		if err := os.MkdirAll(o.Out, 0o755); err != nil {
-			return err
-		}
-		j, _ := json.MarshalIndent(res, "", "  ")
-		if err := os.WriteFile(filepath.Join(o.Out, "results.json"), j, 0o644); err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(o.Out, "summary.md"), []byte(res.markdown()), 0o644); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "\nwrote %s and %s\n", filepath.Join(o.Out, "results.json"), filepath.Join(o.Out, "summary.md"))
+		// The open phase starts proxies of its own.
+		t.process.Stop(3 * time.Second)
 	}
 	return nil
 }

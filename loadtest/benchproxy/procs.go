@@ -157,3 +157,110 @@ func listenAddrs(ctx context.Context, stubs *proc.Process, n int, timeout time.D
 	}
 	return addrs[:n], nil
 }
+
+// rssBytes is a process's resident set size (VmRSS in /proc/<pid>/status).
+func rssBytes(pid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	return parseVmRSS(b)
+}
+
+// maxMemBytes bounds the memory figures read from /proc and /metrics (1
+// PiB): more is a misreading.
+const maxMemBytes = 1 << 50
+
+// parseVmRSS reads the "VmRSS:   1234 kB" line of /proc/<pid>/status.
+func parseVmRSS(b []byte) (int64, error) {
+	for len(b) > 0 {
+		var line []byte
+		line, b, _ = bytes.Cut(b, []byte("\n"))
+		v, ok := bytes.CutPrefix(line, []byte("VmRSS:"))
+		if !ok {
+			continue
+		}
+		f := strings.Fields(string(v))
+		if len(f) != 2 || f[1] != "kB" {
+			return 0, fmt.Errorf("proc status: bad VmRSS line %q", line)
+		}
+		kb, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil || kb < 0 || kb > maxMemBytes>>10 {
+			return 0, fmt.Errorf("proc status: bad VmRSS line %q", line)
+		}
+		return kb << 10, nil
+	}
+	return 0, errors.New("proc status: no VmRSS line (a kernel thread, or the process exited)")
+}
+
+// goStats are a Go process's figures from its Prometheus /metrics.
+type goStats struct {
+	HeapInuse  int64 // go_memstats_heap_inuse_bytes
+	StackInuse int64 // go_memstats_stack_inuse_bytes
+	Goroutines int64 // go_goroutines
+	Mallocs    int64 // go_memstats_mallocs_total
+}
+
+// maxMetricsBody bounds a /metrics answer read by scrapeGoStats.
+const maxMetricsBody = 16 << 20
+
+// scrapeGoStats reads url (a /metrics endpoint) once.
+func scrapeGoStats(ctx context.Context, url string) (goStats, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return goStats{}, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return goStats{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return goStats{}, fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxMetricsBody))
+	if err != nil {
+		return goStats{}, err
+	}
+	var s goStats
+	for _, m := range []struct {
+		name string
+		dst  *int64
+	}{
+		{"go_memstats_heap_inuse_bytes", &s.HeapInuse},
+		{"go_memstats_stack_inuse_bytes", &s.StackInuse},
+		{"go_goroutines", &s.Goroutines},
+		{"go_memstats_mallocs_total", &s.Mallocs},
+	} {
+		if *m.dst, err = parseGauge(b, m.name); err != nil {
+			return goStats{}, err
+		}
+	}
+	return s, nil
+}
+
+// parseGauge finds the unlabelled sample "name value" (a gauge or a
+// counter) in a Prometheus text exposition and returns its value, which
+// must be a whole number from 0 to maxMemBytes.
+func parseGauge(b []byte, name string) (int64, error) {
+	for len(b) > 0 {
+		var line []byte
+		line, b, _ = bytes.Cut(b, []byte("\n"))
+		rest, ok := bytes.CutPrefix(line, []byte(name))
+		if !ok || len(rest) == 0 || (rest[0] != ' ' && rest[0] != '\t') {
+			continue
+		}
+		f := strings.Fields(string(rest))
+		if len(f) < 1 || len(f) > 2 { // a value, and maybe a timestamp
+			return 0, fmt.Errorf("metrics: bad %s line %q", name, line)
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
+		if err != nil || v < 0 || v > maxMemBytes || v != float64(int64(v)) {
+			return 0, fmt.Errorf("metrics: bad %s value %q", name, f[0])
+		}
+		return int64(v), nil
+	}
+	return 0, fmt.Errorf("metrics: no %s sample", name)
+}

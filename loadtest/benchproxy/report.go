@@ -120,6 +120,9 @@ type results struct {
 	Rows           []row       `json:"rows"`
 	Ratios         []ratio     `json:"ratios"`
 	StreamRows     []streamRow `json:"stream_rows"`
+	Open           []openRun   `json:"open,omitempty"`
+	OpenRows       []openRow   `json:"open_rows,omitempty"`
+	OpenRatios     []openRatio `json:"open_ratios,omitempty"`
 }
 
 func (r *results) targetNames() []string {
@@ -158,6 +161,9 @@ func (r *results) summarise() {
 				if d, ok := r.find(rep, "direct", c); ok {
 					added = append(added, us(x.P50-d.P50))
 				}
+			}
+			if len(rps) == 0 {
+				continue
 			}
 			r.Rows = append(r.Rows, row{Target: tgt, Conns: c, RPS: spreadOf(rps), P50us: spreadOf(p50),
 				P99us: spreadOf(p99), AddedP50: spreadOf(added), CPUus: spreadOf(cpu), StubCPUus: spreadOf(stub),
@@ -213,6 +219,7 @@ func (r *results) summarise() {
 	for _, engine := range []string{engineStyle(false), engineStyle(true)} {
 		r.summariseStreams(engine)
 	}
+	r.summariseOpen()
 }
 
 func (r *results) summariseStreams(engine string) {
@@ -248,24 +255,8 @@ func (r *results) summariseStreams(engine string) {
 
 func (r *results) text() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Summary: median over %d repetitions (min-max); %s, %d backends, %d-byte bodies, %d prefixes, %ds runs\n",
-		r.Options.Reps, r.HAProxyVersion, r.Options.Backends, r.Options.BodySize, r.Options.Prefixes, int(r.Options.Duration.Seconds()))
-	fmt.Fprintf(&b, "%-10s %4s  %-26s %-24s %-26s %-24s %-24s %-16s\n", "target", "conc", "req/s", "p50 us", "p99 us", "added p50 us", "proxy CPU us/req", "generator busy %")
-	for _, x := range r.Rows {
-		cpu := x.CPUus.fmt(2, "")
-		if x.Target == "direct" {
-			cpu = "-"
-		}
-		fmt.Fprintf(&b, "%-10s %4d  %-26s %-24s %-26s %-24s %-24s %-16s\n", x.Target, x.Conns, x.RPS.fmt(0, ""), x.P50us.fmt(1, ""),
-			x.P99us.fmt(1, ""), x.AddedP50.fmt(1, ""), cpu, x.GenBusy.fmt(0, ""))
-	}
-	b.WriteString("\nwarmroute / HAProxy (per repetition, then median and range)\n")
-	for _, q := range r.Ratios {
-		met := "met"
-		if !q.Met {
-			met = "NOT met"
-		}
-		fmt.Fprintf(&b, "  %-26s %-22s goal %s: %s\n", q.Name, q.Spread.fmt(2, ""), q.Goal, met)
+	if len(r.Rows) > 0 {
+		r.wrkText(&b)
 	}
 	if len(r.StreamRows) > 0 {
 		fmt.Fprintf(&b, "\nStreaming (%d SSE chunks, %s prefill, %d streams per target per repetition)\n",
@@ -275,29 +266,44 @@ func (r *results) text() string {
 			fmt.Fprintf(&b, "%-26s %-10s %-26s %-26s %-26s\n", s.Engine, s.Target, s.FirstP50.fmt(3, ""), s.FirstP90.fmt(3, ""), s.Delta.fmt(3, ""))
 		}
 	}
+	if len(r.OpenRows) > 0 {
+		r.openText(&b)
+	}
 	fmt.Fprintf(&b, "\nload average: start %s, end %s\n", r.LoadAvgStart, r.LoadAvgEnd)
 	return b.String()
 }
 
-func (r *results) markdown() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "Run %s, %s, %s. Median over %d repetitions, range in brackets.\n\n",
-		r.Started.Format(time.RFC3339), r.CPU, r.HAProxyVersion, r.Options.Reps)
-	b.WriteString("| target | concurrency | req/s | p50 us | p99 us | added p50 us | proxy CPU us/req | generator busy % |\n|---|---|---|---|---|---|---|---|\n")
+func (r *results) wrkText(b *strings.Builder) {
+	fmt.Fprintf(b, "Summary: median over %d repetitions (min-max); %s, %d backends, %d-byte bodies, %d prefixes, %ds runs\n",
+		r.Options.Reps, r.HAProxyVersion, r.Options.Backends, r.Options.BodySize, r.Options.Prefixes, int(r.Options.Duration.Seconds()))
+	fmt.Fprintf(b, "%-10s %4s  %-26s %-24s %-26s %-24s %-24s %-16s\n", "target", "conc", "req/s", "p50 us", "p99 us", "added p50 us", "proxy CPU us/req", "generator busy %")
 	for _, x := range r.Rows {
 		cpu := x.CPUus.fmt(2, "")
 		if x.Target == "direct" {
 			cpu = "-"
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s |\n", x.Target, x.Conns, x.RPS.fmt(0, ""), x.P50us.fmt(1, ""), x.P99us.fmt(1, ""), x.AddedP50.fmt(1, ""), cpu, x.GenBusy.fmt(0, ""))
+		fmt.Fprintf(b, "%-10s %4d  %-26s %-24s %-26s %-24s %-24s %-16s\n", x.Target, x.Conns, x.RPS.fmt(0, ""), x.P50us.fmt(1, ""),
+			x.P99us.fmt(1, ""), x.AddedP50.fmt(1, ""), cpu, x.GenBusy.fmt(0, ""))
 	}
-	b.WriteString("\n| warmroute / HAProxy | ratio | goal | |\n|---|---|---|---|\n")
+	b.WriteString("\nwarmroute / HAProxy (per repetition, then median and range)\n")
 	for _, q := range r.Ratios {
 		met := "met"
 		if !q.Met {
-			met = "not met"
+			met = "NOT met"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", q.Name, q.Spread.fmt(2, ""), q.Goal, met)
+		fmt.Fprintf(b, "  %-26s %-22s goal %s: %s\n", q.Name, q.Spread.fmt(2, ""), q.Goal, met)
+	}
+}
+
+func (r *results) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Run %s, %s, %s.", r.Started.Format(time.RFC3339), r.CPU, r.HAProxyVersion)
+	if len(r.Rows) > 0 || len(r.StreamRows) > 0 {
+		fmt.Fprintf(&b, " Median over %d repetitions, range in brackets.", r.Options.Reps)
+	}
+	b.WriteString("\n")
+	if len(r.Rows) > 0 {
+		r.wrkMarkdown(&b)
 	}
 	if len(r.StreamRows) > 0 {
 		b.WriteString("\n| engine | streaming through | first chunk p50 ms | first chunk p90 ms | p50 vs direct ms |\n|---|---|---|---|---|\n")
@@ -305,8 +311,30 @@ func (r *results) markdown() string {
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", s.Engine, s.Target, s.FirstP50.fmt(3, ""), s.FirstP90.fmt(3, ""), s.Delta.fmt(3, ""))
 		}
 	}
+	if len(r.OpenRows) > 0 {
+		r.openMarkdown(&b)
+	}
 	fmt.Fprintf(&b, "\nLoad average at start %s, at end %s.\n", r.LoadAvgStart, r.LoadAvgEnd)
 	return b.String()
+}
+
+func (r *results) wrkMarkdown(b *strings.Builder) {
+	b.WriteString("\n| target | concurrency | req/s | p50 us | p99 us | added p50 us | proxy CPU us/req | generator busy % |\n|---|---|---|---|---|---|---|---|\n")
+	for _, x := range r.Rows {
+		cpu := x.CPUus.fmt(2, "")
+		if x.Target == "direct" {
+			cpu = "-"
+		}
+		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s | %s |\n", x.Target, x.Conns, x.RPS.fmt(0, ""), x.P50us.fmt(1, ""), x.P99us.fmt(1, ""), x.AddedP50.fmt(1, ""), cpu, x.GenBusy.fmt(0, ""))
+	}
+	b.WriteString("\n| warmroute / HAProxy | ratio | goal | |\n|---|---|---|---|\n")
+	for _, q := range r.Ratios {
+		met := "met"
+		if !q.Met {
+			met = "not met"
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s |\n", q.Name, q.Spread.fmt(2, ""), q.Goal, met)
+	}
 }
 
 func percentile(d []time.Duration, p int) time.Duration {

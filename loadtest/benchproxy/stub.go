@@ -37,6 +37,22 @@ var (
 	streamFlag   = []byte(`"stream":true`)
 )
 
+// Headers with which a request asks for a stream of its own length and
+// pace (the open-streams phase), so one stub process serves every phase.
+// A request that sets either gets timed events (timedEvent); the other
+// keeps the stub's own setting.
+const (
+	gapHeader    = "X-Bench-Gap"    // a Go duration, 0 to maxBenchGap
+	chunksHeader = "X-Bench-Chunks" // 1 to maxBenchChunks events before [DONE]
+)
+
+// Bounds of what a request may ask for: a stream lasts at most about
+// maxBenchChunks x maxBenchGap.
+const (
+	maxBenchGap    = 10 * time.Second
+	maxBenchChunks = 10000
+)
+
 // sseChunk renders SSE event i as one HTTP chunk.
 func sseChunk(dst []byte, i int) []byte {
 	ev := fmt.Sprintf("data: {\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"}}]}\n\n", i)
@@ -44,6 +60,26 @@ func sseChunk(dst []byte, i int) []byte {
 }
 
 var sseDone = []byte("e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+
+// timedEvent appends SSE event i of a timed stream: an OpenAI
+// chat.completion.chunk (about 190 bytes) whose "t" field is the time it
+// is sent, in Unix nanoseconds, for the client to measure each event's
+// one-way latency (parseEventTime).
+func timedEvent(dst []byte, i int, sent int64) []byte {
+	dst = append(dst, `data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1700000000,"model":"bench","t":`...)
+	dst = strconv.AppendInt(dst, sent, 10)
+	dst = append(dst, `,"choices":[{"index":0,"delta":{"content":" tok`...)
+	dst = strconv.AppendInt(dst, int64(i), 10)
+	return append(dst, "\"},\"finish_reason\":null}]}\n\n"...)
+}
+
+// appendChunk appends data as one HTTP/1.1 chunk.
+func appendChunk(dst, data []byte) []byte {
+	dst = strconv.AppendInt(dst, int64(len(data)), 16)
+	dst = append(dst, "\r\n"...)
+	dst = append(dst, data...)
+	return append(dst, "\r\n"...)
+}
 
 // serveStub answers HTTP/1.1 requests on ln until ctx ends. It is a
 // deliberately small server (one goroutine per connection, canned answers)
@@ -85,18 +121,23 @@ func serveStub(ctx context.Context, ln net.Listener, cfg stubConfig) error {
 	}
 }
 
+// stubReadBuffer holds a request's head and a default 4 KiB body in one
+// read, and stays small when thousands of streams are open at once.
+const stubReadBuffer = 8 << 10
+
 func serveStubConn(ctx context.Context, c net.Conn, cfg stubConfig) {
-	br := bufio.NewReaderSize(c, 64<<10)
+	br := bufio.NewReaderSize(c, stubReadBuffer)
 	var body []byte
-	var out []byte
+	var out, ev []byte
 	for {
-		method, path, clen, together, err := readHead(br)
+		h, err := readHead(br)
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
 				c.Write(badResp)
 			}
 			return
 		}
+		method, path, clen := h.method, h.path, h.clen
 		if clen > 0 {
 			if cap(body) < clen {
 				body = make([]byte, clen)
@@ -113,8 +154,10 @@ func serveStubConn(ctx context.Context, c net.Conn, cfg stubConfig) {
 			_, err = c.Write(healthResp)
 		case method != "POST":
 			_, err = c.Write(notFoundResp)
+		case bytes.Contains(body, streamFlag) && h.timed():
+			out, ev, err = timedStream(ctx, c, h.spec(cfg), out, ev)
 		case bytes.Contains(body, streamFlag):
-			out, err = stream(ctx, c, cfg, out, together)
+			out, err = stream(ctx, c, cfg, out, h.together)
 		default:
 			_, err = c.Write(completionResp)
 		}
@@ -164,49 +207,116 @@ func stream(ctx context.Context, c net.Conn, cfg stubConfig, buf []byte, togethe
 	return buf, err
 }
 
+// timedStream writes the SSE headers at once, then spec.Chunks timed
+// events (the first after spec.Prefill, the others spec.Gap after the
+// previous one), one write each, then [DONE].
+func timedStream(ctx context.Context, c net.Conn, spec stubConfig, buf, ev []byte) ([]byte, []byte, error) {
+	if _, err := c.Write(sseHead); err != nil {
+		return buf, ev, err
+	}
+	t := time.NewTimer(spec.Prefill)
+	defer t.Stop()
+	for i := 0; i < spec.Chunks; i++ {
+		if i > 0 {
+			t.Reset(spec.Gap)
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return buf, ev, ctx.Err()
+		}
+		ev = timedEvent(ev[:0], i, time.Now().UnixNano())
+		buf = appendChunk(buf[:0], ev)
+		if _, err := c.Write(buf); err != nil {
+			return buf, ev, err
+		}
+	}
+	_, err := c.Write(sseDone)
+	return buf, ev, err
+}
+
 var errBadRequest = errors.New("bad request")
 
-// readHead reads a request line and headers and returns the method, the
-// path, the Content-Length and whether headersHeader asks for headers
-// together with the first event. Chunked request bodies are refused.
-func readHead(br *bufio.Reader) (method, path string, clen int, together bool, err error) {
+// reqHead is what the stub reads of a request's head.
+type reqHead struct {
+	method, path string
+	clen         int
+	// together: headersHeader asks for headers with the first event.
+	together bool
+	// gap and chunks are gapHeader and chunksHeader, when set (gapSet,
+	// chunks > 0).
+	gap    time.Duration
+	gapSet bool
+	chunks int
+}
+
+// timed reports whether the request asked for a stream of its own.
+func (h reqHead) timed() bool { return h.gapSet || h.chunks > 0 }
+
+// spec is the stub's stream settings with the request's own in place.
+func (h reqHead) spec(cfg stubConfig) stubConfig {
+	if h.gapSet {
+		cfg.Gap = h.gap
+	}
+	if h.chunks > 0 {
+		cfg.Chunks = h.chunks
+	}
+	return cfg
+}
+
+// readHead reads a request line and headers. Chunked request bodies, a
+// Content-Length over 64 MiB, and a gap or chunk count out of bounds are
+// refused.
+func readHead(br *bufio.Reader) (reqHead, error) {
 	line, err := br.ReadSlice('\n')
 	if err != nil {
 		if len(line) == 0 {
-			return "", "", 0, false, io.EOF
+			return reqHead{}, io.EOF
 		}
-		return "", "", 0, false, err
+		return reqHead{}, err
 	}
 	f := bytes.Fields(line)
 	if len(f) != 3 {
-		return "", "", 0, false, errBadRequest
+		return reqHead{}, errBadRequest
 	}
-	method, path = string(f[0]), string(f[1])
+	out := reqHead{method: string(f[0]), path: string(f[1])}
 	for {
 		h, err := br.ReadSlice('\n')
 		if err != nil {
-			return "", "", 0, false, err
+			return reqHead{}, err
 		}
 		h = bytes.TrimRight(h, "\r\n")
 		if len(h) == 0 {
-			return method, path, clen, together, nil
+			return out, nil
 		}
 		k, v, ok := bytes.Cut(h, []byte(":"))
 		if !ok {
-			return "", "", 0, false, errBadRequest
+			return reqHead{}, errBadRequest
 		}
 		v = bytes.TrimSpace(v)
 		switch {
 		case bytes.EqualFold(k, []byte("Content-Length")):
 			n, err := strconv.Atoi(string(v))
 			if err != nil || n < 0 || n > 64<<20 {
-				return "", "", 0, false, errBadRequest
+				return reqHead{}, errBadRequest
 			}
-			clen = n
+			out.clen = n
 		case bytes.EqualFold(k, []byte("Transfer-Encoding")):
-			return "", "", 0, false, errBadRequest
+			return reqHead{}, errBadRequest
 		case bytes.EqualFold(k, []byte(headersHeader)):
-			together = bytes.Equal(v, []byte("with-first-event"))
+			out.together = bytes.Equal(v, []byte("with-first-event"))
+		case bytes.EqualFold(k, []byte(gapHeader)):
+			d, err := time.ParseDuration(string(v))
+			if err != nil || d < 0 || d > maxBenchGap {
+				return reqHead{}, errBadRequest
+			}
+			out.gap, out.gapSet = d, true
+		case bytes.EqualFold(k, []byte(chunksHeader)):
+			n, err := strconv.Atoi(string(v))
+			if err != nil || n < 1 || n > maxBenchChunks {
+				return reqHead{}, errBadRequest
+			}
+			out.chunks = n
 		}
 	}
 }
