@@ -7,7 +7,9 @@
 // A stream enters the relay after its headers were exchanged: the proxy
 // hands over both connections' descriptors (Detach), the answer's header
 // bytes for the client and any body bytes already read from the upstream.
-// A loop then waits for the upstream (epoll), reads what came, checks the
+// A loop then waits for the upstream (an epoll set of its own, whose
+// descriptor the runtime poller watches, so an idle loop is a parked
+// goroutine and no thread blocks in epoll_wait), reads what came, checks the
 // chunked framing (Decoder: every size and line bounded; the upstream may be
 // hostile), passes the body bytes to the stream's Observer and writes them
 // to the client as one chunk per read: one read and one write per event the

@@ -7,8 +7,9 @@ import (
 
 // Config is a relay's configuration.
 type Config struct {
-	// Loops is the number of event loops (each one goroutine, mostly in
-	// epoll_wait); 0 means GOMAXPROCS, at most 8.
+	// Loops is the number of event loops (each one goroutine, parked in
+	// the runtime poller while nothing happens); 0 means GOMAXPROCS, at
+	// most 8.
 	Loops int
 	// UpstreamIdle ends a stream whose upstream sent nothing for this
 	// long, as failed; 0: no bound.

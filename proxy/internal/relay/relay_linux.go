@@ -224,6 +224,11 @@ func newLoop(r *Relay) (*loop, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Non-blocking, so that os.NewFile hands it to the runtime poller.
+	if err := unix.SetNonblock(epfd, true); err != nil {
+		unix.Close(epfd)
+		return nil, err
+	}
 	evfd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		unix.Close(epfd)
@@ -256,40 +261,88 @@ func (l *loop) wake() {
 
 func (l *loop) clock() int64 { return int64(time.Since(l.base)) }
 
+// run waits for the loop's epoll set to have events through the runtime
+// poller (the set's own descriptor is pollable): the goroutine parks like
+// any other waiting on a socket, so no thread sits blocked in epoll_wait
+// and a wake-up costs what a goroutine's does. Once woken it takes events
+// without waiting (epoll_wait with no timeout) until none is left, and
+// parks again. A read deadline of sweepEvery wakes it for the timeouts.
 func (l *loop) run() {
-	defer l.closeFDs()
-	wait := int(sweepEvery / time.Millisecond)
+	defer unix.Close(l.evfd)
+	f := os.NewFile(uintptr(l.epfd), "relay-epoll") // owns epfd from here
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		l.stopAll(err)
+		return
+	}
+	var fatal error
+	stop := false
+	poll := func(uintptr) bool {
+		for {
+			n, err := unix.EpollWait(l.epfd, l.events, 0)
+			switch {
+			case errors.Is(err, unix.EINTR):
+				continue
+			case err != nil:
+				fatal = err
+				return true
+			case n == 0:
+				return false // park until the set has events
+			}
+			l.now = l.clock()
+			if l.handle(n) {
+				stop = true
+				return true
+			}
+			if l.now-l.swept >= int64(sweepEvery) {
+				l.sweep()
+			}
+		}
+	}
 	for {
-		n, err := unix.EpollWait(l.epfd, l.events, wait)
-		if err != nil && !errors.Is(err, unix.EINTR) {
+		_ = f.SetReadDeadline(time.Now().Add(sweepEvery))
+		err := rc.Read(poll)
+		switch {
+		case stop:
+			l.stopAll(ErrClosed)
+			return
+		case fatal != nil:
+			l.stopAll(fatal)
+			return
+		case err != nil && !errors.Is(err, os.ErrDeadlineExceeded):
 			l.stopAll(err)
 			return
 		}
 		l.now = l.clock()
-		for i := 0; i < n; i++ {
-			ev := &l.events[i]
-			if ev.Fd == wakeSlot {
-				if l.admit() {
-					l.stopAll(ErrClosed)
-					return
-				}
-				continue
-			}
-			slot, gen, side := ev.Fd, uint32(ev.Pad)>>1, ev.Pad&1
-			if int(slot) >= len(l.slots) || l.slots[slot] == nil || l.gens[slot] != gen {
-				continue // the stream ended earlier in this batch
-			}
-			s := l.slots[slot]
-			if side == 0 {
-				l.readUp(s)
-			} else {
-				l.clientEvent(s, ev.Events)
-			}
-		}
 		if l.now-l.swept >= int64(sweepEvery) {
 			l.sweep()
 		}
 	}
+}
+
+// handle dispatches n events; it reports whether the loop must stop.
+func (l *loop) handle(n int) bool {
+	for i := 0; i < n; i++ {
+		ev := &l.events[i]
+		if ev.Fd == wakeSlot {
+			if l.admit() {
+				return true
+			}
+			continue
+		}
+		slot, gen, side := ev.Fd, uint32(ev.Pad)>>1, ev.Pad&1
+		if int(slot) >= len(l.slots) || l.slots[slot] == nil || l.gens[slot] != gen {
+			continue // the stream ended earlier in this batch
+		}
+		s := l.slots[slot]
+		if side == 0 {
+			l.readUp(s)
+		} else {
+			l.clientEvent(s, ev.Events)
+		}
+	}
+	return false
 }
 
 // admit takes the queued streams in; it reports whether the loop must
