@@ -55,7 +55,9 @@ type metrics struct {
 	upErrors  *prometheus.CounterVec
 	// connsRejected counts client connections refused over MaxConns.
 	connsRejected prometheus.Counter
-	none          *backendMetrics // requests that reached no backend
+	// memReturns counts the memory returns after a burst (trim.go).
+	memReturns prometheus.Counter
+	none       *backendMetrics // requests that reached no backend
 
 	// The usage backends report in their answers (usage.go).
 	promptTokens *prometheus.CounterVec
@@ -105,6 +107,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "warmroute_upstream_errors_total",
 			Help: "Failed upstream exchanges by kind: dial, timeout, no_free_conns, protocol (a response refused: too large, a switch of protocols, an invalid status or header), other.",
 		}, []string{"backend", "kind"}),
+		memReturns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warmroute_memory_returns_total",
+			Help: "Times the router returned free memory to the system after a burst of client connections ended.",
+		}),
 		connsRejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "warmroute_client_connections_rejected_total",
 			Help: "Client connections refused with 503 because MaxConns were open.",
@@ -123,7 +129,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"backend", "result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.decision, m.ttfb, m.retries, m.aborts, m.ejections, m.upErrors, m.connsRejected,
+		reg.MustRegister(m.requests, m.decision, m.ttfb, m.retries, m.aborts, m.ejections, m.upErrors, m.connsRejected, m.memReturns,
 			m.promptTokens, m.cachedTokens, m.usageReports)
 	}
 	m.none = &backendMetrics{}

@@ -92,6 +92,7 @@ type Proxy struct {
 
 	server        *fasthttp.Server
 	proberStarted bool             // guarded by mu
+	trimStarted   bool             // guarded by mu
 	shutdown      bool             // guarded by mu: Shutdown was called
 	listeners     []clientListener // guarded by mu: what Serve serves on
 
@@ -406,6 +407,7 @@ func (p *Proxy) Serve(ln net.Listener) error {
 	p.listeners = append(p.listeners, cl)
 	p.mu.Unlock()
 	p.startProber()
+	p.startTrimmer()
 	err := p.server.Serve(cl)
 	if errors.Is(err, net.ErrClosed) {
 		return nil

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -280,7 +281,7 @@ func (l *loop) run() {
 	stop := false
 	poll := func(uintptr) bool {
 		for {
-			n, err := unix.EpollWait(l.epfd, l.events, 0)
+			n, err := sysEpollWait(l.epfd, l.events)
 			switch {
 			case errors.Is(err, unix.EINTR):
 				continue
@@ -290,6 +291,7 @@ func (l *loop) run() {
 			case n == 0:
 				return false // park until the set has events
 			}
+			more := n == len(l.events)
 			l.now = l.clock()
 			if l.handle(n) {
 				stop = true
@@ -297,6 +299,14 @@ func (l *loop) run() {
 			}
 			if l.now-l.swept >= int64(sweepEvery) {
 				l.sweep()
+			}
+			if !more {
+				// Every event taken was handled to the end (each upstream
+				// read until it had no more, each write until the client
+				// took no more), so what is left to happen raises a new
+				// event, which wakes the poller again: parking now misses
+				// nothing, and saves an epoll_wait per wake-up.
+				return false
 			}
 		}
 	}
@@ -419,7 +429,7 @@ func (l *loop) upOff(s *stream) {
 // readUp reads what the upstream sent and passes it on.
 func (l *loop) readUp(s *stream) {
 	for {
-		n, err := unix.Read(s.spec.Up, l.buf)
+		n, err := sysRecv(s.spec.Up, l.buf)
 		switch {
 		case errors.Is(err, unix.EAGAIN):
 			return
@@ -518,7 +528,7 @@ func (l *loop) send(s *stream, b []byte, final *Result) bool {
 // writeSome writes what the socket takes now.
 func writeSome(fd int, b []byte) (int, error) {
 	for {
-		n, err := unix.Write(fd, b)
+		n, err := sysSend(fd, b)
 		switch {
 		case errors.Is(err, unix.EINTR):
 			continue
@@ -644,4 +654,35 @@ func (r *Relay) endStream(s *stream, res Result) {
 	s.pending = nil
 	r.active.Add(-1)
 	s.spec.Obs.End(res)
+}
+
+// The loop's system calls never wait (non-blocking sockets, epoll_wait
+// with no timeout), so they are made raw, without the scheduler's syscall
+// bookkeeping (which also wakes the runtime's monitor thread when it
+// sleeps): the relay's goroutine keeps its thread throughout.
+
+func sysRecv(fd int, p []byte) (int, error) {
+	n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)), 0, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+// sysSend writes with MSG_NOSIGNAL: a client gone is EPIPE, not SIGPIPE.
+func sysSend(fd int, p []byte) (int, error) {
+	n, _, e := syscall.RawSyscall6(syscall.SYS_SENDTO, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)), syscall.MSG_NOSIGNAL, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+// sysEpollWait takes the ready events without waiting.
+func sysEpollWait(epfd int, events []unix.EpollEvent) (int, error) {
+	n, _, e := syscall.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(unsafe.SliceData(events))), uintptr(len(events)), 0, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
 }
