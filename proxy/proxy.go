@@ -77,6 +77,7 @@ type Proxy struct {
 	relayed  sync.Pool // *relayStream
 	readers  sync.Pool // *bufio.Reader for relayed exchanges
 	writers  sync.Pool // *bufio.Writer for relayed exchanges
+	scratch  sync.Pool // *[4 << 10]byte read buffers
 
 	// relay passes streamed bodies on event loops (relay.go); nil where
 	// the platform has none or Config.StreamRelay is off.
@@ -143,6 +144,7 @@ func New(cfg Config) (*Proxy, error) {
 	p.relayed.New = func() any { return new(relayStream) }
 	p.readers.New = func() any { return bufio.NewReaderSize(nil, 16<<10) }
 	p.writers.New = func() any { return bufio.NewWriterSize(nil, 16<<10) }
+	p.scratch.New = func() any { return new([4 << 10]byte) }
 	if cfg.StreamRelay {
 		p.relay = relay.New(relay.Config{
 			UpstreamIdle: cfg.StreamIdleTimeout,

@@ -252,7 +252,9 @@ const maxPipelined = 64 << 10
 // wraps rs.client): both descriptors go to the relay.
 func (rs *relayStream) hijacked(c net.Conn) {
 	p := rs.p
-	rs.pipelined = readPipelined(c, rs.pipelined[:0])
+	scratch := p.scratch.Get().(*[4 << 10]byte)
+	rs.pipelined = readPipelined(c, rs.pipelined[:0], scratch[:])
+	p.scratch.Put(scratch)
 	if len(rs.pipelined) > maxPipelined {
 		rs.keepAlive, rs.pipelined = false, nil
 	}
@@ -282,18 +284,16 @@ func (rs *relayStream) hijacked(c net.Conn) {
 	}
 }
 
-// readPipelined returns what the server had read from c past the request
-// (a client pipelining its next request), up to maxPipelined+1 bytes,
-// without waiting for more: the read deadline is in the past, so only
-// buffered bytes come back.
-func readPipelined(c net.Conn, dst []byte) []byte {
+// readPipelined appends to dst what the server had read from c past the
+// request (a client pipelining its next request), up to maxPipelined+1
+// bytes, without waiting for more: the read deadline is in the past, so
+// only buffered bytes come back. scratch is the read buffer; nothing is
+// kept of it (hardly any client pipelines behind a stream).
+func readPipelined(c net.Conn, dst, scratch []byte) []byte {
 	_ = c.SetReadDeadline(time.Unix(1, 0))
 	for len(dst) <= maxPipelined {
-		if cap(dst)-len(dst) < 512 {
-			dst = append(dst, make([]byte, 4<<10)...)[:len(dst)]
-		}
-		n, err := c.Read(dst[len(dst):cap(dst)])
-		dst = dst[:len(dst)+n]
+		n, err := c.Read(scratch)
+		dst = append(dst, scratch[:n]...)
 		if err != nil || n == 0 {
 			break
 		}
@@ -345,8 +345,8 @@ func (rs *relayStream) End(r relay.Result) {
 		relay.CloseFD(r.Client)
 		p.open.Add(-1)
 	}
-	head, pipe := rs.head, rs.pipelined
-	*rs = relayStream{head: head[:0], pipelined: pipe[:0]}
+	head := rs.head
+	*rs = relayStream{head: head[:0]}
 	p.relayed.Put(rs)
 }
 

@@ -12,28 +12,39 @@ import (
 // allocates (or after two minutes): a router that goes quiet after a burst
 // would keep its peak memory. So the proxy watches its client connections
 // and, when they fell to a quarter of a peak of at least trimMinPeak,
-// collects and returns free memory to the system (debug.FreeOSMemory): at
-// most once per trimInterval, and only after a burst.
+// collects and returns free memory to the system (debug.FreeOSMemory),
+// twice: the second collection frees what the first left in sync.Pool
+// caches. It does so again trimAgain intervals later, for what was still
+// held then (idle server workers exit after 10 s). Only after a burst, and
+// at most once per trimInterval.
 
 const (
 	trimInterval = 5 * time.Second
 	trimMinPeak  = 256
+	trimAgain    = 3
 )
 
 // trimmer decides when to return memory, from connection counts sampled
 // every trimInterval.
-type trimmer struct{ peak int64 }
+type trimmer struct {
+	peak  int64
+	again int // intervals until the second return; 0: none due
+}
 
 // sample takes the open connection count and reports whether to return
 // memory now.
 func (t *trimmer) sample(open int64) bool {
 	if open > t.peak {
-		t.peak = open
+		t.peak, t.again = open, 0
 		return false
 	}
 	if t.peak >= trimMinPeak && open <= t.peak/4 {
-		t.peak = open
+		t.peak, t.again = open, trimAgain
 		return true
+	}
+	if t.again > 0 {
+		t.again--
+		return t.again == 0
 	}
 	return false
 }
@@ -59,6 +70,7 @@ func (p *Proxy) startTrimmer() {
 			case <-tick.C:
 			}
 			if t.sample(p.open.Load()) {
+				debug.FreeOSMemory()
 				debug.FreeOSMemory()
 				p.m.memReturns.Inc()
 			}
