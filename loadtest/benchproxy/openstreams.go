@@ -175,14 +175,15 @@ func raiseNoFile(need uint64) (uint64, error) {
 		return 0, fmt.Errorf("reading RLIMIT_NOFILE: %w", err)
 	}
 	rl.Cur = rl.Max
+	hard := uint64(rl.Max) // int64 on some systems
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
-		return rl.Max, fmt.Errorf("raising RLIMIT_NOFILE to %d: %w", rl.Max, err)
+		return hard, fmt.Errorf("raising RLIMIT_NOFILE to %d: %w", hard, err)
 	}
-	if rl.Max < need {
-		return rl.Max, fmt.Errorf("the open-file limit is %d (hard limit, RLIMIT_NOFILE) and the largest -open-streams count needs %d in the proxy (two per stream and a margin): raise the hard limit (ulimit -Hn, as root, or the container's nofile limit) or open fewer streams",
-			rl.Max, need)
+	if hard < need {
+		return hard, fmt.Errorf("the open-file limit is %d (hard limit, RLIMIT_NOFILE) and the largest -open-streams count needs %d in the proxy (two per stream and a margin): raise the hard limit (ulimit -Hn, as root, or the container's nofile limit) or open fewer streams",
+			hard, need)
 	}
-	return rl.Max, nil
+	return hard, nil
 }
 
 // openServeLimits are the `warmroute serve` limits n open streams need,
