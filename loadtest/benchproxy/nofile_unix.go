@@ -27,4 +27,3 @@ func raiseNoFile(need uint64) (uint64, error) {
 	}
 	return hard, nil
 }
-
