@@ -459,12 +459,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ri
 	up.StreamBody = true
 	err = b.client.Do(req, up)
 	if err != nil {
-		b.inflight.Add(-1)
-		fasthttp.ReleaseResponse(up)
-		if p.observing {
-			p.observeFailed(st, err)
-		}
-		return p.upstreamFailed(ctx, b, d, rt, err)
+		return p.exchangeFailed(ctx, st, b, d, rt, up, err)
 	}
 	b.connOK()
 
@@ -514,6 +509,16 @@ func (p *Proxy) passStream(ctx *fasthttp.RequestCtx, st *reqState, b *backend, u
 	}
 	resp.SetBodyStream(ts, up.Header.ContentLength())
 	return false, nil
+}
+
+// exchangeFailed ends a streamed exchange with b that got no answer.
+func (p *Proxy) exchangeFailed(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ring.Decision, rt route, up *fasthttp.Response, err error) (bool, error) {
+	b.inflight.Add(-1)
+	fasthttp.ReleaseResponse(up)
+	if p.observing {
+		p.observeFailed(st, err)
+	}
+	return p.upstreamFailed(ctx, b, d, rt, err)
 }
 
 // errBadUpstream closes the stream of a response the proxy refused.

@@ -261,45 +261,88 @@ func (p *Proxy) observeBare(ctx *fasthttp.RequestCtx, rt route) {
 	p.cfg.Requests.Submit(rec)
 }
 
+// streamObs is a stream's access-log record and upstream span, completed
+// when the stream ends: by an observedStream on the goroutine path, by a
+// relayStream on the relay.
+type streamObs struct {
+	rec    *reqlog.Record
+	span   trace.Span
+	status int
+	start  time.Time
+	out    int64
+	comp   reqlog.CompletionScan
+}
+
+// takeStreamObs moves the request's record and upstream span to a stream
+// whose answer has status.
+func takeStreamObs(o *obsState, status int) streamObs {
+	so := streamObs{rec: o.rec, span: o.up, status: status, start: o.start}
+	if so.rec != nil {
+		so.rec.Status = status
+	}
+	o.rec, o.up = nil, nil
+	return so
+}
+
+// active reports whether there is a record or span to complete.
+func (o *streamObs) active() bool { return o.rec != nil || o.span != nil }
+
+// passed counts body bytes that passed to the client, timing the first
+// from sent, and reads the completion tokens for a trace record.
+func (o *streamObs) passed(p []byte, sent time.Time) {
+	if o.rec == nil || len(p) == 0 {
+		return
+	}
+	if o.out == 0 {
+		o.rec.TTFB = time.Since(sent)
+	}
+	o.out += int64(len(p))
+	if o.rec.TraceWanted() {
+		o.comp.Feed(p)
+	}
+}
+
+// end completes the record and span; u is the usage the stream reported
+// and err how the client's side ended (nil: it got the whole answer).
+func (o *streamObs) end(p *Proxy, u usageReport, err error) {
+	rec := o.rec
+	if rec != nil {
+		rec.BytesOut = o.out
+		rec.Duration = time.Since(o.start)
+		if rec.TraceWanted() {
+			setPrompt(rec, u)
+			rec.CompletionTokens = o.comp.Tokens()
+		}
+	}
+	if o.span != nil {
+		endUpstream(o.span, o.status, err, rec)
+	}
+	if rec != nil {
+		p.cfg.Requests.Submit(rec)
+	}
+}
+
 // observeStream hands the request's record and upstream span to a
 // stream wrapping ts, which completes them when the stream ends.
 func (p *Proxy) observeStream(st *reqState, ts *trackedStream, status int, sent time.Time) fasthttp.ReadCloserWithError {
 	os := p.observed.Get().(*observedStream)
-	*os = observedStream{ts: ts, p: p, rec: st.obs.rec, span: st.obs.up, status: status, start: st.obs.start, sent: sent}
-	if os.rec != nil {
-		os.rec.Status = status
-	}
-	st.obs.rec, st.obs.up = nil, nil
+	*os = observedStream{ts: ts, p: p, obs: takeStreamObs(&st.obs, status), sent: sent}
 	return os
 }
 
-// observedStream passes a trackedStream through, counting the bytes sent,
-// timing the first, and reading the completion tokens for a trace record.
+// observedStream passes a trackedStream through, completing its record and
+// span (streamObs).
 type observedStream struct {
-	ts          *trackedStream
-	p           *Proxy
-	rec         *reqlog.Record
-	span        trace.Span
-	status      int
-	start, sent time.Time
-	out         int64
-	first       bool
-	closed      bool
-	comp        reqlog.CompletionScan
+	ts     *trackedStream
+	p      *Proxy
+	obs    streamObs
+	sent   time.Time
+	closed bool
 }
 
 func (s *observedStream) Read(buf []byte) (int, error) {
 	n, err := s.ts.Read(buf)
-	if n > 0 && s.rec != nil {
-		if !s.first {
-			s.first = true
-			s.rec.TTFB = time.Since(s.sent)
-		}
-		s.out += int64(n)
-		if s.rec.TraceWanted() {
-			s.comp.Feed(buf[:n])
-		}
-	}
+	s.obs.passed(buf[:n], s.sent)
 	return n, err
 }
 
@@ -310,21 +353,7 @@ func (s *observedStream) CloseWithError(err error) error {
 	s.closed = true
 	u := s.ts.usage.report() // CloseWithError clears ts
 	cerr := s.ts.CloseWithError(err)
-	rec := s.rec
-	if rec != nil {
-		rec.BytesOut = s.out
-		rec.Duration = time.Since(s.start)
-		if rec.TraceWanted() {
-			setPrompt(rec, u)
-			rec.CompletionTokens = s.comp.Tokens()
-		}
-	}
-	if s.span != nil {
-		endUpstream(s.span, s.status, err, rec)
-	}
-	if rec != nil {
-		s.p.cfg.Requests.Submit(rec)
-	}
+	s.obs.end(s.p, u, err)
 	p := s.p
 	*s = observedStream{}
 	p.observed.Put(s)

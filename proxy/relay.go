@@ -10,9 +10,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 	"github.com/warmroute/warmroute/proxy/internal/relay"
-	"github.com/warmroute/warmroute/proxy/reqlog"
 	"github.com/warmroute/warmroute/ring"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // Streams on the relay.
@@ -51,14 +49,9 @@ type relayStream struct {
 	usage    usageScan
 	gotFirst bool
 
-	// The request's access-log record and upstream span, when observed
-	// (as observedStream does on the goroutine path).
-	rec    *reqlog.Record
-	span   trace.Span
-	status int
-	start  time.Time
-	out    int64
-	comp   reqlog.CompletionScan
+	// obs: the request's access-log record and upstream span, when
+	// observed.
+	obs streamObs
 }
 
 // relayable reports whether the stream to b may go through the relay, and
@@ -80,12 +73,7 @@ func (p *Proxy) forwardRelayed(ctx *fasthttp.RequestCtx, st *reqState, b *backen
 	up := fasthttp.AcquireResponse()
 	uc, br, err := p.exchangeHead(b, &ctx.Request, up)
 	if err != nil {
-		fasthttp.ReleaseResponse(up)
-		b.inflight.Add(-1)
-		if p.observing {
-			p.observeFailed(st, err)
-		}
-		return p.upstreamFailed(ctx, b, d, rt, err)
+		return p.exchangeFailed(ctx, st, b, d, rt, up, err)
 	}
 	b.connOK()
 	resp := &ctx.Response
@@ -105,12 +93,8 @@ func (p *Proxy) forwardRelayed(ctx *fasthttp.RequestCtx, st *reqState, b *backen
 		sse:       bytes.HasPrefix(up.Header.ContentType(), strEventStream),
 		keepAlive: !ctx.Request.Header.ConnectionClose()}
 	rs.usage.begin(&up.Header)
-	if p.observing && (st.obs.rec != nil || st.obs.up != nil) {
-		rs.rec, rs.span, rs.status, rs.start = st.obs.rec, st.obs.up, up.StatusCode(), st.obs.start
-		if rs.rec != nil {
-			rs.rec.Status = rs.status
-		}
-		st.obs.rec, st.obs.up = nil, nil
+	if p.observing {
+		rs.obs = takeStreamObs(&st.obs, up.StatusCode())
 	}
 	if !rs.keepAlive {
 		resp.Header.SetConnectionClose()
@@ -309,15 +293,7 @@ func (rs *relayStream) Data(p []byte) {
 		rs.b.m.ttfb.Observe(time.Since(rs.sent).Seconds())
 	}
 	rs.usage.feed(p)
-	if rs.rec != nil {
-		if rs.out == 0 {
-			rs.rec.TTFB = time.Since(rs.sent)
-		}
-		rs.out += int64(len(p))
-		if rs.rec.TraceWanted() {
-			rs.comp.Feed(p)
-		}
-	}
+	rs.obs.passed(p, rs.sent)
 }
 
 // End ends the request (on the relay's loop, or in hijacked).
@@ -333,8 +309,15 @@ func (rs *relayStream) End(r relay.Result) {
 	b.inflight.Add(-1)
 	u := rs.usage.report()
 	b.m.countUsage(u)
-	if rs.rec != nil || rs.span != nil {
-		rs.observeEnd(r, u)
+	if rs.obs.active() {
+		var cerr error // how the client's side ended: nil when it got a whole answer
+		if r.Client < 0 {
+			cerr = r.Err
+			if cerr == nil {
+				cerr = errors.New(r.Outcome.String())
+			}
+		}
+		rs.obs.end(p, u, cerr)
 	}
 	switch {
 	case r.Client < 0:
@@ -348,32 +331,6 @@ func (rs *relayStream) End(r relay.Result) {
 	head := rs.head
 	*rs = relayStream{head: head[:0]}
 	p.relayed.Put(rs)
-}
-
-// observeEnd completes the stream's record and span.
-func (rs *relayStream) observeEnd(r relay.Result, u usageReport) {
-	var cerr error // how the client's side ended: nil when it got a whole answer
-	if r.Client < 0 {
-		cerr = r.Err
-		if cerr == nil {
-			cerr = errors.New(r.Outcome.String())
-		}
-	}
-	rec := rs.rec
-	if rec != nil {
-		rec.BytesOut = rs.out
-		rec.Duration = time.Since(rs.start)
-		if rec.TraceWanted() {
-			setPrompt(rec, u)
-			rec.CompletionTokens = rs.comp.Tokens()
-		}
-	}
-	if rs.span != nil {
-		endUpstream(rs.span, rs.status, cerr, rec)
-	}
-	if rec != nil {
-		rs.p.cfg.Requests.Submit(rec)
-	}
 }
 
 // serveAgain gives a client connection back to the server for its next
