@@ -61,7 +61,7 @@ func (p *Proxy) relayable(ctx *fasthttp.RequestCtx, st *reqState, b *backend) (*
 		return nil, false
 	}
 	rc, ok := ctx.Conn().(*rawConn)
-	if !ok || rc.up != nil || b.client.ConnsCount()+int(b.relayConns.Load()) >= p.cfg.MaxConnsPerBackend {
+	if !ok || b.client.ConnsCount()+int(b.relayConns.Load()) >= p.cfg.MaxConnsPerBackend {
 		return nil, false
 	}
 	return rc, true
@@ -108,11 +108,18 @@ func (p *Proxy) forwardRelayed(ctx *fasthttp.RequestCtx, st *reqState, b *backen
 
 // dropUpstream ends an exchange whose answer was refused.
 func (p *Proxy) dropUpstream(b *backend, uc *upstreamConn, br *bufio.Reader, up *fasthttp.Response) {
-	uc.Close()
-	b.relayConns.Add(-1)
-	p.putReader(br)
+	p.closeExchange(b, uc, br)
 	fasthttp.ReleaseResponse(up)
 	b.inflight.Add(-1)
+}
+
+// closeExchange closes an exchangeHead connection that did not go to the
+// relay, and returns its reader (nil-safe).
+func (p *Proxy) closeExchange(b *backend, uc *upstreamConn, br *bufio.Reader) error {
+	err := uc.Close()
+	b.relayConns.Add(-1)
+	p.putReader(br)
+	return err
 }
 
 // passUnchunked passes an answer that is not chunked (a Content-Length,
@@ -131,9 +138,7 @@ func (p *Proxy) passUnchunked(ctx *fasthttp.RequestCtx, st *reqState, b *backend
 	if r := up.BodyStream(); r != nil {
 		bs = &exchangeBody{Reader: r, p: p, b: b, uc: uc, br: br}
 	} else {
-		uc.Close()
-		b.relayConns.Add(-1)
-		p.putReader(br)
+		p.closeExchange(b, uc, br)
 	}
 	return p.passStream(ctx, st, b, up, bs, sent)
 }
@@ -154,10 +159,7 @@ func (e *exchangeBody) CloseWithError(error) error {
 		return nil
 	}
 	e.closed = true
-	err := e.uc.Close()
-	e.b.relayConns.Add(-1)
-	e.p.putReader(e.br)
-	return err
+	return e.p.closeExchange(e.b, e.uc, e.br)
 }
 
 // exchangeHead sends req to b on a new connection and reads the answer's
@@ -189,9 +191,7 @@ func (p *Proxy) exchangeHead(b *backend, req *fasthttp.Request, up *fasthttp.Res
 		err = readFinalHead(up, br)
 	}
 	if err != nil {
-		uc.Close()
-		b.relayConns.Add(-1)
-		p.putReader(br)
+		p.closeExchange(b, uc, br)
 		return nil, nil, upstreamReadErr(err)
 	}
 	return uc, br, nil

@@ -84,7 +84,7 @@ func (d *Decoder) Feed(dst, p []byte) ([]byte, int, error) {
 				d.state = stSizeLF
 				break
 			}
-			if d.line++; d.line > maxLine || (c < ' ' && c != '\t') || c == 0x7f {
+			if d.line++; d.line > maxLine || ctlByte(c) {
 				return dst, i, ErrChunkLine
 			}
 		case stSizeLF:
@@ -132,7 +132,7 @@ func (d *Decoder) Feed(dst, p []byte) ([]byte, int, error) {
 			}
 			d.line++
 			d.trailers++
-			if d.line > maxLine || (c < ' ' && c != '\t') || c == 0x7f {
+			if d.line > maxLine || ctlByte(c) {
 				return dst, i, ErrChunkLine
 			}
 			if d.trailers > maxTrailers {
@@ -156,6 +156,10 @@ func (d *Decoder) Feed(dst, p []byte) ([]byte, int, error) {
 	}
 	return dst, i, nil
 }
+
+// ctlByte reports a control byte other than HTAB, which no chunk
+// extension or trailer line may hold.
+func ctlByte(c byte) bool { return (c < ' ' && c != '\t') || c == 0x7f }
 
 func hexVal(c byte) (byte, bool) {
 	switch {
