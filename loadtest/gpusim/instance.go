@@ -179,23 +179,23 @@ func (in *Instance) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	case "/v1/embeddings":
 		if allow(w, r, http.MethodPost) {
-			in.serveDirect(w, r, in.serveEmbeddings)
+			in.serveBody(w, r, in.embeddings)
 		}
 	case "/v1/rerank", "/rerank", "/v2/rerank":
 		if allow(w, r, http.MethodPost) {
-			in.serveDirect(w, r, in.serveRerank)
+			in.serveBody(w, r, in.rerank)
 		}
 	case "/v1/score", "/score":
 		if allow(w, r, http.MethodPost) {
-			in.serveDirect(w, r, in.serveScore)
+			in.serveBody(w, r, in.score)
 		}
 	case "/tokenize":
 		if allow(w, r, http.MethodPost) {
-			in.serveDirect(w, r, in.serveTokenize)
+			in.serveBody(w, r, in.tokenize)
 		}
 	case "/detokenize":
 		if allow(w, r, http.MethodPost) {
-			in.serveDirect(w, r, in.serveDetokenize)
+			in.serveBody(w, r, in.detokenize)
 		}
 	case "/v1/audio/transcriptions", "/v1/audio/translations":
 		if allow(w, r, http.MethodPost) {

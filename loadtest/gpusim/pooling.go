@@ -65,6 +65,18 @@ func (in *Instance) serveDirect(w http.ResponseWriter, r *http.Request, handle f
 	writeJSON(w, http.StatusOK, v)
 }
 
+// serveBody is serveDirect for an endpoint that takes its whole body
+// (read with readBody).
+func (in *Instance) serveBody(w http.ResponseWriter, r *http.Request, handle func([]byte) (any, *apiError)) {
+	in.serveDirect(w, r, func(w http.ResponseWriter, r *http.Request) (any, *apiError) {
+		body, aerr := in.readBody(w, r)
+		if aerr != nil {
+			return nil, aerr
+		}
+		return handle(body)
+	})
+}
+
 // readBody reads a request body of at most Config.MaxRequestBytes.
 func (in *Instance) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, in.cfg.MaxRequestBytes))
@@ -248,15 +260,7 @@ type embeddingResponse struct {
 	Usage   poolUsage       `json:"usage"`
 }
 
-// serveEmbeddings answers POST /v1/embeddings.
-func (in *Instance) serveEmbeddings(w http.ResponseWriter, r *http.Request) (any, *apiError) {
-	body, aerr := in.readBody(w, r)
-	if aerr != nil {
-		return nil, aerr
-	}
-	return in.embeddings(body)
-}
-
+// embeddings answers POST /v1/embeddings.
 func (in *Instance) embeddings(body []byte) (any, *apiError) {
 	var req struct {
 		Model          string          `json:"model"`
@@ -369,16 +373,8 @@ type scoreResponse struct {
 	Usage   poolUsage       `json:"usage"`
 }
 
-// serveScore answers POST /v1/score and /score: text_1 against each of
+// score answers POST /v1/score and /score: text_1 against each of
 // text_2 (1:1, 1:N or N:N).
-func (in *Instance) serveScore(w http.ResponseWriter, r *http.Request) (any, *apiError) {
-	body, aerr := in.readBody(w, r)
-	if aerr != nil {
-		return nil, aerr
-	}
-	return in.score(body)
-}
-
 func (in *Instance) score(body []byte) (any, *apiError) {
 	var req struct {
 		Model string          `json:"model"`
@@ -448,17 +444,9 @@ type rerankResponse struct {
 	Results []rerankResult `json:"results"`
 }
 
-// serveRerank answers POST /v1/rerank, /rerank and /v2/rerank: the
+// rerank answers POST /v1/rerank, /rerank and /v2/rerank: the
 // documents by relevance to the query, best first, the top_n of them
 // (all when top_n is 0 or absent).
-func (in *Instance) serveRerank(w http.ResponseWriter, r *http.Request) (any, *apiError) {
-	body, aerr := in.readBody(w, r)
-	if aerr != nil {
-		return nil, aerr
-	}
-	return in.rerank(body)
-}
-
 func (in *Instance) rerank(body []byte) (any, *apiError) {
 	var req struct {
 		Model     string          `json:"model"`

@@ -18,20 +18,12 @@ type tokenizeResponse struct {
 	TokenStrs   *[]string `json:"token_strs"`
 }
 
-// serveTokenize answers POST /tokenize: `prompt` (a string) or `messages`
+// tokenize answers POST /tokenize: `prompt` (a string) or `messages`
 // (rendered as chat renders them, with the generation prompt unless
 // add_generation_prompt is false), cut into tokens as the engine cuts
 // prompts, so count is the prompt_tokens the same prompt reports on
 // /v1/completions or /v1/chat/completions. A token's id is a hash of its
 // bytes below VocabSize.
-func (in *Instance) serveTokenize(w http.ResponseWriter, r *http.Request) (any, *apiError) {
-	body, aerr := in.readBody(w, r)
-	if aerr != nil {
-		return nil, aerr
-	}
-	return in.tokenize(body)
-}
-
 func (in *Instance) tokenize(body []byte) (any, *apiError) {
 	var req struct {
 		Model               string         `json:"model"`
@@ -85,17 +77,9 @@ func (in *Instance) tokenize(body []byte) (any, *apiError) {
 	return res, nil
 }
 
-// serveDetokenize answers POST /detokenize: each id below VocabSize is a
+// detokenize answers POST /detokenize: each id below VocabSize is a
 // word of the filler vocabulary (as generated text is), so any list of
 // valid ids decodes, deterministically.
-func (in *Instance) serveDetokenize(w http.ResponseWriter, r *http.Request) (any, *apiError) {
-	body, aerr := in.readBody(w, r)
-	if aerr != nil {
-		return nil, aerr
-	}
-	return in.detokenize(body)
-}
-
 func (in *Instance) detokenize(body []byte) (any, *apiError) {
 	var req struct {
 		Model  string   `json:"model"`
