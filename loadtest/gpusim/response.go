@@ -70,6 +70,25 @@ func (rs *response) waitToken(ctx context.Context) {
 // finish_reason), an optional usage chunk, and "data: [DONE]". The first
 // token goes out at once, later ones every StreamInterval tokens; tokens
 // that pile up while the client reads slowly are merged into one chunk.
+// gather waits for the next token and takes those already generated: got
+// tokens so far, sent of them streamed. It returns the new count and
+// whether a chunk is due (the first, every interval tokens, and the last).
+func (rs *response) gather(ctx context.Context, got, sent, interval int) (int, bool) {
+	total := rs.s.maxTokens
+	rs.waitToken(ctx)
+	got++
+drain:
+	for got < total {
+		select {
+		case <-rs.s.tokens:
+			got++
+		default:
+			break drain
+		}
+	}
+	return got, sent == 0 || got >= total || got-sent >= interval
+}
+
 func (rs *response) stream(ctx context.Context, w http.ResponseWriter) {
 	if rs.p.resp != nil {
 		rs.streamResponses(ctx, w)
@@ -94,18 +113,8 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter) {
 	buf := make([]byte, 0, 1024)
 	got, sent := 0, 0
 	for got < total {
-		rs.waitToken(ctx)
-		got++
-	drain:
-		for got < total {
-			select {
-			case <-rs.s.tokens:
-				got++
-			default:
-				break drain
-			}
-		}
-		if sent > 0 && got < total && got-sent < interval {
+		var due bool
+		if got, due = rs.gather(ctx, got, sent, interval); !due {
 			continue
 		}
 		buf = buf[:0]

@@ -391,18 +391,8 @@ func (rs *response) streamResponses(ctx context.Context, w http.ResponseWriter) 
 	total, interval := rs.s.maxTokens, rs.in.cfg.StreamInterval
 	got, sent := 0, 0
 	for got < total {
-		rs.waitToken(ctx)
-		got++
-	drain:
-		for got < total {
-			select {
-			case <-rs.s.tokens:
-				got++
-			default:
-				break drain
-			}
-		}
-		if sent > 0 && got < total && got-sent < interval {
+		var due bool
+		if got, due = rs.gather(ctx, got, sent, interval); !due {
 			continue
 		}
 		buf = st.appendHead(buf[:0], "response.output_text.delta")
