@@ -11,21 +11,37 @@ import (
 	"time"
 )
 
-// benchSource reports 100 backends, of which `changes` change every 50
-// ms of wall time, spread evenly over it whatever the rate at which the
-// Mesh reads the source: 0 (idle), 10 (a busy router: at 200 requests/s
-// each start and end moves a figure, ~20 moves per 50 ms spread over 100
-// backends) or all 100 (worst case). The probe backend carries the value
-// whose propagation is timed.
+// benchSource reports its backends' figures, of which `changes` change
+// every 50 ms of wall time, spread evenly over it whatever the rate at
+// which the Mesh reads the source. Without open requests (BenchmarkPropagation,
+// 100 backends) a change moves one figure: 0 (idle), 10 (a busy router:
+// at 200 requests/s each start and end moves a figure, ~20 moves per 50
+// ms spread over 100 backends) or all 100 (worst case), and figures
+// never return to 0. With open requests (BenchmarkFleetGossip) the
+// source holds that many requests on random backends and a change ends
+// one and starts another on a random backend (two figure moves, one
+// request), so figures go back to 0 as they do on a router. The probe
+// backend carries the value whose propagation is timed.
 type benchSource struct {
 	changes  atomic.Int64
 	backends []string
 	vals     []int64
+	open     []int // backend index of each open request (fleet mode)
+	period   time.Duration
 	probe    string
 	probeV   atomic.Int64
 	step     int64
 	last     time.Time
 	carry    float64
+}
+
+func newBenchSource(backends []string, open int, probe string) *benchSource {
+	s := &benchSource{backends: backends, vals: make([]int64, len(backends)), open: make([]int, open), probe: probe, period: benchChangePeriod}
+	for i := range s.open {
+		s.open[i] = rand.N(len(backends))
+		s.vals[s.open[i]]++
+	}
+	return s
 }
 
 // benchChangePeriod is the period of benchSource's `changes` changes.
@@ -34,11 +50,18 @@ const benchChangePeriod = 50 * time.Millisecond
 func (s *benchSource) AppendInFlight(dst []BackendLoad) []BackendLoad {
 	now := time.Now()
 	if k := s.changes.Load(); k > 0 && !s.last.IsZero() {
-		s.carry += float64(k) * float64(now.Sub(s.last)) / float64(benchChangePeriod)
+		s.carry += float64(k) * float64(now.Sub(s.last)) / float64(s.period)
 		n := int64(s.carry)
 		s.carry -= float64(n)
 		for range n {
 			s.step++
+			if len(s.open) > 0 {
+				r := rand.N(len(s.open))
+				s.vals[s.open[r]]--
+				s.open[r] = rand.N(len(s.vals))
+				s.vals[s.open[r]]++
+				continue
+			}
 			i := s.step % int64(len(s.vals))
 			s.vals[i] = 1 + (s.vals[i]+s.step)%17
 		}
@@ -62,7 +85,43 @@ func BenchmarkPropagation(b *testing.B) {
 	for _, n := range []int{5, 20, 50} {
 		for _, mode := range benchModes {
 			b.Run(fmt.Sprintf("nodes=%d/backends=100/%s", n, mode.name), func(b *testing.B) {
-				benchPropagation(b, n, mode.changes, nil)
+				benchPropagation(b, n, 100, 0, mode.changes, nil)
+			})
+		}
+	}
+}
+
+// BenchmarkFleetGossip is BenchmarkPropagation for a large fleet: 20
+// and 50 routers, each with the same 1,000 backends. Modes: idle (no
+// request open), busy (a router at 200 requests/s with 400 open, about 2
+// s each: ~330 backends with a non-zero figure, 20 figure moves per 50
+// ms) and worst (2,000 requests/s with 4,000 open: nearly every figure
+// non-zero, 200 moves per 50 ms).
+//
+// 50 loaded routers in one process send each other about 100,000 packets
+// per second, more than two cores carry: memberlist then declares live
+// routers dead and the figures measure the starved machine. So those
+// runs are slowed down (dilate=5): every interval and timeout of the
+// Config is 5 times longer and the load 5 times slower, which divides
+// every rate in the process by 5 and leaves the protocol's decisions
+// as they are. The reported figures are converted back: rates times 5,
+// latencies divided by 5 (the part of a latency that does not scale, a
+// packet's transit and processing, is well under a millisecond when the
+// machine keeps up).
+func BenchmarkFleetGossip(b *testing.B) {
+	for _, c := range []struct {
+		n, dilate int
+	}{{20, 1}, {50, 1}, {50, 5}} {
+		for _, mode := range []struct {
+			name    string
+			open    int
+			changes int64
+		}{{"idle", 0, 0}, {"busy", 400, 10}, {"worst", 4000, 100}} {
+			if c.dilate == 1 && c.n == 50 && mode.open > 0 {
+				continue
+			}
+			b.Run(fmt.Sprintf("nodes=%d/backends=1000/%s/dilate=%d", c.n, mode.name, c.dilate), func(b *testing.B) {
+				benchDilated(b, c.n, 1000, mode.open, mode.changes, c.dilate)
 			})
 		}
 	}
@@ -75,7 +134,7 @@ func BenchmarkPropagation(b *testing.B) {
 func BenchmarkDecreaseLag(b *testing.B) {
 	for _, mode := range benchModes[:2] {
 		b.Run(fmt.Sprintf("nodes=3/backends=100/%s", mode.name), func(b *testing.B) {
-			benchPropagation(b, 3, mode.changes, nil)
+			benchPropagation(b, 3, 100, 0, mode.changes, nil)
 		})
 	}
 }
@@ -96,7 +155,7 @@ func BenchmarkPropagationSigned(b *testing.B) {
 	for _, n := range []int{5, 20} {
 		for _, mode := range benchModes {
 			b.Run(fmt.Sprintf("nodes=%d/backends=100/%s", n, mode.name), func(b *testing.B) {
-				benchPropagation(b, n, mode.changes, func(c *Config) {
+				benchPropagation(b, n, 100, 0, mode.changes, func(c *Config) {
 					c.SecretKey = testKey
 					c.Identity = ca.bundle(b, c.NodeName)
 				})
@@ -105,8 +164,18 @@ func BenchmarkPropagationSigned(b *testing.B) {
 	}
 }
 
-func benchPropagation(b *testing.B, n int, changes int64, mod func(*Config)) {
-	backends := make([]string, 100)
+// benchPropagation runs n nodes with the same backends, each with open
+// requests (benchSource) of which changes change every 50 ms, and times
+// the probes (see BenchmarkPropagation).
+func benchPropagation(b *testing.B, n, numBackends, open int, changes int64, mod func(*Config)) {
+	benchDilated(b, n, numBackends, open, changes, 1, mod)
+}
+
+// benchDilated is benchPropagation with time slowed down dilate times
+// (see BenchmarkFleetGossip); the metrics are converted back to real
+// time.
+func benchDilated(b *testing.B, n, numBackends, open int, changes int64, dilate int, mods ...func(*Config)) {
+	backends := make([]string, numBackends)
 	for i := range backends {
 		backends[i] = fmt.Sprintf("gpu-%02d/", i)
 	}
@@ -117,10 +186,14 @@ func benchPropagation(b *testing.B, n int, changes int64, mod func(*Config)) {
 		if i > 0 {
 			cfg.Join = []string{nodes[0].Addr()}
 		}
-		if mod != nil {
-			mod(&cfg)
+		for _, mod := range mods {
+			if mod != nil {
+				mod(&cfg)
+			}
 		}
-		srcs[i] = &benchSource{backends: backends, vals: make([]int64, len(backends)), probe: "probe/" + cfg.NodeName}
+		dilateConfig(&cfg, dilate)
+		srcs[i] = newBenchSource(backends, open, "probe/"+cfg.NodeName)
+		srcs[i].period *= time.Duration(dilate)
 		c, err := New(cfg, srcs[i])
 		if err != nil {
 			b.Fatal(err)
@@ -198,7 +271,7 @@ func benchPropagation(b *testing.B, n int, changes int64, mod func(*Config)) {
 	for _, src := range srcs {
 		src.changes.Store(changes)
 	}
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second * time.Duration(dilate))
 	cpu0 := cpuTime()
 	before := make([]Stats, n)
 	for i, c := range nodes {
@@ -221,7 +294,7 @@ func benchPropagation(b *testing.B, n int, changes int64, mod func(*Config)) {
 		srcs[from].probeV.Store(v)
 		select {
 		case <-done:
-		case <-time.After(10 * time.Second):
+		case <-time.After(10 * time.Second * time.Duration(dilate)):
 			for j, c := range nodes {
 				if j == from || c.View().RemoteInFlight(srcs[from].probe) == v {
 					continue
@@ -247,10 +320,10 @@ func benchPropagation(b *testing.B, n int, changes int64, mod func(*Config)) {
 		payload += s.BytesSent - before[i].BytesSent
 		recv += s.MessagesReceived - before[i].MessagesReceived
 	}
-	perNode := func(x uint64) float64 { return float64(x) / elapsed.Seconds() / float64(n) }
+	perNode := func(x uint64) float64 { return float64(x) * float64(dilate) / elapsed.Seconds() / float64(n) }
 	mu.Lock()
 	defer mu.Unlock()
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / float64(dilate) }
 	b.ReportMetric(ms(percentile(lat, 0.5)), "p50-ms")
 	b.ReportMetric(ms(percentile(lat, 0.99)), "p99-ms")
 	if len(down) > 0 {
@@ -260,8 +333,19 @@ func benchPropagation(b *testing.B, n int, changes int64, mod func(*Config)) {
 	b.ReportMetric(perNode(wire), "wire-B/s/node")
 	b.ReportMetric(perNode(payload), "load-B/s/node")
 	b.ReportMetric(perNode(recv), "msgs-recv/s/node")
-	b.ReportMetric(cpu.Seconds()*1000/elapsed.Seconds()/float64(n), "cpu-ms/s/node")
+	b.ReportMetric(cpu.Seconds()*1000*float64(dilate)/elapsed.Seconds()/float64(n), "cpu-ms/s/node")
 	b.ReportMetric(float64(minMembers), "min-members")
+}
+
+// dilateConfig makes every interval and timeout of cfg k times longer and
+// its change budget k times smaller: time runs k times slower.
+func dilateConfig(cfg *Config, k int) {
+	for _, d := range []*time.Duration{&cfg.PublishInterval, &cfg.ChangeDelay, &cfg.RefreshInterval,
+		&cfg.ExpireAfter, &cfg.EngineExpireAfter, &cfg.PushPullInterval, &cfg.GossipInterval,
+		&cfg.ProbeInterval, &cfg.ProbeTimeout, &cfg.RejoinInterval, &cfg.LeaveTimeout} {
+		*d *= time.Duration(k)
+	}
+	cfg.ChangeBudget = max(1, cfg.ChangeBudget/k)
 }
 
 // cpuTime is the process's user plus system CPU time so far.

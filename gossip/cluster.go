@@ -132,7 +132,6 @@ func New(cfg Config, local LocalSource) (*Mesh, error) {
 		}
 		c.keys = newKeyCache(cfg.Identity)
 		c.st.signed = true
-		c.pub.keepalive = true
 		c.pub.pk.limit = maxPacket - c.sign.overhead()
 		if c.pub.pk.limit < maxPacket/2 {
 			return nil, fmt.Errorf("%w: signatures of %d bytes leave too little room in a packet", ErrIdentity, c.sign.sigMax)
@@ -593,7 +592,8 @@ func (c *Mesh) viewLoop() {
 }
 
 // publishLoop reads this node's figures every ChangeDelay and sends what
-// changed at once; every PublishInterval (to within one ChangeDelay, on
+// changed at once (in a large cluster at most once per changeInterval);
+// every PublishInterval (to within one ChangeDelay, on
 // average exactly) the read is a tick, which also resends recent changes
 // and refreshes. One publish per ChangeDelay at most: a ticker drops the
 // ticks a slow loop misses rather than bunching them.
@@ -605,6 +605,7 @@ func (c *Mesh) publishLoop() {
 	// Half a poll early, so that timer jitter does not push a tick to
 	// the poll after.
 	due := time.Now().Add(every - poll/2)
+	var last time.Time // the last publish
 	for {
 		select {
 		case <-c.stopPub:
@@ -616,14 +617,24 @@ func (c *Mesh) publishLoop() {
 					due = now.Add(every - poll/2) // fell behind: no catching up
 				}
 				pkts = c.pub.next(now)
-			} else {
+			} else if now.Sub(last) >= c.changeInterval()-poll/2 {
 				pkts = c.pub.changes(now)
 			}
 			if len(pkts) > 0 {
 				c.sendAll(pkts)
+				last = now
 			}
 		}
 	}
+}
+
+// changeInterval is the shortest time between two publishes of changes:
+// ChangeDelay, or longer in a cluster so large that every peer's changes
+// at once would exceed ChangeBudget publishes per second at each
+// receiver (Config.ChangeBudget).
+func (c *Mesh) changeInterval() time.Duration {
+	peers := len(*c.sendList.Load())
+	return max(c.cfg.ChangeDelay, min(c.cfg.PublishInterval, time.Duration(peers)*time.Second/time.Duration(c.cfg.ChangeBudget)))
 }
 
 // sendAll signs (with an Identity) and seals every packet once and sends

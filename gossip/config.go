@@ -73,6 +73,14 @@ type Config struct {
 	// at most one publish per ChangeDelay. At most PublishInterval
 	// (equal: changes wait for the next publish). Default 5 ms.
 	ChangeDelay time.Duration
+	// ChangeBudget bounds the publishes of changes per second that every
+	// router together sends to any one router: with n members, a node
+	// sends changes at most once per max(ChangeDelay, (n-1)/ChangeBudget),
+	// so a router's received packets stay bounded as the cluster grows
+	// (changes wait a little longer and share a publish), while a small
+	// cluster keeps ChangeDelay. Ticks (PublishInterval) are not counted.
+	// Default 2,000 per second: ChangeDelay up to 11 routers, 25 ms at 50.
+	ChangeBudget int
 	// RefreshInterval is how often every figure is re-sent even when it did
 	// not change (between refreshes only figures that changed during the
 	// last ResendCount intervals are sent). Default 500 ms.
@@ -162,6 +170,7 @@ func DefaultConfig() Config {
 		BindPort:                defaultPort,
 		PublishInterval:         50 * time.Millisecond,
 		ChangeDelay:             5 * time.Millisecond,
+		ChangeBudget:            2000,
 		RefreshInterval:         500 * time.Millisecond,
 		ResendCount:             3,
 		ExpireAfter:             2 * time.Second,
@@ -230,6 +239,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ProbeTimeout > c.ProbeInterval {
 		return fmt.Errorf("%w: ProbeTimeout exceeds ProbeInterval", ErrInvalidConfig)
+	}
+	if c.ChangeBudget < 1 {
+		return fmt.Errorf("%w: ChangeBudget must be at least 1", ErrInvalidConfig)
 	}
 	if c.ResendCount < 1 {
 		return fmt.Errorf("%w: ResendCount must be at least 1", ErrInvalidConfig)

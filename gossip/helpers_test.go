@@ -332,34 +332,30 @@ type staticSource []BackendLoad
 func (s staticSource) AppendInFlight(dst []BackendLoad) []BackendLoad { return append(dst, s...) }
 
 // checkHealth builds a View and checks its health lists against the
-// figures held per node: every node with a figure for a backend is listed
-// exactly once, as failing or healthy as its figure says.
+// figures held per node: for every backend any node has a figure for,
+// every voting node is listed exactly once, as failing when its figure
+// says so and healthy otherwise, and no other node is listed.
 func checkHealth(t *testing.T, s *state) {
 	t.Helper()
 	s.healthDirty = true
 	v := s.build(nil)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	want := 0
-	for name, n := range s.nodes {
-		for k, e := range n.loads {
-			want++
+	for _, n := range s.nodes {
+		for k := range n.loads {
 			h := v.Health(k)
-			list := h.Healthy
-			if e.failing {
-				list = h.Failing
-			}
-			if !slices.Contains(list, name) {
-				t.Fatalf("node %s, backend %s (failing %v) missing from %+v", name, k, e.failing, h)
+			for name, m := range s.nodes {
+				e := m.loads[k]
+				failing := e != nil && e.failing
+				inF, inH := slices.Contains(h.Failing, name), slices.Contains(h.Healthy, name)
+				switch {
+				case !m.voting && (inF || inH):
+					t.Fatalf("node %s does not vote but is listed for %s: %+v", name, k, h)
+				case m.voting && (inF == inH || inF != failing):
+					t.Fatalf("node %s (failing %v) listed wrongly for %s: %+v", name, failing, k, h)
+				}
 			}
 		}
-	}
-	got := 0
-	for _, h := range v.health {
-		got += len(h.Healthy) + len(h.Failing)
-	}
-	if got != want {
-		t.Fatalf("health lists hold %d entries, nodes hold %d figures", got, want)
 	}
 }
 

@@ -77,6 +77,8 @@ func (c *Mesh) newCollectors() []prometheus.Collector {
 			func() float64 { return float64(len(c.View().members)) }),
 		gauge("oldest_remote_figure_age_seconds", "Age of the oldest in-flight figure from another node still counted.",
 			func() float64 { return c.st.oldestAge(time.Now()).Seconds() }),
+		gauge("change_interval_seconds", "Shortest time between two publishes of changed figures: ChangeDelay, longer in a large cluster (ChangeBudget).",
+			func() float64 { return c.changeInterval().Seconds() }),
 		counter("messages_sent_total", "Load and engine messages sent (one per peer).", c.cnt.msgsSent.Load),
 		counter("bytes_sent_total", "Payload bytes of load and engine messages sent.", c.cnt.bytesSent.Load),
 		counter("messages_received_total", "Load and engine messages and push/pull states received.", c.cnt.msgsRecv.Load),

@@ -15,9 +15,16 @@ import (
 //     within one ChangeDelay plus transit instead of a PublishInterval;
 //   - at every tick, also each figure that changed during the last
 //     `resend` ticks (so a lost packet is repaired at the next tick), the
-//     engine figures that changed, and all figures every refreshTicks
-//     ticks (so receivers keep them fresh and late or lossy receivers
-//     catch up).
+//     engine figures that changed, and every figure that counts
+//     something every refreshTicks ticks (so receivers keep them fresh
+//     and late or lossy receivers catch up).
+//
+// A figure that is 0, not failing and settled (unchanged for two
+// refreshes) is not refreshed: a receiver counts a figure it does not
+// hold as 0, and one it still holds expires. So an idle backend costs
+// nothing on the wire, and a router's refresh carries only the backends
+// it has requests open to (and those that just went idle), however large
+// the fleet.
 //
 // A poll at which nothing changed sends nothing; changes within one
 // ChangeDelay share a publish, so a node sends at most one publish per
@@ -30,9 +37,10 @@ type publisher struct {
 	resend       uint64
 	refreshTicks uint64
 	engineExpire time.Duration
-	// keepalive: every refresh sends a packet even with no figures
-	// (signed mode, where a node that goes quiet may be replaced by an
-	// older run of itself; see state.signedOrder).
+	// keepalive: every refresh sends a packet even with no figures, so
+	// that the other nodes keep counting this one's silence about a
+	// backend as a healthy verdict (View.Health), and, signed, do not
+	// take an older run of it for the live one (state.signedOrder).
 	keepalive bool
 
 	tick        uint64 // ticks so far
@@ -74,6 +82,7 @@ func newPublisher(name string, instance uint64, src LocalSource, cfg *Config) *p
 		engineExpire: cfg.EngineExpireAfter,
 		loads:        make(map[string]*pubLoad),
 		engines:      make(map[string]*pubEngine),
+		keepalive:    true,
 		pk:           packer{limit: maxPacket},
 	}
 }
@@ -130,7 +139,7 @@ func (p *publisher) publish(now time.Time, tick bool) [][]byte {
 				continue
 			}
 		}
-		if e.unsent || (tick && (full || p.tick-e.changed < p.resend)) {
+		if e.unsent || (tick && (p.tick-e.changed < p.resend || full && p.counts(e))) {
 			e.unsent = false
 			p.entry = appendLoad(p.entry[:0], k, e.v)
 			p.health = p.health[:0]
@@ -166,6 +175,14 @@ func (p *publisher) publish(now time.Time, tick bool) [][]byte {
 		p.seq++
 	}
 	return pkts
+}
+
+// counts reports whether a refresh (or a push/pull state) carries e: it
+// counts a request or a failing verdict, or went to 0 within the last
+// two refreshes (so a receiver that lost those packets is repaired
+// before its stale figure would expire).
+func (p *publisher) counts(e *pubLoad) bool {
+	return e.v != 0 || e.failing || p.tick-e.changed < 2*p.refreshTicks
 }
 
 // setEngine records engine stats scraped by this node. Changed figures
@@ -207,7 +224,7 @@ func (p *publisher) ownBlock(dst []byte, now time.Time, chain [][]byte) []byte {
 	p.seq++
 	var loads, engines, health []byte
 	for k, e := range p.loads {
-		if !e.removed {
+		if !e.removed && p.counts(e) {
 			loads = appendLoad(loads, k, e.v)
 			if e.failing {
 				health = appendHealth(health, k, healthFailing)

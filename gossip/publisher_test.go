@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 )
@@ -135,5 +136,110 @@ func TestPublisherEngineOnlyChangesTravel(t *testing.T) {
 	p.setEngine("x", st)
 	if engines() != 1 {
 		t.Fatal("changed figures not sent")
+	}
+}
+
+// TestPublisherSettledZeroNotRefreshed: a figure at 0 travels when it
+// changes and at the refreshes of the next two refresh periods, then no
+// more (receivers count a figure they do not hold as 0), while a
+// figure that counts a request or a failing verdict is refreshed for as
+// long as it does; the push/pull state leaves settled zeros out too.
+func TestPublisherSettledZeroNotRefreshed(t *testing.T) {
+	src := newFakeSource()
+	src.set("busy", 2)
+	src.set("idle", 0)
+	src.setFailing("down", 0, true)
+	cfg := DefaultConfig()
+	cfg.ResendCount = 1
+	cfg.RefreshInterval = 4 * cfg.PublishInterval
+	p := newPublisher("a", 1, src, &cfg)
+	now := time.Now()
+	refreshes := map[int]map[string]int64{}
+	for tick := 1; tick <= 21; tick++ {
+		if tick == 6 {
+			src.set("busy", 0) // the last request ended
+		}
+		if got := sent(t, p.next(now)); tick%4 == 1 {
+			refreshes[tick] = got
+		}
+	}
+	want := map[int]map[string]int64{
+		1:  {"busy": 2, "idle": 0, "down": 0}, // new: everything
+		5:  {"busy": 2, "idle": 0, "down": 0}, // idle changed at tick 1: still within two refreshes
+		9:  {"busy": 0, "down": 0},            // idle settled; busy went to 0 at tick 6
+		13: {"busy": 0, "down": 0},
+		17: {"down": 0}, // busy settled too; the failing verdict stays
+		21: {"down": 0},
+	}
+	for tick, w := range want {
+		if !equalMap(refreshes[tick], w) {
+			t.Errorf("refresh at tick %d sent %v, want %v", tick, refreshes[tick], w)
+		}
+	}
+	var m wireMsg
+	if err := m.decode(append(appendHeader(nil, kindState), p.ownBlock(nil, now, nil)...)); err != nil {
+		t.Fatal(err)
+	}
+	var inState []string
+	for _, l := range m.blocks[0].loads {
+		inState = append(inState, string(l.backend))
+	}
+	if len(inState) != 1 || inState[0] != "down" {
+		t.Errorf("push/pull state carries %v, want only the failing backend", inState)
+	}
+}
+
+// TestChangeInterval: changes go out every ChangeDelay up to the cluster
+// size at which every peer's changes would exceed ChangeBudget publishes
+// per second at a receiver; beyond it the interval grows with the number
+// of peers, up to PublishInterval.
+func TestChangeInterval(t *testing.T) {
+	cfg := DefaultConfig()
+	c := &Mesh{cfg: cfg}
+	for _, tc := range []struct {
+		peers int
+		want  time.Duration
+	}{
+		{0, 5 * time.Millisecond},
+		{2, 5 * time.Millisecond},
+		{10, 5 * time.Millisecond},
+		{19, 9500 * time.Microsecond},
+		{49, 24500 * time.Microsecond},
+		{500, 50 * time.Millisecond},
+	} {
+		list := make([]netip.AddrPort, tc.peers)
+		c.sendList.Store(&list)
+		if got := c.changeInterval(); got != tc.want {
+			t.Errorf("%d peers: interval %v, want %v", tc.peers, got, tc.want)
+		}
+	}
+}
+
+// TestPublisherKeepalive: a node with nothing to refresh still sends one
+// bare packet at every refresh, so the others keep counting its silence
+// about a backend as a healthy verdict (View.Health).
+func TestPublisherKeepalive(t *testing.T) {
+	src := newFakeSource()
+	src.set("idle", 0)
+	cfg := DefaultConfig()
+	cfg.RefreshInterval = 2 * cfg.PublishInterval
+	p := newPublisher("a", 1, src, &cfg)
+	now := time.Now()
+	for tick := 1; tick <= 12; tick++ {
+		got := sent(t, p.next(now))
+		switch {
+		case tick <= 3: // new, resent, and refreshed within two refreshes
+			if v, ok := got["idle"]; !ok || v != 0 || len(got) != 1 {
+				t.Errorf("tick %d sent %v", tick, got)
+			}
+		case tick%2 == 1: // a refresh: a keepalive without figures
+			if got == nil || len(got) != 0 {
+				t.Errorf("refresh at tick %d sent %v, want a bare packet", tick, got)
+			}
+		default:
+			if got != nil {
+				t.Errorf("tick %d sent %v, want nothing", tick, got)
+			}
+		}
 	}
 }

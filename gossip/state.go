@@ -49,6 +49,9 @@ type remoteNode struct {
 	instance  uint64
 	closed    bool // said bye in this instance
 	lastHeard time.Time
+	// voting: heard from within expire and not gone: its silence about a
+	// backend says the backend is healthy (see View.Health).
+	voting bool
 	loads     map[string]*loadEntry
 	engines   map[string]*EngineStats
 	// The node's last tagParts section: its ring's partition count, its
@@ -115,6 +118,7 @@ func (s *state) leave(name string) (saidBye bool) {
 	if n, ok := s.nodes[name]; ok {
 		saidBye = n.closed
 		s.resetNode(n)
+		s.silence(n)
 		delete(s.nodes, name)
 	}
 	return saidBye
@@ -281,10 +285,11 @@ func (s *state) applySigned(kind byte, blk *wireBlock, now time.Time) {
 	}
 	if kind == kindBye {
 		s.resetNode(n)
+		s.silence(n)
 		n.closed = true
 		return
 	}
-	n.lastHeard = now
+	s.heard(n, now)
 	s.applyFigures(n, blk, now)
 }
 
@@ -299,6 +304,7 @@ func (s *state) bye(blk *wireBlock) {
 		return
 	}
 	s.resetNode(n)
+	s.silence(n)
 	n.instance = blk.instance
 	n.closed = true
 }
@@ -327,8 +333,29 @@ func (s *state) applyBlock(blk *wireBlock, now time.Time) {
 		s.stale++
 		return
 	}
-	n.lastHeard = now
+	if !blk.relays {
+		s.heard(n, now)
+	} else {
+		n.lastHeard = now
+	}
 	s.applyFigures(n, blk, now)
+}
+
+// heard notes that n spoke at now: it votes on backends' health.
+func (s *state) heard(n *remoteNode, now time.Time) {
+	n.lastHeard = now
+	if !n.voting {
+		n.voting = true
+		s.healthDirty = true
+	}
+}
+
+// silence takes n's votes away (it said bye, or its run changed).
+func (s *state) silence(n *remoteNode) {
+	if n.voting {
+		n.voting = false
+		s.healthDirty = true
+	}
 }
 
 // validEngine reports whether engine figures are in range: finite, usage
@@ -367,7 +394,7 @@ func (s *state) applyFigures(n *remoteNode, blk *wireBlock, now time.Time) {
 				continue
 			}
 			key := string(l.backend)
-			n.loads[key] = &loadEntry{v: l.inFlight, failing: l.failing, seq: l.seq, at: at, agg: s.addFigure(key, l.inFlight)}
+			n.loads[key] = &loadEntry{v: l.inFlight, failing: l.failing, seq: l.seq, at: at, agg: s.addFigure(key, l.inFlight, l.failing)}
 			continue
 		}
 		switch {
@@ -452,9 +479,9 @@ func sameEngine(a, b EngineStats) bool {
 		a.PrefixHitRate == b.PrefixHitRate && a.Known == b.Known && a.OK == b.OK
 }
 
-// addFigure adds a new figure v for backend key and returns the
-// backend's sum.
-func (s *state) addFigure(key string, v int64) *agg {
+// addFigure adds a new figure v for backend key, failing or not, and
+// returns the backend's sum.
+func (s *state) addFigure(key string, v int64, failing bool) *agg {
 	a := s.sums[key]
 	if a == nil {
 		a = &agg{key: key, slot: len(s.slots)}
@@ -464,7 +491,10 @@ func (s *state) addFigure(key string, v int64) *agg {
 	}
 	a.sum += v
 	a.n++
-	s.loadDirty, s.healthDirty = true, true
+	s.loadDirty = true
+	if failing {
+		s.healthDirty = true
+	}
 	return a
 }
 
@@ -478,7 +508,10 @@ func (s *state) removeFigure(e *loadEntry) {
 		s.slots[a.slot] = nil
 		s.indexDirty = true
 	}
-	s.loadDirty, s.healthDirty = true, true
+	s.loadDirty = true
+	if e.failing {
+		s.healthDirty = true
+	}
 }
 
 func (s *state) resetNode(n *remoteNode) {
@@ -512,6 +545,9 @@ func (s *state) sweep(now time.Time) {
 		if n.proven && !now.Before(n.provenUntil) {
 			n.proven = false
 			s.memberDirty = true
+		}
+		if n.voting && now.Sub(n.lastHeard) > s.expire {
+			s.silence(n)
 		}
 		for k, e := range n.loads {
 			if now.Sub(e.at) > s.expire {
@@ -586,21 +622,22 @@ func (s *state) build(prev *View) *View {
 		}
 	}
 	if s.healthDirty || prev == nil {
-		v.health = make(map[string]BackendHealth)
+		v.failing = make(map[string][]string)
+		v.voters = nil
 		for name, n := range s.nodes {
+			if !n.voting {
+				continue
+			}
+			v.voters = append(v.voters, name)
 			for k, e := range n.loads {
-				h := v.health[k]
 				if e.failing {
-					h.Failing = append(h.Failing, name)
-				} else {
-					h.Healthy = append(h.Healthy, name)
+					v.failing[k] = append(v.failing[k], name)
 				}
-				v.health[k] = h
 			}
 		}
-		for _, h := range v.health {
-			slices.Sort(h.Healthy)
-			slices.Sort(h.Failing)
+		slices.Sort(v.voters)
+		for _, f := range v.failing {
+			slices.Sort(f)
 		}
 		v.healthVersion = v.version
 	}

@@ -16,14 +16,21 @@ type View struct {
 	engine  map[string]EngineStats
 	members []string // sorted, self included
 
-	health        map[string]BackendHealth
+	// failing: backend -> the other nodes whose fresh figure says it is
+	// failing, sorted; voters: the other nodes heard from within
+	// ExpireAfter, sorted (see Health).
+	failing       map[string][]string
+	voters        []string
 	healthVersion uint64 // version of the View that last changed health
 }
 
 // BackendHealth is how the other live nodes see one backend: the names of
-// those whose latest figure says it is failing and of those that say it is
-// healthy, each sorted. A node with no fresh figure for the backend is in
-// neither. The slices belong to the View and must not be modified.
+// those whose latest figure says it is failing and of those that see it
+// healthy, each sorted. A node sends figures only for the backends it has
+// requests open to or sees failing (an idle backend costs nothing on the
+// wire), so every other node heard from within ExpireAfter that does not
+// say the backend is failing sees it healthy; a node not heard from that
+// long is in neither. The slices must not be modified.
 type BackendHealth struct {
 	Healthy []string
 	Failing []string
@@ -39,8 +46,19 @@ func (v *View) RemoteInFlight(backend string) int64 {
 	return 0
 }
 
-// Health returns how the other live nodes see backend.
-func (v *View) Health(backend string) BackendHealth { return v.health[backend] }
+// Health returns how the other live nodes see backend. It allocates the
+// Healthy list: for the Raft leader's verdicts and the admin API, not for
+// a request's path.
+func (v *View) Health(backend string) BackendHealth {
+	f := v.failing[backend]
+	h := BackendHealth{Failing: f}
+	for _, name := range v.voters {
+		if !slices.Contains(f, name) {
+			h.Healthy = append(h.Healthy, name)
+		}
+	}
+	return h
+}
 
 // HealthVersion changes whenever any node's view of any backend's health
 // changes, or a node starts or stops reporting on a backend.
