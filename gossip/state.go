@@ -49,9 +49,11 @@ type remoteNode struct {
 	instance  uint64
 	closed    bool // said bye in this instance
 	lastHeard time.Time
-	// voting: heard from within expire and not gone: its silence about a
-	// backend says the backend is healthy (see View.Health).
-	voting bool
+	// voting: heard from directly (not through another node's push/pull
+	// relay) within expire, at directAt, and not gone: its silence about
+	// a backend says the backend is healthy (see View.Health).
+	voting   bool
+	directAt time.Time
 	loads     map[string]*loadEntry
 	engines   map[string]*EngineStats
 	// The node's last tagParts section: its ring's partition count, its
@@ -333,24 +335,24 @@ func (s *state) applyBlock(blk *wireBlock, now time.Time) {
 		s.stale++
 		return
 	}
+	n.lastHeard = now
 	if !blk.relays {
 		s.heard(n, now)
-	} else {
-		n.lastHeard = now
 	}
 	s.applyFigures(n, blk, now)
 }
 
-// heard notes that n spoke at now: it votes on backends' health.
+// heard notes that n spoke to this node at now: it votes on backends'
+// health.
 func (s *state) heard(n *remoteNode, now time.Time) {
-	n.lastHeard = now
+	n.lastHeard, n.directAt = now, now
 	if !n.voting {
 		n.voting = true
 		s.healthDirty = true
 	}
 }
 
-// silence takes n's votes away (it said bye, or its run changed).
+// silence takes n's votes away (it said bye, left, or went quiet).
 func (s *state) silence(n *remoteNode) {
 	if n.voting {
 		n.voting = false
@@ -546,7 +548,7 @@ func (s *state) sweep(now time.Time) {
 			n.proven = false
 			s.memberDirty = true
 		}
-		if n.voting && now.Sub(n.lastHeard) > s.expire {
+		if n.voting && now.Sub(n.directAt) > s.expire {
 			s.silence(n)
 		}
 		for k, e := range n.loads {
