@@ -92,8 +92,11 @@ type backend struct {
 	ejectedUntil healthTime
 	connFails    atomic.Int32
 	// relayConns counts the upstream connections of relayed streams
-	// (relay.go), which MaxConnsPerBackend bounds with the client's.
+	// (relay.go), idle ones included (relaypool.go), which
+	// MaxConnsPerBackend bounds with the client's.
 	relayConns atomic.Int64
+	// idleUps are the relay's idle connections to this backend.
+	idleUps upPool
 	// totals lists the fleet totals this backend's counts and health feed
 	// (loads.go): every change of inflight, remote, probeDown or
 	// ejectedUntil reaches them. totalsMu serialises building the totals
@@ -232,10 +235,16 @@ func newDialer(cfg *Config) fasthttp.DialFuncWithTimeout {
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true)
 		}
-		uc := &upstreamConn{Conn: c, first: first, idle: idle, d: rawio.NewDeferredWrite(c, first)}
-		uc.laddr = upstreamAddr{Addr: c.LocalAddr(), c: uc}
-		return uc, nil
+		return newUpstreamConn(c, first, idle), nil
 	}
+}
+
+// newUpstreamConn wraps c, a connection to a backend, with the first-byte
+// deadline first and the idle deadline idle.
+func newUpstreamConn(c net.Conn, first, idle time.Duration) *upstreamConn {
+	uc := &upstreamConn{Conn: c, first: first, idle: idle, d: rawio.NewDeferredWrite(c, first)}
+	uc.laddr = upstreamAddr{Addr: c.LocalAddr(), c: uc}
+	return uc
 }
 
 // errStaleConn: a pooled connection was closed by the backend while idle.

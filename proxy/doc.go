@@ -16,6 +16,14 @@
 // mid-stream closes the upstream connection so the engine stops generating,
 // and is counted. Errors are OpenAI-style JSON.
 //
+// On Linux, a streamed answer passes on the relay's event loops
+// (internal/relay) once its headers are known, without a goroutine or
+// buffers of its own (relay.go). Its request goes out on an idle
+// connection an earlier relayed stream left to the backend when there is
+// one (relaypool.go: kept after a body that ended cleanly, at most 64 per
+// backend, checked before reuse, closed after IdleConnTimeout), so the
+// stream's first event does not wait for a connect.
+//
 // On Linux, client and upstream sockets are read and written with raw
 // system calls (internal/rawio): no thread hand-offs around socket I/O, the
 // request written with the first read of its answer, read deadlines handed

@@ -94,6 +94,7 @@ type Proxy struct {
 	server        *fasthttp.Server
 	proberStarted bool             // guarded by mu
 	trimStarted   bool             // guarded by mu
+	sweepStarted  bool             // guarded by mu: startIdleSweep ran
 	shutdown      bool             // guarded by mu: Shutdown was called
 	listeners     []clientListener // guarded by mu: what Serve serves on
 
@@ -206,6 +207,13 @@ func (p *Proxy) SetRing(r *ring.Ring, epoch uint64) error {
 		}
 		t.bs[i] = b
 		next[rb.ID] = b
+	}
+	for id, b := range p.backends {
+		if next[id] != b {
+			// Gone from the proxy: its streams end on their own, and
+			// their upstream connections are closed rather than kept.
+			b.closeIdleUps()
+		}
 	}
 	p.backends = next
 	if h := p.partHits.Load(); h == nil || len(*h) != r.Partitions() {
@@ -410,6 +418,7 @@ func (p *Proxy) Serve(ln net.Listener) error {
 	p.mu.Unlock()
 	p.startProber()
 	p.startTrimmer()
+	p.startIdleSweep()
 	err := p.server.Serve(cl)
 	if errors.Is(err, net.ErrClosed) {
 		return nil
@@ -419,8 +428,8 @@ func (p *Proxy) Serve(ln net.Listener) error {
 
 // Shutdown stops accepting connections and waits, until ctx ends, for open
 // requests and streams to finish; then it closes what is left, and the idle
-// upstream connections. It stops the health checks. Safe to call more than
-// once.
+// upstream connections (the relay's too). It stops the health checks. Safe
+// to call more than once.
 func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.stopOnce.Do(func() { close(p.stop) })
 	p.mu.Lock()
@@ -449,6 +458,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.mu.Lock()
 	for _, b := range p.backends {
 		b.client.CloseIdleConnections()
+		b.closeIdleUps()
 	}
 	p.mu.Unlock()
 	return err

@@ -18,13 +18,16 @@ import (
 // A streamed answer that a plain-TCP HTTP/1.1 client asked for from a
 // plain-HTTP backend goes through the relay
 // (internal/relay) once its headers are known: the request is sent on a
-// connection of its own (exchangeHead), the client gets the answer's
-// headers, and both connections' descriptors move to an event loop, which
-// passes the body as it comes. The request's goroutine, its buffers and
-// the fasthttp request and response are released at once, so an open
-// stream costs a small struct (relayStream) and its sockets' kernel
-// buffers. When the body ended, the client connection comes back to the
-// server for its next request (serveAgain). An answer that turns out not to
+// connection outside the backend's fasthttp pool (exchangeHead: an idle
+// one an earlier relayed stream left, relaypool.go, or a new one), the
+// client gets the answer's headers, and both connections' descriptors move
+// to an event loop, which passes the body as it comes. The request's
+// goroutine, its buffers and the fasthttp request and response are
+// released at once, so an open stream costs a small struct (relayStream)
+// and its sockets' kernel buffers. When the body ended, the client
+// connection comes back to the server for its next request (serveAgain),
+// and the upstream one, when it may carry another request, to the
+// backend's idle relay connections. An answer that turns out not to
 // be chunked is passed by the goroutine path on the exchange's connection.
 // Every other stream takes the goroutine path
 // (trackedStream).
@@ -41,6 +44,9 @@ type relayStream struct {
 	br     *bufio.Reader // the upstream's reader, until the hand-over
 	head   []byte        // the answer's headers for the client
 	sse    bool
+	// keepUp: the upstream connection may carry another request after the
+	// answer (HTTP/1.1, no Connection: close, a plain final status).
+	keepUp bool
 	// keepAlive: the client connection serves its next request after the
 	// stream (not when it asked to close).
 	keepAlive bool
@@ -61,7 +67,11 @@ func (p *Proxy) relayable(ctx *fasthttp.RequestCtx, st *reqState, b *backend) (*
 		return nil, false
 	}
 	rc, ok := ctx.Conn().(*rawConn)
-	if !ok || b.client.ConnsCount()+int(b.relayConns.Load()) >= p.cfg.MaxConnsPerBackend {
+	if !ok {
+		return nil, false
+	}
+	// At the bound, an idle relay connection (counted) may still be used.
+	if b.client.ConnsCount()+int(b.relayConns.Load()) >= p.cfg.MaxConnsPerBackend && b.idleUps.n.Load() == 0 {
 		return nil, false
 	}
 	return rc, true
@@ -91,6 +101,7 @@ func (p *Proxy) forwardRelayed(ctx *fasthttp.RequestCtx, st *reqState, b *backen
 	rs := p.relayed.Get().(*relayStream)
 	*rs = relayStream{p: p, b: b, sent: sent, client: rc, up: uc, br: br, head: rs.head[:0],
 		sse:       bytes.HasPrefix(up.Header.ContentType(), strEventStream),
+		keepUp:    up.Header.IsHTTP11() && !up.Header.ConnectionClose() && !uc.noReuse.Load(),
 		keepAlive: !ctx.Request.Header.ConnectionClose()}
 	rs.usage.begin(&up.Header)
 	if p.observing {
@@ -162,39 +173,77 @@ func (e *exchangeBody) CloseWithError(error) error {
 	return e.p.closeExchange(e.b, e.uc, e.br)
 }
 
-// exchangeHead sends req to b on a new connection and reads the answer's
-// headers into up (interim 1xx answers skipped). The connection counts in
+// exchangeHead sends req to b and reads the answer's headers into up
+// (interim 1xx answers skipped), on an idle relay connection of b when
+// there is one, otherwise on a new connection. The connection counts in
 // b.relayConns until dropUpstream or the stream's end.
+//
+// An idle connection was checked (takeIdleUp), but the backend may still
+// close it as the request goes out (its own keep-alive timeout): when
+// writing the request or reading the answer on a reused connection fails
+// with no byte of the answer arrived, and not by a deadline, the request
+// was not answered and goes out once more, on a new connection, as
+// fasthttp does on its pooled connections.
 func (p *Proxy) exchangeHead(b *backend, req *fasthttp.Request, up *fasthttp.Response) (*upstreamConn, *bufio.Reader, error) {
+	reuse := true
+	for {
+		uc, reused, err := p.relayConn(b, reuse)
+		if err != nil {
+			return nil, nil, err
+		}
+		br, err := p.writeReadHead(uc, req, up)
+		if err == nil {
+			return uc, br, nil
+		}
+		p.closeExchange(b, uc, br)
+		err = upstreamReadErr(err)
+		if !reused || uc.used || errors.Is(err, fasthttp.ErrTimeout) {
+			return nil, nil, err
+		}
+		reuse = false
+	}
+}
+
+// relayConn returns a connection to b for exchangeHead: an idle relay
+// connection when reuse is set and b has one (reused), or a new one. It
+// counts in b.relayConns.
+func (p *Proxy) relayConn(b *backend, reuse bool) (uc *upstreamConn, reused bool, err error) {
+	if reuse {
+		if fd := b.takeIdleUp(time.Now().UnixNano(), p.cfg.IdleConnTimeout); fd >= 0 {
+			return newUpstreamConn(relay.Resume(fd), p.cfg.FirstByteTimeout, p.cfg.StreamIdleTimeout), true, nil
+		}
+	}
 	c, err := b.client.DialTimeout(b.target.HostPort, p.cfg.ConnectTimeout)
 	if err != nil {
-		return nil, nil, err
+		return nil, false, err
 	}
 	uc, ok := c.(*upstreamConn)
 	if !ok {
 		c.Close()
-		return nil, nil, errors.New("upstream connection of an unexpected type")
+		return nil, false, errors.New("upstream connection of an unexpected type")
 	}
 	b.relayConns.Add(1)
+	return uc, false, nil
+}
+
+// writeReadHead writes req on uc and reads the answer's head into up. The
+// reader it returns (nil when the write failed) holds what was read past
+// the head.
+func (p *Proxy) writeReadHead(uc *upstreamConn, req *fasthttp.Request, up *fasthttp.Response) (*bufio.Reader, error) {
 	bw := p.writers.Get().(*bufio.Writer)
 	bw.Reset(uc)
-	err = req.Write(bw)
+	err := req.Write(bw)
 	if err == nil {
 		err = bw.Flush()
 	}
 	bw.Reset(nil)
 	p.writers.Put(bw)
-	var br *bufio.Reader
-	if err == nil {
-		br = p.readers.Get().(*bufio.Reader)
-		br.Reset(uc)
-		err = readFinalHead(up, br)
-	}
 	if err != nil {
-		p.closeExchange(b, uc, br)
-		return nil, nil, upstreamReadErr(err)
+		return nil, err
 	}
-	return uc, br, nil
+	br := p.readers.Get().(*bufio.Reader)
+	br.Reset(uc)
+	return br, readFinalHead(up, br)
 }
 
 // readFinalHead reads a response head, skipping interim (1xx) ones except
@@ -260,11 +309,11 @@ func (rs *relayStream) hijacked(c net.Conn) {
 		if ufd >= 0 {
 			relay.CloseFD(ufd)
 		}
-		rs.End(relay.Result{Outcome: relay.Stopped, Client: -1, Err: errors.Join(cerr, uerr)})
+		rs.End(relay.Result{Outcome: relay.Stopped, Client: -1, Up: -1, Err: errors.Join(cerr, uerr)})
 		return
 	}
-	if err := p.relay.Start(relay.Spec{Up: ufd, Client: cfd, Head: rs.head, In: in, SSE: rs.sse, Obs: rs}); err != nil {
-		rs.End(relay.Result{Outcome: relay.Stopped, Client: -1, Err: err})
+	if err := p.relay.Start(relay.Spec{Up: ufd, Client: cfd, Head: rs.head, In: in, SSE: rs.sse, KeepUp: rs.keepUp, Obs: rs}); err != nil {
+		rs.End(relay.Result{Outcome: relay.Stopped, Client: -1, Up: -1, Err: err})
 	}
 }
 
@@ -305,7 +354,11 @@ func (rs *relayStream) End(r relay.Result) {
 	case relay.ClientGone, relay.Stopped:
 		b.m.aborts.Inc()
 	}
-	b.relayConns.Add(-1)
+	if r.Up >= 0 {
+		b.putIdleUp(r.Up, time.Now().UnixNano(), p.cfg.idleUpLimit())
+	} else {
+		b.relayConns.Add(-1)
+	}
 	b.inflight.Add(-1)
 	u := rs.usage.report()
 	b.m.countUsage(u)

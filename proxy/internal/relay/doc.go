@@ -25,7 +25,10 @@
 // event (Config.ErrorEvent) and a clean end go to the client, inside an
 // event the client connection is cut. When the body ended, the client's
 // descriptor is given back to the caller (Result.Client) to serve its next
-// request.
+// request; so is the upstream's (Result.Up) when the caller said it may
+// carry another request (Spec.KeepUp) and its body ended exactly at the
+// last chunk, for the caller to keep as an idle connection (Quiet checks
+// one before reuse).
 //
 // Loops run on Linux; elsewhere New returns nil and the caller keeps its
 // goroutine per stream.

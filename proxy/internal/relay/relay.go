@@ -37,6 +37,11 @@ type Spec struct {
 	// SSE: the body is an event stream, which may be ended with
 	// Config.ErrorEvent when the upstream fails between two events.
 	SSE bool
+	// KeepUp: the upstream connection may carry another request after
+	// this answer (HTTP/1.1, no Connection: close), so when the body
+	// ends cleanly its descriptor is given back (Result.Up) instead of
+	// closed.
+	KeepUp bool
 	// Obs hears the body and the end.
 	Obs Observer
 }
@@ -84,6 +89,12 @@ type Result struct {
 	// event): the caller owns it and may serve its next request. -1 when
 	// the relay closed it.
 	Client int
+	// Up is the upstream's descriptor when Spec.KeepUp was set and the
+	// stream is Complete with the upstream's body read exactly to its end
+	// (the last chunk and the trailers, no byte after them): the caller
+	// owns it and may send its next request on it. -1 when the relay
+	// closed it.
+	Up int
 	// TimedOut: UpstreamFailed because the upstream stayed silent past
 	// UpstreamIdle.
 	TimedOut bool

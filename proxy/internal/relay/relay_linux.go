@@ -180,6 +180,44 @@ func Attach(fd int) (net.Conn, error) {
 // CloseFD closes a descriptor the relay gave back.
 func CloseFD(fd int) { unix.Close(fd) }
 
+// Resume makes a net.Conn of an upstream descriptor the relay gave back
+// (Result.Up), for the next request on it, and owns the descriptor from
+// then on. It is cheaper than Attach, whose net.FileConn duplicates the
+// descriptor and asks the kernel for the socket's type and both addresses
+// (a dozen system calls, on the way to a stream's first event): the
+// descriptor is taken as it is, as an *os.File on the runtime poller (two
+// system calls), and the connection reports no addresses.
+func Resume(fd int) net.Conn { return resumed{os.NewFile(uintptr(fd), "upstream")} }
+
+// resumed is a socket as an *os.File, which reads, writes, takes deadlines
+// and gives its descriptor (SyscallConn, so Detach works on it) as a
+// net.Conn does.
+type resumed struct{ *os.File }
+
+// LocalAddr is not known: nil.
+func (resumed) LocalAddr() net.Addr { return nil }
+
+// RemoteAddr is not known: nil.
+func (resumed) RemoteAddr() net.Addr { return nil }
+
+// Quiet reports whether the idle connection fd (an upstream the relay
+// gave back) may carry a request: a non-blocking MSG_PEEK recv finds
+// nothing to read (EAGAIN). EOF, a reset or bytes nobody asked for (the
+// peer closed it, or sent past its answer) make it unusable.
+func Quiet(fd int) bool {
+	var b [1]byte
+	for {
+		_, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), 1, syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+		switch e {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return true
+		}
+		return false
+	}
+}
+
 // stream is one relayed stream; only its loop touches it.
 type stream struct {
 	spec    Spec
@@ -189,6 +227,10 @@ type stream struct {
 	pending []byte // bytes the client has not taken yet
 	upOn    bool   // the upstream is in the epoll set
 	sawData bool
+	// upClean: the upstream's body ended exactly where its last read did
+	// (nothing after the trailers): its connection is at a message
+	// boundary and may be given back (Result.Up).
+	upClean bool
 	tail    [2]byte // the last two body bytes
 	lastUp  int64   // when the upstream last sent (loop clock)
 	stalled int64   // when pending last made progress
@@ -474,6 +516,7 @@ func (l *loop) consume(s *stream, head, in []byte) bool {
 	if err == nil && done && used < len(in) {
 		err = ErrAfterFinal // the body is whole; the extra bytes are dropped with the connection
 	}
+	s.upClean = done && err == nil
 	l.out = out[:0]
 	switch {
 	case done:
@@ -644,10 +687,16 @@ func (l *loop) stopAll(err error) {
 	}
 }
 
-// endStream closes what the stream no longer needs and tells its
-// observer.
+// endStream closes what the stream no longer needs (the upstream unless
+// it is given back, see Result.Up) and tells its observer. The upstream is
+// out of the loop's epoll set by then (finish), or never was in it.
 func (r *Relay) endStream(s *stream, res Result) {
-	unix.Close(s.spec.Up)
+	res.Up = -1
+	if s.spec.KeepUp && s.upClean && res.Outcome == Complete {
+		res.Up = s.spec.Up
+	} else {
+		unix.Close(s.spec.Up)
+	}
 	if res.Client < 0 {
 		unix.Close(s.spec.Client)
 	}

@@ -391,3 +391,80 @@ func TestRelayManyStreams(t *testing.T) {
 		}
 	}
 }
+
+// With KeepUp, an upstream whose body ended exactly at its last chunk is
+// given back (Result.Up), out of the loop's epoll set, at a message
+// boundary and open; Quiet says it may carry a request until its peer
+// sends or closes. Without KeepUp, with bytes after the body, or after a
+// failure it is closed.
+func TestRelayGivesTheUpstreamBack(t *testing.T) {
+	r := newTestRelay(t, Config{Loops: 1})
+	body := appendChunk(nil, []byte("data: a\n\n"))
+	cases := []struct {
+		name   string
+		keep   bool
+		send   []byte
+		closes bool // the upstream closes after sending
+		given  bool
+	}{
+		{"clean end", true, append(append([]byte(nil), body...), "0\r\nX-T: 1\r\n\r\n"...), false, true},
+		{"not kept", false, append(append([]byte(nil), body...), lastChunk...), false, false},
+		{"bytes after the end", true, append(append(append([]byte(nil), body...), lastChunk...), "HTTP/1.1 200"...), false, false},
+		{"early end", true, body, true, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			up, upFD := pair(t)
+			cl, clFD := pair(t)
+			rec := newRecorder()
+			if err := r.Start(Spec{Up: upFD, Client: clFD, SSE: true, KeepUp: tc.keep, Obs: rec}); err != nil {
+				t.Fatal(err)
+			}
+			up.Write(tc.send)
+			if tc.closes {
+				up.Close()
+			}
+			readBody(t, bufio.NewReader(cl))
+			res := rec.wait(t)
+			if res.Client >= 0 {
+				CloseFD(res.Client)
+			}
+			if !tc.given {
+				if res.Up != -1 {
+					CloseFD(res.Up)
+					t.Fatalf("result %+v: want the upstream closed", res)
+				}
+				return
+			}
+			if res.Outcome != Complete || res.Up < 0 {
+				t.Fatalf("result %+v: want the upstream given back", res)
+			}
+			if !Quiet(res.Up) {
+				t.Fatal("a given-back upstream with nothing to read is not quiet")
+			}
+			up.Write([]byte("x"))
+			deadline := time.Now().Add(5 * time.Second)
+			for Quiet(res.Up) && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			if Quiet(res.Up) {
+				t.Fatal("a given-back upstream with a byte to read is quiet")
+			}
+			c, err := Attach(res.Up)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			buf := make([]byte, 1)
+			if _, err := io.ReadFull(c, buf); err != nil || buf[0] != 'x' {
+				t.Fatalf("read %q, %v on the given-back upstream", buf, err)
+			}
+			up.Close()
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := c.Read(buf); err != io.EOF {
+				t.Fatalf("after the peer closed: %v, want EOF", err)
+			}
+		})
+	}
+}

@@ -33,3 +33,9 @@ func Attach(int) (net.Conn, error) { return nil, ErrUnsupported }
 
 // CloseFD is not supported here.
 func CloseFD(int) {}
+
+// Resume is not reached (New returned nil).
+func Resume(int) net.Conn { return nil }
+
+// Quiet is not supported here: false.
+func Quiet(int) bool { return false }
