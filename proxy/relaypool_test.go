@@ -308,13 +308,10 @@ func TestRelayIdleUpstreamClosedOnRemovalAndShutdown(t *testing.T) {
 	waitFor(t, func() bool { return other.ended.Load() == 1 }, "the idle connection closed at Shutdown")
 	waitIdle(t, ob, 0, 0)
 	// Shutdown closed the idle connection (and the stub its end), the
-	// listener and each relay loop's epoll set and eventfd, and nothing
-	// else.
+	// listener and each relay loop's epoll set and eventfd. (At most:
+	// what earlier tests left may close meanwhile.)
 	want := before - 3 - 2*min(runtime.GOMAXPROCS(0), 8)
 	waitFor(t, func() bool { return fds() <= want }, "the descriptors closed")
-	if got := fds(); got != want {
-		t.Fatalf("%d descriptors open after Shutdown, want %d", got, want)
-	}
 }
 
 // expectClosed checks that the peer of fd closed its end (a reset when it
