@@ -26,6 +26,9 @@ type reqState struct {
 	// scratch holds Connection field options while hop-by-hop fields are
 	// removed.
 	scratch []byte
+	// clientClose: the client asked to close its connection after this
+	// request (read before the hop-by-hop fields are removed).
+	clientClose bool
 }
 
 var _ ring.Loads = (*reqState)(nil)
@@ -34,6 +37,7 @@ var _ ring.Loads = (*reqState)(nil)
 func (s *reqState) reset(t *table, now time.Time) {
 	s.t = t
 	s.now = now.UnixNano()
+	s.clientClose = false
 	n := (len(t.bs) + 63) / 64
 	if cap(s.tried) < n {
 		s.tried = make([]uint64, n)
@@ -339,6 +343,7 @@ func badRequestCode(err error) string {
 // removed on the way: the server reads it after the handler.
 func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, st *reqState, rt route, start time.Time, stream bool) {
 	clientClose := ctx.Request.Header.ConnectionClose()
+	st.clientClose = clientClose
 	if p.prepareUpstream(ctx, st, rt) {
 		p.send(ctx, st, rt, start, stream)
 	}

@@ -102,7 +102,7 @@ func (p *Proxy) forwardRelayed(ctx *fasthttp.RequestCtx, st *reqState, b *backen
 	*rs = relayStream{p: p, b: b, sent: sent, client: rc, up: uc, br: br, head: rs.head[:0],
 		sse:       bytes.HasPrefix(up.Header.ContentType(), strEventStream),
 		keepUp:    up.Header.IsHTTP11() && !up.Header.ConnectionClose() && !uc.noReuse.Load(),
-		keepAlive: !ctx.Request.Header.ConnectionClose()}
+		keepAlive: !st.clientClose}
 	rs.usage.begin(&up.Header)
 	if p.observing {
 		rs.obs = takeStreamObs(&st.obs, up.StatusCode())

@@ -109,6 +109,28 @@ func TestRelayedStreamKeepsTheConnection(t *testing.T) {
 	}
 }
 
+// A client that asked to close its connection after a relayed stream gets
+// Connection: close on the answer, and the connection ends with the
+// stream instead of serving again.
+func TestRelayedStreamClientClose(t *testing.T) {
+	stub := newRawStub(t)
+	h := relayHarness(t, stub.url())
+	c := newRawClient(t, strings.TrimPrefix(h.url, "http://"))
+	req := bytes.Replace(chatRequest(1<<10, true), []byte("Host: bench\r\n"), []byte("Host: bench\r\nConnection: close\r\n"), 1)
+	head, body, err := c.do(req)
+	if err != nil || !bytes.HasPrefix(head, []byte("HTTP/1.1 200")) || !bytes.Contains(body, []byte("data: [DONE]")) {
+		t.Fatalf("stream: %v %q %q", err, head, body)
+	}
+	if !bytes.Contains(bytes.ToLower(head), []byte("connection: close")) {
+		t.Errorf("answer head lacks Connection: close: %q", head)
+	}
+	c.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := c.br.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("after the stream the connection read %d bytes, %v; want it closed (EOF)", n, err)
+	}
+	waitFor(t, func() bool { return h.p.open.Load() == 0 && h.p.relay.Active() == 0 }, "the connection counted closed")
+}
+
 // While a stream is open it is on the relay, not a goroutine; when the
 // client leaves, the backend's connection is closed (the engine stops).
 func TestRelayedStreamClientLeaves(t *testing.T) {
