@@ -54,8 +54,8 @@ type remoteNode struct {
 	// a backend says the backend is healthy (see View.Health).
 	voting   bool
 	directAt time.Time
-	loads     map[string]*loadEntry
-	engines   map[string]*EngineStats
+	loads    map[string]*loadEntry
+	engines  map[string]*EngineStats
 	// The node's last tagParts section: its ring's partition count, its
 	// busiest partitions, and when it arrived.
 	parts   uint64
