@@ -144,7 +144,7 @@ func New(cfg Config, local LocalSource) (*Mesh, error) {
 		}
 	}
 	meta := cfg.Meta
-	meta.Wire = wireVersion
+	meta.Wire, meta.Votes = wireVersion, silenceVotes
 	mb, err := encodeMeta(meta)
 	if err != nil {
 		return nil, err
@@ -358,7 +358,7 @@ func (c *Mesh) Name() string { return c.cfg.NodeName }
 
 // SetMeta changes the metadata this node advertises and gossips it.
 func (c *Mesh) SetMeta(m Meta) error {
-	m.Wire = wireVersion
+	m.Wire, m.Votes = wireVersion, silenceVotes
 	b, err := encodeMeta(m)
 	if err != nil {
 		return err
@@ -997,4 +997,24 @@ func (c *Mesh) setPeer(n *memberlist.Node, gone, left bool) {
 		}
 	}
 	c.sendList.Store(&list)
+	c.pub.skipZeros.Store(allCountSilence(c.peers, c.cfg.NodeName))
+}
+
+// silenceVotes is what Meta.Votes advertises: this node counts a router's
+// silence about a backend as a healthy verdict.
+const silenceVotes = 1
+
+// allCountSilence reports whether every member but self advertises
+// silenceVotes, so that this node may leave its settled zero figures out
+// (see publisher.counts).
+func allCountSilence(peers map[string]peer, self string) bool {
+	for name, p := range peers {
+		if name == self {
+			continue
+		}
+		if m, err := decodeMeta(p.meta); err != nil || m.Votes < silenceVotes {
+			return false
+		}
+	}
+	return true
 }

@@ -158,6 +158,12 @@ type Meta struct {
 	// send none (0). The leader writes a command only when every router
 	// can apply it, so a rolling upgrade never halts an old router.
 	Ops uint8 `json:"o,omitempty"`
+	// Votes is 1 when this node counts another router's silence about a
+	// backend as a healthy verdict (View.Health); set by the Mesh. A node
+	// leaves settled zero figures out of its refreshes only while every
+	// member advertises it: a node of an earlier version counts only
+	// figures as verdicts, and must keep hearing every router's.
+	Votes uint8 `json:"h,omitempty"`
 }
 
 // DefaultConfig returns a Config tuned for a LAN: failure detection in

@@ -3,6 +3,7 @@ package gossip
 import (
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,7 +25,8 @@ import (
 // hold as 0, and one it still holds expires. So an idle backend costs
 // nothing on the wire, and a router's refresh carries only the backends
 // it has requests open to (and those that just went idle), however large
-// the fleet.
+// the fleet. That holds while every member counts a router's silence
+// about a backend as a healthy verdict (skipZeros, Meta.Votes).
 //
 // A poll at which nothing changed sends nothing; changes within one
 // ChangeDelay share a publish, so a node sends at most one publish per
@@ -42,6 +44,11 @@ type publisher struct {
 	// backend as a healthy verdict (View.Health), and, signed, do not
 	// take an older run of it for the live one (state.signedOrder).
 	keepalive bool
+	// skipZeros: every member counts a router's silence about a backend
+	// as a healthy verdict (Meta.Votes), so settled zeros may be left out
+	// (counts). Until then, or while a member of an earlier version is
+	// in the cluster, every figure is refreshed as before.
+	skipZeros atomic.Bool
 
 	tick        uint64 // ticks so far
 	poll        uint64 // reads of the source so far (ticks included)
@@ -180,9 +187,10 @@ func (p *publisher) publish(now time.Time, tick bool) [][]byte {
 // counts reports whether a refresh (or a push/pull state) carries e: it
 // counts a request or a failing verdict, or went to 0 within the last
 // two refreshes (so a receiver that lost those packets is repaired
-// before its stale figure would expire).
+// before its stale figure would expire), or some member of an earlier
+// version counts only figures as health verdicts (skipZeros unset).
 func (p *publisher) counts(e *pubLoad) bool {
-	return e.v != 0 || e.failing || p.tick-e.changed < 2*p.refreshTicks
+	return e.v != 0 || e.failing || p.tick-e.changed < 2*p.refreshTicks || !p.skipZeros.Load()
 }
 
 // setEngine records engine stats scraped by this node. Changed figures

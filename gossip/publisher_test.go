@@ -153,6 +153,7 @@ func TestPublisherSettledZeroNotRefreshed(t *testing.T) {
 	cfg.ResendCount = 1
 	cfg.RefreshInterval = 4 * cfg.PublishInterval
 	p := newPublisher("a", 1, src, &cfg)
+	p.skipZeros.Store(true)
 	now := time.Now()
 	refreshes := map[int]map[string]int64{}
 	for tick := 1; tick <= 21; tick++ {
@@ -224,6 +225,7 @@ func TestPublisherKeepalive(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.RefreshInterval = 2 * cfg.PublishInterval
 	p := newPublisher("a", 1, src, &cfg)
+	p.skipZeros.Store(true)
 	now := time.Now()
 	for tick := 1; tick <= 12; tick++ {
 		got := sent(t, p.next(now))
@@ -241,5 +243,58 @@ func TestPublisherKeepalive(t *testing.T) {
 				t.Errorf("tick %d sent %v, want nothing", tick, got)
 			}
 		}
+	}
+}
+
+// TestPublisherRefreshesZerosForOlderMembers: while some member does not
+// count silence as a healthy verdict (an earlier version), every figure,
+// zeros included, is refreshed as before; once every member does, settled
+// zeros are left out.
+func TestPublisherRefreshesZerosForOlderMembers(t *testing.T) {
+	src := newFakeSource()
+	src.set("idle", 0)
+	cfg := DefaultConfig()
+	cfg.ResendCount = 1
+	cfg.RefreshInterval = 2 * cfg.PublishInterval
+	p := newPublisher("a", 1, src, &cfg)
+	now := time.Now()
+	for tick := 1; tick <= 9; tick++ {
+		got := sent(t, p.next(now))
+		if v, ok := got["idle"]; tick%2 == 1 && (!ok || v != 0) {
+			t.Errorf("refresh at tick %d sent %v, want the zero", tick, got)
+		}
+	}
+	p.skipZeros.Store(true)
+	p.next(now)
+	if got := sent(t, p.next(now)); len(got) != 0 {
+		t.Errorf("refresh with every member counting silence sent %v, want none", got)
+	}
+}
+
+// TestAllCountSilence: settled zeros are left out only while every other
+// member advertises Meta.Votes; this node's own entry, and a member with
+// metadata that does not decode, count as they should.
+func TestAllCountSilence(t *testing.T) {
+	meta := func(m Meta) []byte {
+		b, err := encodeMeta(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	peers := map[string]peer{
+		"self": {meta: meta(Meta{})},
+		"b":    {meta: meta(Meta{Wire: wireVersion, Votes: silenceVotes})},
+	}
+	if !allCountSilence(peers, "self") {
+		t.Error("every other member counts silence, yet zeros would be refreshed")
+	}
+	peers["old"] = peer{meta: meta(Meta{Wire: wireVersion})}
+	if allCountSilence(peers, "self") {
+		t.Error("a member of an earlier version would miss idle routers' votes")
+	}
+	peers["old"] = peer{meta: []byte("{")}
+	if allCountSilence(peers, "self") {
+		t.Error("a member whose metadata does not decode counted as voting on silence")
 	}
 }
