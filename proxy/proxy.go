@@ -574,3 +574,28 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descBackends, prometheus.GaugeValue, float64(len(t.bs)))
 	ch <- prometheus.MustNewConstMetric(descClientConns, prometheus.GaugeValue, float64(c.p.open.Load()))
 }
+
+// every runs fn every d on a goroutine of its own until Shutdown, once:
+// started (guarded by p.mu) says it runs already.
+func (p *Proxy) every(started *bool, d time.Duration, fn func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if *started || p.shutdown {
+		return
+	}
+	*started = true
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		tick := time.NewTicker(d)
+		defer tick.Stop()
+		for {
+			select {
+			case <-p.stop:
+				return
+			case <-tick.C:
+			}
+			fn()
+		}
+	}()
+}

@@ -151,27 +151,13 @@ func (c *Config) idleSweepEvery() time.Duration {
 
 // startIdleSweep closes expired idle relay connections until Shutdown.
 func (p *Proxy) startIdleSweep() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.relay == nil || p.sweepStarted || p.shutdown {
+	if p.relay == nil {
 		return
 	}
-	p.sweepStarted = true
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		tick := time.NewTicker(p.cfg.idleSweepEvery())
-		defer tick.Stop()
-		for {
-			select {
-			case <-p.stop:
-				return
-			case <-tick.C:
-			}
-			now := time.Now().UnixNano()
-			for _, b := range p.tab.Load().bs {
-				b.sweepIdleUp(now, p.cfg.IdleConnTimeout)
-			}
+	p.every(&p.sweepStarted, p.cfg.idleSweepEvery(), func() {
+		now := time.Now().UnixNano()
+		for _, b := range p.tab.Load().bs {
+			b.sweepIdleUp(now, p.cfg.IdleConnTimeout)
 		}
-	}()
+	})
 }

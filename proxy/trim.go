@@ -51,29 +51,12 @@ func (t *trimmer) sample(open int64) bool {
 
 // startTrimmer runs the memory return until Shutdown.
 func (p *Proxy) startTrimmer() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.trimStarted || p.shutdown {
-		return
-	}
-	p.trimStarted = true
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		tick := time.NewTicker(trimInterval)
-		defer tick.Stop()
-		var t trimmer
-		for {
-			select {
-			case <-p.stop:
-				return
-			case <-tick.C:
-			}
-			if t.sample(p.open.Load()) {
-				debug.FreeOSMemory()
-				debug.FreeOSMemory()
-				p.m.memReturns.Inc()
-			}
+	var t trimmer
+	p.every(&p.trimStarted, trimInterval, func() {
+		if t.sample(p.open.Load()) {
+			debug.FreeOSMemory()
+			debug.FreeOSMemory()
+			p.m.memReturns.Inc()
 		}
-	}()
+	})
 }
