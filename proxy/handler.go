@@ -342,12 +342,11 @@ func badRequestCode(err error) string {
 // sends it. The client's Connection: close outlives the hop-by-hop fields
 // removed on the way: the server reads it after the handler.
 func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, st *reqState, rt route, start time.Time, stream bool) {
-	clientClose := ctx.Request.Header.ConnectionClose()
-	st.clientClose = clientClose
+	st.clientClose = ctx.Request.Header.ConnectionClose()
 	if p.prepareUpstream(ctx, st, rt) {
 		p.send(ctx, st, rt, start, stream)
 	}
-	if clientClose {
+	if st.clientClose {
 		ctx.Request.Header.SetConnectionClose()
 	}
 }
