@@ -26,6 +26,7 @@ type htmlPage struct {
 	*Report
 	Comparisons []string
 	Workloads   []htmlWorkload
+	ShareNote   string
 }
 
 var page = template.Must(template.New("report").Parse(`<!DOCTYPE html>
@@ -52,10 +53,11 @@ svg .legend{font-size:11px}svg .grid{stroke:#eee}svg .ref{stroke:#555;stroke-das
 {{range .Workloads}}
 <h2>{{.Name}}</h2>
 <table>
-<tr><th>strategy</th><th>KV hit</th><th>bound</th><th>fleet bound</th><th>req/s</th><th>out tok/s</th><th>TTFT p50 ms</th><th>p90</th><th>p99</th><th>ITL p50 ms</th><th>E2E p50 ms</th><th>p99</th><th>share min-max</th><th>max/min</th><th>errors</th><th>decisions</th></tr>
+<tr><th>strategy</th><th>KV hit</th><th>bound</th><th>fleet bound</th><th>req/s</th><th>out tok/s</th><th>TTFT p50 ms</th><th>p90</th><th>p99</th><th>ITL p50 ms</th><th>E2E p50 ms</th><th>p99</th><th>share min-max</th><th>max/min (even)</th><th>errors</th><th>decisions</th></tr>
 {{range .Rows}}<tr><td>{{.Label}}{{if .Partial}} (partial){{end}}</td><td>{{.KV}}</td><td>{{.Bound}}</td><td>{{.FleetBound}}</td><td>{{.ReqS}}</td><td>{{.TokS}}</td><td>{{.TTFT50}}</td><td>{{.TTFT90}}</td><td>{{.TTFT99}}</td><td>{{.ITL50}}</td><td>{{.E2E50}}</td><td>{{.E2E99}}</td><td>{{.Range}}</td><td>{{.Ratio}}</td><td>{{.Errors}}</td><td>{{.Decisions}}</td></tr>
 {{end}}</table>
 {{if .BoundsNote}}<p class="meta">{{.BoundsNote}}</p>{{end}}
+<p class="meta">{{$.ShareNote}}</p>
 <div class="charts">{{range .Charts}}{{.}}{{end}}</div>
 {{end}}
 </body></html>
@@ -81,7 +83,7 @@ func colours(runs []stats.Summary) map[string]string {
 
 // WriteHTML writes r as one self-contained HTML page.
 func WriteHTML(w io.Writer, r *Report) error {
-	p := htmlPage{Report: r}
+	p := htmlPage{Report: r, ShareNote: shareNote}
 	for _, c := range comparisons(r.Runs, "RANDOM", "PREFIX_AWARE") {
 		p.Comparisons = append(p.Comparisons, c.String())
 	}

@@ -38,6 +38,7 @@ func sampleRuns() []stats.Summary {
 	r := mk("rag", "RANDOM", 0.3, 400, 300, even, 1)
 	p := mk("rag", "PREFIX_AWARE", 0.9, 100, 330, skew, 1.5)
 	p.Decisions = map[string]int64{"affinity": 80, "overflow": 15, "fallback": 5}
+	p.ShareFloor = 1.22
 	p.Failed, p.Errors = 3, map[string]int64{"http_503": 2, "timeout": 1}
 	r.WarmupSeconds, p.WarmupSeconds = 3, 3
 	p.Bounds = &stats.BoundsResult{HitRate: 0.955, FleetHitRate: 0.9375, Caches: 2, CacheBlocks: 6000, BlockTokens: 16}
@@ -68,7 +69,7 @@ func TestTable(t *testing.T) {
 	}
 	out := b.String()
 	for _, want := range []string{
-		"PREFIX_AWARE", "90.0%", "30.0%", "40.0-60.0%", "1.50", "http_503 2, timeout 1",
+		"PREFIX_AWARE", "90.0%", "30.0%", "40.0-60.0%", "1.50 (1.22)", "http_503 2, timeout 1", "(even): the median max/min",
 		"aff 80% ovf 15% fb 5%", "RANDOM (partial)", "rag: PREFIX_AWARE vs RANDOM",
 		"fleet bound: 2 caches of 6000 blocks of 16 tokens", "~ over the first requests only",
 	} {

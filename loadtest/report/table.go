@@ -67,7 +67,8 @@ func msec(v float64) string {
 }
 
 // shareRange returns "min-max" of the shares over the expected backends
-// (all those in Shares) and the max/min ratio as text.
+// (all those in Shares) and the max/min ratio as text, followed by the
+// even-split floor in parentheses when known.
 func shareRange(s *stats.Summary) (string, string) {
 	if len(s.Shares) == 0 {
 		return "-", "-"
@@ -79,6 +80,9 @@ func shareRange(s *stats.Summary) (string, string) {
 	ratio := "inf"
 	if s.ShareMaxMin > 0 {
 		ratio = fmt.Sprintf("%.2f", s.ShareMaxMin)
+	}
+	if s.ShareFloor > 0 {
+		ratio += fmt.Sprintf(" (%.2f)", s.ShareFloor)
 	}
 	return fmt.Sprintf("%.1f-%.1f%%", 100*lo, 100*hi), ratio
 }
@@ -197,13 +201,16 @@ func boundsNote(runs []stats.Summary) string {
 	return note
 }
 
+// shareNote explains the share columns under a table.
+const shareNote = "max/min: the busiest backend's share of the requests over the least busy one's; (even): the median max/min of as many requests sent to the same backends uniformly at random, which no router beats on average"
+
 // WriteTable writes one row per run, grouped by workload, then for every
 // workload run under both RANDOM and PREFIX_AWARE the ratios between them.
 // Next to the measured KV hit rate are the offline bounds of the requests
 // sent, when computed.
 func WriteTable(w io.Writer, runs []stats.Summary) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "workload\tstrategy\treq/s\tout tok/s\tKV hit\tbound\tfleet bound\tTTFT p50\tp90\tp99\tITL p50\tE2E p50\tp99\tshare min-max\tmax/min\terrors\tdecisions\t")
+	fmt.Fprintln(tw, "workload\tstrategy\treq/s\tout tok/s\tKV hit\tbound\tfleet bound\tTTFT p50\tp90\tp99\tITL p50\tE2E p50\tp99\tshare min-max\tmax/min (even)\terrors\tdecisions\t")
 	fmt.Fprintln(tw, "\t\t\t\t\t\t\t(ms)\t(ms)\t(ms)\t(ms)\t(ms)\t(ms)\t\t\t\t\t")
 	usage := false
 	for _, wl := range workloads(runs) {
@@ -236,6 +243,7 @@ func WriteTable(w io.Writer, runs []stats.Summary) error {
 	if note := boundsNote(runs); note != "" {
 		fmt.Fprintln(w, note)
 	}
+	fmt.Fprintln(w, shareNote)
 	for _, c := range comparisons(runs, "RANDOM", "PREFIX_AWARE") {
 		fmt.Fprintln(w, c.String())
 	}

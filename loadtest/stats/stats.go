@@ -203,6 +203,10 @@ type Summary struct {
 	Backends    map[string]int64   `json:"backends,omitempty"`
 	Shares      map[string]float64 `json:"shares,omitempty"`
 	ShareMaxMin float64            `json:"share_max_min"`
+	// ShareFloor is the max/min a perfectly even router would show with
+	// as many requests over as many backends (EvenShareFloor): on a finite
+	// sample ShareMaxMin cannot be expected below it.
+	ShareFloor float64 `json:"share_max_min_floor,omitempty"`
 	Decisions   map[string]int64   `json:"decisions,omitempty"`
 
 	// KV is the hit rate from the backends' counters; nil when no metrics
@@ -247,6 +251,13 @@ func (r *Recorder) Summarize(window time.Duration, expected []string) Summary {
 		s.UsageCachedRate = float64(r.cached) / float64(r.prompt)
 	}
 	s.Shares, s.ShareMaxMin = trafficShares(r.backends, expected)
+	if len(s.Shares) > 0 {
+		var n int64
+		for _, c := range r.backends {
+			n += c
+		}
+		s.ShareFloor = EvenShareFloor(n, len(s.Shares))
+	}
 	return s
 }
 
