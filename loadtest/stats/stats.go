@@ -206,8 +206,8 @@ type Summary struct {
 	// ShareFloor is the max/min a perfectly even router would show with
 	// as many requests over as many backends (EvenShareFloor): on a finite
 	// sample ShareMaxMin cannot be expected below it.
-	ShareFloor float64 `json:"share_max_min_floor,omitempty"`
-	Decisions   map[string]int64   `json:"decisions,omitempty"`
+	ShareFloor float64          `json:"share_max_min_floor,omitempty"`
+	Decisions  map[string]int64 `json:"decisions,omitempty"`
 
 	// KV is the hit rate from the backends' counters; nil when no metrics
 	// were scraped.
