@@ -26,6 +26,25 @@ const (
 	// partsMaxAge: other routers' partition counts older than this (two
 	// missed periods) are not added.
 	partsMaxAge = 2*balancePeriod + balancePeriod/2
+	// partsPublishMin is the least count a router publishes for a
+	// partition: an eighth of a request, which a partition that saw one
+	// request keeps for about 35 s of decay (1/16 a period). A higher floor
+	// made a quiet key's partition drop out of other routers' counts a
+	// second after its request, so the leader saw it cold and sent its
+	// moved keys home, to move them again a few seconds later, recomputing
+	// their prefixes each time.
+	partsPublishMin = proxy.PartitionUnit / 8
+	// balanceKeepCold is how long a moved partition must carry no traffic
+	// before its move is dropped: a conversation pausing between turns
+	// keeps its new owner.
+	balanceKeepCold = 30 * time.Second
+	// A backend is pressed when it showed more work than it runs at once
+	// (see pressure) in balancePressedSamples of the balancer's samples (one
+	// a period) within balancePressedFor: three of the last ten seconds. The
+	// demo's chat workload showed one such sample every few runs, which
+	// moved conversations (their prefixes recomputed) for no gain.
+	balancePressedFor     = 10 * time.Second
+	balancePressedSamples = 3
 )
 
 // balance evens out PREFIX_AWARE traffic every balancePeriod until ctx
@@ -41,6 +60,13 @@ const (
 // once, where an overflowing one would recompute it again and again.
 // Moves of partitions that carried nothing for a while are dropped.
 //
+// A move pays only where the busiest backend is pressed: its engine queued
+// requests, or the cluster had as many in flight on it as its limit, in
+// three of the last ten seconds. Until then an uneven share costs no request
+// any time (every engine starts each request at once) while every move
+// costs its keys a recomputed prefix, so a fleet with headroom keeps its
+// caches where they are.
+//
 // Every router publishes its busiest partitions through gossip once a
 // period (gossip.Mesh.PublishPartitions), and the leader adds them to its
 // own counts: it decides from the whole cluster's traffic, not from the
@@ -52,6 +78,8 @@ func (n *Node) balance(ctx context.Context) {
 	var (
 		buf    []uint32
 		remote []uint64
+		cold   = coldMoves{}
+		press  = pressure{}
 	)
 	for {
 		select {
@@ -61,6 +89,8 @@ func (n *Node) balance(ctx context.Context) {
 		}
 		var r *ring.Ring
 		buf, r = n.proxy.PartitionLoads(buf)
+		now := time.Now()
+		press.sample(n.proxy.Status(), now)
 		// Balancing comes with ADAPTIVE keys: a state written by an earlier
 		// version (FIXED) never gets set_moves entries, which routers of
 		// that version could not apply, until an operator opts in.
@@ -68,9 +98,10 @@ func (n *Node) balance(ctx context.Context) {
 			continue
 		}
 		if n.gossip != nil {
-			n.gossip.PublishPartitions(buf, proxy.PartitionUnit)
+			n.gossip.PublishPartitions(buf, partsPublishMin)
 		}
 		if !n.agree.IsLeader() {
+			clear(cold) // a new term starts its clocks afresh
 			continue
 		}
 		st, _ := n.agree.State()
@@ -86,7 +117,9 @@ func (n *Node) balance(ctx context.Context) {
 				}
 			}
 		}
-		next := planMoves(r, buf, st.Moves)
+		cold.update(st.Moves, buf, now)
+		next := planMoves(r, buf, st.Moves, func(p int) bool { return cold.stale(p, now) },
+			func(b int) bool { return press.pressed(r.Backend(b).ID) })
 		if slices.Equal(next, st.Moves) || (len(next) == 0 && len(st.Moves) == 0) {
 			continue
 		}
@@ -101,16 +134,83 @@ func (n *Node) balance(ctx context.Context) {
 	}
 }
 
+// coldMoves remembers since when each moved partition has carried no
+// traffic in the cluster's counts.
+type coldMoves map[int]time.Time
+
+// update starts the clock of each move in moves whose partition counts
+// nothing in loads, stops it for the others, and forgets partitions no
+// longer moved.
+func (c coldMoves) update(moves []ring.Move, loads []uint32, now time.Time) {
+	live := make(map[int]bool, len(moves))
+	for _, m := range moves {
+		live[m.Partition] = true
+		if m.Partition < len(loads) && loads[m.Partition] != 0 {
+			delete(c, m.Partition)
+		} else if _, ok := c[m.Partition]; !ok {
+			c[m.Partition] = now
+		}
+	}
+	for p := range c {
+		if !live[p] {
+			delete(c, p)
+		}
+	}
+}
+
+// stale reports whether partition p's move has carried nothing for
+// balanceKeepCold.
+func (c coldMoves) stale(p int, now time.Time) bool {
+	t, ok := c[p]
+	return ok && now.Sub(t) >= balanceKeepCold
+}
+
+// pressure remembers when each backend showed more work than it runs at
+// once: its engine reported queued requests, or its in-flight count, this
+// router's and the others' together, reached its limit.
+type pressure map[string][]time.Time
+
+// sample records the backends pressed in st at now, and forgets what is
+// older than balancePressedFor.
+func (p pressure) sample(st []proxy.BackendStatus, now time.Time) {
+	for _, b := range st {
+		if b.Busy || (b.Limit > 0 && b.InFlight+b.RemoteInFlight >= b.Limit) {
+			p[b.ID] = append(p[b.ID], now)
+		}
+	}
+	for id, ts := range p {
+		i := 0
+		for i < len(ts) && now.Sub(ts[i]) >= balancePressedFor {
+			i++
+		}
+		if i == len(ts) {
+			delete(p, id)
+		} else if i > 0 {
+			p[id] = append(ts[:0], ts[i:]...)
+		}
+	}
+}
+
+// pressed reports whether backend id was pressed in at least
+// balancePressedSamples samples within balancePressedFor: a queue that
+// lasts, not one burst.
+func (p pressure) pressed(id string) bool {
+	return len(p[id]) >= balancePressedSamples
+}
+
 // planMoves returns the moves after one balancing round on ring r (which
 // has cur applied) with per-partition request counts loads, in
-// proxy.PartitionUnit per request.
-func planMoves(r *ring.Ring, loads []uint32, cur []ring.Move) []ring.Move {
+// proxy.PartitionUnit per request. stale reports the moved partitions
+// that have been cold long enough to go home; pressed the backends that
+// recently had more work than they run at once: only those give
+// partitions away.
+func planMoves(r *ring.Ring, loads []uint32, cur []ring.Move, stale func(p int) bool, pressed func(b int) bool) []ring.Move {
 	next := make([]ring.Move, 0, len(cur)+balanceMovesPerRound)
 	at := make(map[int]int, len(cur)) // partition -> index in next
 	for _, m := range cur {
 		b, ok := r.Index(m.Backend)
-		if !ok || r.Backend(b).State != ring.Active || m.Partition >= len(loads) || loads[m.Partition] == 0 {
-			continue // gone, drained, or cold: let it go home
+		if !ok || r.Backend(b).State != ring.Active || m.Partition >= len(loads) || stale(m.Partition) {
+			continue // gone, drained, or cold for long: let it go home
 		}
 		at[m.Partition] = len(next)
 		next = append(next, m)
@@ -160,6 +260,9 @@ func planMoves(r *ring.Ring, loads []uint32, cur []ring.Move) []ring.Move {
 		// little.
 		if gap := float64(load[hot]) - float64(load[cold]); gap <= max(2*(balanceSlack-1)*mean, noise) {
 			break
+		}
+		if !pressed(hot) {
+			break // the busiest keeps up: moving would only cost prefixes
 		}
 		budget := (load[hot] - load[cold]) / 2
 		best, bestC := -1, uint64(0)

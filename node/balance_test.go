@@ -3,6 +3,7 @@ package node
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/ring"
@@ -20,6 +21,9 @@ func balanceRing(t *testing.T, n int) *ring.Ring {
 	}
 	return r
 }
+
+func never(int) bool  { return false }
+func always(int) bool { return true }
 
 // shares returns each backend's requests under r.
 func shares(r *ring.Ring, loads []uint32) []uint64 {
@@ -51,7 +55,7 @@ func TestPlanMovesEvensTraffic(t *testing.T) {
 	var moves []ring.Move
 	cur := r
 	for round := 0; round < 10; round++ {
-		moves = planMoves(cur, loads, moves)
+		moves = planMoves(cur, loads, moves, never, always)
 		if err := ring.CheckMoves(moves); err != nil {
 			t.Fatal(err)
 		}
@@ -74,10 +78,22 @@ func TestPlanMovesEvensTraffic(t *testing.T) {
 		}
 	}
 	t.Logf("shares before %v, after %v with %d moves", shares(r, loads), s, len(moves))
-	// Traffic gone: cold moves are dropped.
+	// The same traffic on backends that keep up moves nothing: only a
+	// pressed backend gives partitions away.
+	if got := planMoves(r, loads, nil, never, never); len(got) != 0 {
+		t.Fatalf("moves off a backend that keeps up: %v", got)
+	}
+	if got := planMoves(r, loads, nil, never, func(b int) bool { return b != 0 }); len(got) != 0 {
+		t.Fatalf("moves while only the others are pressed: %v", got)
+	}
+	// Traffic gone: moves stay until they have been cold for long, then
+	// they are dropped.
 	clear(loads)
-	if got := planMoves(cur, loads, moves); len(got) != 0 {
-		t.Fatalf("moves of cold partitions kept: %v", got)
+	if got := planMoves(cur, loads, moves, never, always); len(got) != len(moves) {
+		t.Fatalf("moves of partitions cold for a moment dropped: %v, had %v", got, moves)
+	}
+	if got := planMoves(cur, loads, moves, always, always); len(got) != 0 {
+		t.Fatalf("moves of stale partitions kept: %v", got)
 	}
 }
 
@@ -87,13 +103,81 @@ func TestPlanMovesLeavesBalancedAlone(t *testing.T) {
 	for p := range loads {
 		loads[p] = proxy.PartitionUnit
 	}
-	if got := planMoves(r, loads, nil); len(got) != 0 {
+	if got := planMoves(r, loads, nil, never, always); len(got) != 0 {
 		t.Fatalf("balanced traffic moved %v", got)
 	}
 	// Too little traffic to judge (under balanceMinCount requests).
 	small := make([]uint32, r.Partitions())
 	small[0] = 25 * proxy.PartitionUnit
-	if got := planMoves(r, small, nil); len(got) != 0 {
+	if got := planMoves(r, small, nil, never, always); len(got) != 0 {
 		t.Fatalf("25 requests moved %v", got)
+	}
+}
+
+func TestColdMovesClock(t *testing.T) {
+	moves := []ring.Move{{Partition: 1, Backend: "gpu-1"}, {Partition: 2, Backend: "gpu-2"}}
+	loads := []uint32{0, 0, proxy.PartitionUnit}
+	c := coldMoves{}
+	t0 := time.Unix(1000, 0)
+	c.update(moves, loads, t0)
+	if c.stale(1, t0.Add(balanceKeepCold-time.Second)) {
+		t.Fatal("partition 1 stale before balanceKeepCold")
+	}
+	if !c.stale(1, t0.Add(balanceKeepCold)) {
+		t.Fatal("partition 1 not stale after balanceKeepCold without traffic")
+	}
+	if c.stale(2, t0.Add(time.Hour)) {
+		t.Fatal("partition 2 carries traffic but is stale")
+	}
+	// A request restarts the clock; a cold period later starts it anew.
+	loads[1] = 1
+	c.update(moves, loads, t0.Add(10*time.Second))
+	loads[1] = 0
+	c.update(moves, loads, t0.Add(20*time.Second))
+	if c.stale(1, t0.Add(balanceKeepCold+10*time.Second)) {
+		t.Fatal("partition 1 stale though it carried traffic 20 s ago")
+	}
+	if !c.stale(1, t0.Add(balanceKeepCold+20*time.Second)) {
+		t.Fatal("partition 1 not stale balanceKeepCold after its last traffic")
+	}
+	// A partition no longer moved is forgotten.
+	c.update(moves[1:], loads, t0.Add(21*time.Second))
+	if _, ok := c[1]; ok || len(c) != 0 {
+		t.Fatalf("clocks %v after the moves ended", c)
+	}
+}
+
+func TestPressure(t *testing.T) {
+	p := pressure{}
+	t0 := time.Unix(1000, 0)
+	st := []proxy.BackendStatus{
+		{ID: "queued", Busy: true, Limit: 8},
+		{ID: "full", InFlight: 3, RemoteInFlight: 5, Limit: 8},
+		{ID: "light", InFlight: 3, RemoteInFlight: 4, Limit: 8},
+		{ID: "nolimit", InFlight: 9},
+	}
+	for i := 0; i < balancePressedSamples; i++ {
+		for _, id := range []string{"queued", "full"} {
+			if p.pressed(id) {
+				t.Fatalf("%s pressed after %d samples", id, i)
+			}
+		}
+		p.sample(st, t0.Add(time.Duration(i)*time.Second))
+	}
+	for id, want := range map[string]bool{"queued": true, "full": true, "light": false, "nolimit": false} {
+		if p.pressed(id) != want {
+			t.Errorf("pressed(%s) = %v, want %v", id, !want, want)
+		}
+	}
+	// One more pressed sample for "queued" only; once the first samples
+	// are older than balancePressedFor, "full" is forgotten and "queued"
+	// keeps too few to count.
+	p.sample(st[:1], t0.Add(balancePressedFor-time.Second))
+	p.sample(nil, t0.Add(balancePressedFor+2*time.Second))
+	if p.pressed("queued") || p.pressed("full") {
+		t.Errorf("after balancePressedFor: %v", p)
+	}
+	if _, ok := p["full"]; ok || len(p["queued"]) != 1 {
+		t.Errorf("samples kept: %v", p)
 	}
 }

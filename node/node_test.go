@@ -22,8 +22,18 @@ type holdEngine struct {
 }
 
 func newHoldEngine(t *testing.T, hold time.Duration) *holdEngine {
+	return newHoldEngineMetrics(t, hold, "")
+}
+
+// newHoldEngineMetrics is newHoldEngine serving metrics (Prometheus text)
+// on /metrics.
+func newHoldEngineMetrics(t *testing.T, hold time.Duration, metrics string) *holdEngine {
 	e := &holdEngine{hold: hold}
 	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" && metrics != "" {
+			io.WriteString(w, metrics)
+			return
+		}
 		if r.URL.Path != "/v1/chat/completions" {
 			return
 		}

@@ -105,16 +105,21 @@ func TestSplitsAgreedAcrossRouters(t *testing.T) {
 // followers only. The leader's own counts stay empty, so it can balance
 // only from the counts the followers publish through gossip: it must move
 // partitions off the overloaded backend, and every router must route the
-// moved keys alike.
+// moved keys alike. The engines report queued requests, so that every
+// backend is pressed (a backend that keeps up gives nothing away:
+// TestPlanMovesEvensTraffic).
 func TestBalanceFromFollowersTraffic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-node test")
 	}
 	var urls []string
 	for i := 0; i < 4; i++ {
-		urls = append(urls, newHoldEngine(t, time.Millisecond).srv.URL)
+		urls = append(urls, newHoldEngineMetrics(t, time.Millisecond, "vllm:num_requests_running 8\nvllm:num_requests_waiting 2\n").srv.URL)
 	}
-	nodes := startClusterRaft(t, 3, 300*time.Millisecond, func(i int, c *Config) { *c = testConfig(urls) })
+	nodes := startClusterRaft(t, 3, 300*time.Millisecond, func(i int, c *Config) {
+		*c = testConfig(urls)
+		c.Engine.MetricsPath = "/metrics"
+	})
 	for _, n := range nodes {
 		waitAgreed(t, n)
 	}

@@ -138,7 +138,7 @@ func retained(b *testing.B, bs []Backend) uint64 {
 
 // BenchmarkRouteAdaptive is the routing decision under ADAPTIVE keys: the
 // block chain read to the depth the splits call for, the depth chosen and
-// Pick. "splits=0" reads 5 blocks (no split); "splits=12" routes past a
+// Pick. "splits=0" reads 8 blocks (no split); "splits=12" routes past a
 // 12 KiB preamble split block by block, reading 17.
 func BenchmarkRouteAdaptive(b *testing.B) {
 	r := mustRing(b, DefaultConfig(), gpus(7))
