@@ -202,7 +202,7 @@ func boundsNote(runs []stats.Summary) string {
 }
 
 // shareNote explains the share columns under a table.
-const shareNote = "max/min: the busiest backend's share of the requests over the least busy one's; (even): the median max/min of as many requests sent to the same backends uniformly at random, which no router beats on average"
+const shareNote = "max/min: the busiest backend's share of the requests over the least busy one's; (even): the median max/min of as many requests each sent to a backend drawn at random, what hashing with perfect luck gives (only choosing per request by load, as least-outstanding does, goes below it)"
 
 // WriteTable writes one row per run, grouped by workload, then for every
 // workload run under both RANDOM and PREFIX_AWARE the ratios between them.

@@ -15,17 +15,18 @@ const (
 	floorMaxSample = 1 << 20
 )
 
-// EvenShareFloor returns the median max/min share a perfectly even router
-// would show with the same sample: n requests each sent to one of k
-// backends uniformly at random, in 31 to 401 simulated trials (fewer the
-// larger n). A key-affine router cannot do better than chance on a finite
-// sample of independent requests, so its ShareMaxMin is read against this
-// floor: with 175 requests over 7 backends the floor is about 1.7, with
-// 1,000 about 1.24. Above floorMaxSample requests the floor is
-// extrapolated from that sample's: the spread of the counts shrinks as
-// 1/sqrt(n). The result is 0 when the median trial left a backend without
-// a request (as ShareMaxMin is then) or when n or k is below 1. It is
-// deterministic (a fixed seed).
+// EvenShareFloor returns the median max/min share of n requests each sent
+// to one of k backends uniformly at random, in 31 to 401 simulated trials
+// (fewer the larger n). That is what hashing independent keys gives with
+// perfect luck. A key-affine router, whose requests follow their keys
+// rather than the backends' loads, cannot be expected to do better on a
+// finite sample, so its ShareMaxMin is read against this floor (a choice
+// per request by load, such as least-outstanding, does go below it). With
+// 175 requests over 7 backends the floor is about 1.7, with 1,000 about
+// 1.24. Above floorMaxSample requests it is extrapolated from that
+// sample's: the spread of the counts shrinks as 1/sqrt(n). The result is 0
+// when the median trial left a backend without a request (as ShareMaxMin
+// is then) or when n or k is below 1. It is deterministic (a fixed seed).
 func EvenShareFloor(n int64, k int) float64 {
 	switch {
 	case n < 1 || k < 1:

@@ -203,9 +203,9 @@ type Summary struct {
 	Backends    map[string]int64   `json:"backends,omitempty"`
 	Shares      map[string]float64 `json:"shares,omitempty"`
 	ShareMaxMin float64            `json:"share_max_min"`
-	// ShareFloor is the max/min a perfectly even router would show with
-	// as many requests over as many backends (EvenShareFloor): on a finite
-	// sample ShareMaxMin cannot be expected below it.
+	// ShareFloor is the max/min of as many requests each sent to one of
+	// as many backends at random (EvenShareFloor): a key-affine router's
+	// ShareMaxMin cannot be expected below it on a finite sample.
 	ShareFloor float64          `json:"share_max_min_floor,omitempty"`
 	Decisions  map[string]int64 `json:"decisions,omitempty"`
 
