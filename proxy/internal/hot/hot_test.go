@@ -1,7 +1,9 @@
 package hot
 
 import (
+	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 
@@ -106,5 +108,46 @@ func BenchmarkAdd(b *testing.B) {
 	for b.Loop() {
 		k += 0x9e3779b97f4a7c15
 		c.Add(k, 1)
+	}
+}
+
+// TestSharedPrefixSplitInOneRound reads prompts the way the proxy does:
+// with no split, Extract reads ring's ChainBlocks() blocks and every depth
+// read is counted. A 7 KiB prefix shared by every request (an agent's tool
+// prompt) must be split whole after one counting period, not one look-ahead
+// window a period: sessions that start between two rounds would lose their
+// history at the second.
+func TestSharedPrefixSplitInOneRound(t *testing.T) {
+	shared := make([]byte, 7*ring.ChainBlockBytes)
+	for i := range shared {
+		shared[i] = 'a' + byte(i%26)
+	}
+	c := New()
+	var splits *ring.Splits
+	kc := ring.KeyConfig{ChainBlocks: splits.ChainBlocks()}
+	var info ring.KeyInfo
+	for i := 0; i < 64; i++ {
+		body := fmt.Sprintf(`{"messages":[{"role":"system","content":%q},{"role":"user","content":"session %d: %s"}]}`,
+			shared, i, strings.Repeat("task words ", 200))
+		if err := ring.Extract(kc, ring.Chat, []byte(body), nil, &info); err != nil {
+			t.Fatal(err)
+		}
+		c.Request()
+		for d := 0; d < info.Blocks; d++ {
+			c.Add(info.KeyAt(d), d)
+		}
+	}
+	got := c.Rotate(7, nil)
+	depths := map[int]bool{}
+	for _, s := range got {
+		depths[s.Depth] = true
+	}
+	for d := 0; d < 7; d++ {
+		if !depths[d] {
+			t.Fatalf("after one period the shared prefix's block %d is not split (splits at depths %v, %d blocks read)", d, depths, info.Blocks)
+		}
+	}
+	if len(got) != 7 {
+		t.Fatalf("%d splits, want the 7 shared blocks only: %+v", len(got), got)
 	}
 }
