@@ -359,6 +359,9 @@ func (p *Proxy) send(ctx *fasthttp.RequestCtx, st *reqState, rt route, start tim
 	allBusy := true // every failure so far was a backend out of connections
 	for attempt := 0; attempt <= p.cfg.Retries; attempt++ {
 		d, err := t.ring.PickCost(st.info.Key, st.recompute, st)
+		if err == nil {
+			d, err = p.hold(st, d)
+		}
 		var decided time.Time
 		if attempt == 0 {
 			decided = p.m.observeDecision(start)
@@ -390,6 +393,36 @@ func (p *Proxy) send(ctx *fasthttp.RequestCtx, st *reqState, rt route, start tim
 	p.unreachable(ctx, rt, lastErr, allBusy)
 }
 
+// holdTries bounds the picks hold makes for one request.
+const holdTries = 8
+
+// hold takes a slot of the picked backend's in-flight count for the
+// request; forward gives it back when the exchange ends. A decision made
+// under the backend's limit (affinity or overflow) whose slot other
+// requests on this router took between the pick and here gives it back and
+// is picked again, seeing those requests: ConcurrencyThreshold stays a hard
+// cap on each router, with no lock on the request path. (Requests on other
+// routers are seen as their gossip arrives.) Every pick that loses a slot
+// sees a fuller fleet, so this ends at a held slot or a fallback; after
+// holdTries picks the last one is taken as it is. On error nothing is
+// held.
+func (p *Proxy) hold(st *reqState, d ring.Decision) (ring.Decision, error) {
+	t := st.t
+	for try := 1; ; try++ {
+		b := t.bs[d.Backend]
+		n := b.inflight.Add(1)
+		if try == holdTries || (d.Reason != ring.ReasonAffinity && d.Reason != ring.ReasonOverflow) ||
+			n+b.remote.Load() <= t.ring.Limit(d.Backend) {
+			return d, nil
+		}
+		b.inflight.Add(-1)
+		var err error
+		if d, err = t.ring.PickCost(st.info.Key, st.recompute, st); err != nil {
+			return d, err
+		}
+	}
+}
+
 // unreachable answers a request no backend took: 503 when every backend
 // tried had no free connection within MaxConnWait (they are saturated, not
 // gone: retry later), else 502.
@@ -415,7 +448,8 @@ func (p *Proxy) unreachable(ctx *fasthttp.RequestCtx, rt route, lastErr error, a
 // target (path and query), whatever form the client's request line took.
 //
 // sent is when the backend was chosen; the time to first byte is measured
-// from it (the request goes out a microsecond or so later).
+// from it (the request goes out a microsecond or so later). The request
+// holds a slot of b's in-flight count (hold); forward gives it back.
 func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ring.Decision, rt route, stream bool, sent time.Time) (retry bool, err error) {
 	req := &ctx.Request
 	req.Header.SetHost(b.target.HostPort)
@@ -431,7 +465,8 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ri
 	if p.observing {
 		p.observeSend(req, st, b, d, sent)
 	}
-	b.inflight.Add(1)
+	// b's in-flight slot was taken by hold; every way out of the exchange
+	// gives it back.
 	if !stream {
 		resp := &ctx.Response
 		err = b.client.Do(req, resp)

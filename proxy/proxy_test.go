@@ -260,6 +260,94 @@ func holdStub(t *testing.T, name string, release chan struct{}, cur *atomic.Int6
 	})
 }
 
+// TestThresholdHardCapWhenRacing sends as many requests for one key at
+// once as the fleet has room under ConcurrencyThreshold, many times over:
+// requests picked at the same moment must not both take the owner's last
+// slot. Every backend ends at exactly the threshold and none falls back.
+func TestThresholdHardCapWhenRacing(t *testing.T) {
+	const threshold, rounds = 2, 30
+	var (
+		release   = make(chan struct{})
+		mu        sync.Mutex
+		cur, peak = map[string]int{}, map[string]int{}
+		started   atomic.Int64
+		stubs     []*stub
+	)
+	for _, name := range []string{"a", "b", "c"} {
+		stubs = append(stubs, newStub(t, name, func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			mu.Lock()
+			cur[name]++
+			peak[name] = max(peak[name], cur[name])
+			rel := release
+			mu.Unlock()
+			started.Add(1)
+			select {
+			case <-rel:
+			case <-r.Context().Done():
+			}
+			mu.Lock()
+			cur[name]--
+			mu.Unlock()
+			io.WriteString(w, `{}`)
+		}))
+	}
+	rcfg := ring.DefaultConfig()
+	rcfg.ConcurrencyThreshold = threshold
+	h := startProxy(t, testProxyConfig(), rcfg, stubs...)
+	body := chatReq("one key for every request", "")
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 3 * threshold}}
+	for round := 0; round < rounds; round++ {
+		mu.Lock()
+		release = make(chan struct{})
+		mu.Unlock()
+		started.Store(0)
+		gate := make(chan struct{})
+		decisions := make(chan string, 3*threshold)
+		var wg sync.WaitGroup
+		for i := 0; i < 3*threshold; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-gate
+				resp, err := client.Post(h.url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					decisions <- err.Error()
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				decisions <- resp.Header.Get(HeaderDecision)
+			}()
+		}
+		close(gate)
+		waitFor(t, func() bool { return started.Load() == 3*threshold }, "every request at a backend")
+		mu.Lock()
+		for name, n := range cur {
+			if n != threshold {
+				t.Errorf("round %d: %s has %d in flight, want the threshold %d (all: %v)", round, name, n, threshold, cur)
+			}
+		}
+		close(release)
+		mu.Unlock()
+		wg.Wait()
+		close(decisions)
+		for d := range decisions {
+			if d != "affinity" && d != "overflow" {
+				t.Fatalf("round %d: decision %q, want affinity or overflow", round, d)
+			}
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	for name, n := range peak {
+		if n > threshold {
+			t.Errorf("%s peaked at %d concurrent requests, over the threshold %d", name, n, threshold)
+		}
+	}
+}
+
 func TestOverflowAtThreshold(t *testing.T) {
 	release := make(chan struct{})
 	var curs [3]atomic.Int64
