@@ -73,6 +73,15 @@ type Mesh struct {
 type peer struct {
 	addr netip.AddrPort
 	meta []byte
+	// countsSilence: the member's metadata advertises silenceVotes, read
+	// once when the member is set (see allCountSilence).
+	countsSilence bool
+}
+
+// newPeer returns a member at addr with metadata meta (copied).
+func newPeer(addr netip.AddrPort, meta []byte) peer {
+	m, err := decodeMeta(meta)
+	return peer{addr: addr, meta: slices.Clone(meta), countsSilence: err == nil && m.Votes >= silenceVotes}
 }
 
 // leftNode is a member that said it was leaving (memberlist's graceful
@@ -979,14 +988,14 @@ func (c *Mesh) setPeer(n *memberlist.Node, gone, left bool) {
 		case n.Name == c.cfg.NodeName:
 		case left:
 			if !known {
-				p = peer{addr: addr, meta: slices.Clone(n.Meta)}
+				p = newPeer(addr, n.Meta)
 			}
 			c.left[n.Name] = leftNode{peer: p, since: time.Now()}
 		default:
 			c.failed[n.Name] = failedNode{addr: addr.String(), since: time.Now()}
 		}
 	} else {
-		c.peers[n.Name] = peer{addr: addr, meta: slices.Clone(n.Meta)}
+		c.peers[n.Name] = newPeer(addr, n.Meta)
 		delete(c.failed, n.Name)
 		delete(c.left, n.Name)
 	}
@@ -1009,10 +1018,7 @@ const silenceVotes = 1
 // (see publisher.counts).
 func allCountSilence(peers map[string]peer, self string) bool {
 	for name, p := range peers {
-		if name == self {
-			continue
-		}
-		if m, err := decodeMeta(p.meta); err != nil || m.Votes < silenceVotes {
+		if name != self && !p.countsSilence {
 			return false
 		}
 	}

@@ -282,18 +282,19 @@ func TestAllCountSilence(t *testing.T) {
 		}
 		return b
 	}
+	var at netip.AddrPort
 	peers := map[string]peer{
-		"self": {meta: meta(Meta{})},
-		"b":    {meta: meta(Meta{Wire: wireVersion, Votes: silenceVotes})},
+		"self": newPeer(at, meta(Meta{})),
+		"b":    newPeer(at, meta(Meta{Wire: wireVersion, Votes: silenceVotes})),
 	}
 	if !allCountSilence(peers, "self") {
 		t.Error("every other member counts silence, yet zeros would be refreshed")
 	}
-	peers["old"] = peer{meta: meta(Meta{Wire: wireVersion})}
+	peers["old"] = newPeer(at, meta(Meta{Wire: wireVersion}))
 	if allCountSilence(peers, "self") {
 		t.Error("a member of an earlier version would miss idle routers' votes")
 	}
-	peers["old"] = peer{meta: []byte("{")}
+	peers["old"] = newPeer(at, []byte("{"))
 	if allCountSilence(peers, "self") {
 		t.Error("a member whose metadata does not decode counted as voting on silence")
 	}
