@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"strconv"
 	"sync"
@@ -119,9 +120,31 @@ type engineState struct {
 	m  map[string]engine.Stats
 }
 
-// busy reports whether an engine says it queues requests.
-func busy(s engine.Stats) bool {
-	return s.OK && s.Known&engine.KnownWaiting != 0 && s.Waiting > 0
+// engineQueue is what a scrape says about the engine's queue, for the
+// proxy's busy estimate: nothing when the scrape failed or the engine
+// exports no queue figure.
+func engineQueue(s engine.Stats) proxy.EngineQueue {
+	if !s.OK || s.Known&engine.KnownWaiting == 0 {
+		return proxy.EngineQueue{}
+	}
+	return proxy.EngineQueue{Waiting: queued(s.Waiting), Scraped: s.Scraped}
+}
+
+// gossipQueue is engineQueue for figures that came through gossip.
+func gossipQueue(s gossip.EngineStats) proxy.EngineQueue {
+	if !s.Has(gossip.EngineWaiting) {
+		return proxy.EngineQueue{}
+	}
+	return proxy.EngineQueue{Waiting: queued(s.Waiting), Scraped: s.Scraped}
+}
+
+// queued turns an engine's queue figure into a request count: rounded up,
+// and bounded, whatever the engine sent.
+func queued(w float64) int64 {
+	if !(w > 0) {
+		return 0
+	}
+	return int64(math.Ceil(min(w, gossip.MaxEngineRequests)))
 }
 
 func toGossip(s engine.Stats) gossip.EngineStats {
@@ -156,7 +179,7 @@ func (n *Node) newScraper() (*engine.Scraper, error) {
 		es.mu.Lock()
 		es.m[id] = s
 		es.mu.Unlock()
-		n.proxy.SetRemote(id, 0, busy(s))
+		n.proxy.SetRemote(id, 0, engineQueue(s))
 	})
 }
 
@@ -217,7 +240,7 @@ func (n *Node) applyView() {
 	r, _ := n.proxy.Ring()
 	for _, b := range r.Backends() {
 		es, _ := v.Engine(b.ID)
-		n.proxy.SetRemote(b.ID, v.RemoteInFlight(b.ID), es.Has(gossip.EngineWaiting) && es.Waiting > 0)
+		n.proxy.SetRemote(b.ID, v.RemoteInFlight(b.ID), gossipQueue(es))
 	}
 }
 

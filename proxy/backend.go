@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"net/url"
@@ -84,8 +85,13 @@ type backend struct {
 	inflight loadCount
 	// remote is the sum reported by the other router nodes.
 	remote loadCount
-	// busy: the engine reports queued requests (from the cluster).
-	busy atomic.Bool
+	// queueAt is the cluster in-flight count above which the engine is
+	// taken to queue requests (busy): at the last scrape that reported a
+	// queue, the in-flight count then less the queue; math.MaxInt64 when
+	// the last scrape reported none. engineSeen is that scrape's time
+	// (unix nanos), which tells a new scrape from a copy of the last.
+	queueAt    atomic.Int64
+	engineSeen atomic.Int64
 	// probeDown: the active health check failed ProbeFailThreshold times.
 	probeDown healthFlag
 	// ejectedUntil (unix nanos): passive ejection after connect failures.
@@ -116,6 +122,7 @@ type backend struct {
 func newBackend(id string, target Target, cfg *Config, m *metrics) *backend {
 	b := &backend{id: id, target: target, scheme: []byte("http")}
 	b.inflight.b, b.remote.b, b.probeDown.b, b.ejectedUntil.b = b, b, b, b
+	b.queueAt.Store(math.MaxInt64)
 	if target.TLS {
 		b.scheme = []byte("https")
 	}
@@ -179,6 +186,49 @@ func (b *backend) available(now int64) bool {
 
 // globalInFlight is this node's in-flight plus the other nodes'.
 func (b *backend) globalInFlight() int64 { return b.inflight.Load() + b.remote.Load() }
+
+// busy reports whether the engine is taken to queue requests now: its last
+// scrape reported W requests queued while the cluster had I in flight, and
+// the count is still above I-W. A request in flight is one the engine runs
+// or queues, so requests that end drain the estimate as soon as their
+// counts arrive (within a publish interval) and new ones grow it, instead
+// of one scrape's queue holding until the next scrape.
+func (b *backend) busy() bool { return b.globalInFlight() > b.queueAt.Load() }
+
+// engineCopyGap: engine figures scraped within this of the ones in use are
+// a copy of them, not a new scrape (gossip derives a remote scrape's time
+// from its age, so copies re-sent by the cluster differ by a few
+// milliseconds). Scrapes are a second apart by default.
+const engineCopyGap = 100 * time.Millisecond
+
+// setQueue takes an engine scrape: a queue anchors the busy estimate at
+// the in-flight count now less the queue; no queue clears it. A copy of
+// the scrape in use changes nothing, so the estimate drains with the
+// counts rather than being re-anchored by each copy.
+func (b *backend) setQueue(q EngineQueue) {
+	if q.Waiting <= 0 || q.Scraped.IsZero() {
+		b.queueAt.Store(math.MaxInt64)
+		b.engineSeen.Store(0)
+		return
+	}
+	at := q.Scraped.UnixNano()
+	if last := b.engineSeen.Load(); last != 0 && at-last < int64(engineCopyGap) && last-at < int64(engineCopyGap) {
+		return
+	}
+	b.engineSeen.Store(at)
+	b.queueAt.Store(max(0, b.globalInFlight()-min(q.Waiting, maxEngineQueue)))
+}
+
+// maxEngineQueue bounds the queue an engine's figure can claim.
+const maxEngineQueue = 1 << 20
+
+// EngineQueue is what a backend's engine said about its queue at a scrape.
+type EngineQueue struct {
+	// Waiting is how many requests it queued: 0 when none or not known.
+	Waiting int64
+	// Scraped is when the figure was read; zero when there is none.
+	Scraped time.Time
+}
 
 // connFailed records a connect failure; after EjectAfter in a row the
 // backend is ejected for EjectFor.

@@ -63,7 +63,7 @@ func (s *reqState) Healthy(b int) bool {
 	return s.tried[b>>6]&(1<<(b&63)) == 0 && s.t.bs[b].available(s.now)
 }
 
-func (s *reqState) Busy(b int) bool { return s.t.bs[b].busy.Load() }
+func (s *reqState) Busy(b int) bool { return s.t.bs[b].busy() }
 
 func (s *reqState) markTried(b int) { s.tried[b>>6] |= 1 << (b & 63) }
 

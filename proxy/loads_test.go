@@ -101,7 +101,7 @@ func TestFleetTotalsMatchWalk(t *testing.T) {
 		case 2:
 			b.ejectedUntil.Store(0)
 		case 3:
-			p.SetRemote(b.id, int64(rng.IntN(50)), false)
+			p.SetRemote(b.id, int64(rng.IntN(50)), EngineQueue{})
 		case 4:
 			if rng.IntN(10) == 0 {
 				// A new ring: one backend leaves, one joins, a few drain.
@@ -330,7 +330,7 @@ func TestFleetTotalsConcurrent(t *testing.T) {
 				b := tab.bs[rng.IntN(len(tab.bs))]
 				switch rng.IntN(10) {
 				case 0:
-					p.SetRemote(b.id, int64(rng.IntN(20)), false)
+					p.SetRemote(b.id, int64(rng.IntN(20)), EngineQueue{})
 				case 1:
 					b.probeDown.Store(rng.IntN(2) == 0)
 				case 2:

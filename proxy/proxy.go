@@ -286,14 +286,16 @@ func (p *Proxy) Ring() (*ring.Ring, uint64) {
 }
 
 // SetRemote records the in-flight count the other router nodes report for a
-// backend, and whether its engine reports queued requests. Unknown IDs are
+// backend, and its engine's queue at the last scrape (see EngineQueue):
+// the backend is busy while the cluster's in-flight count stays above what
+// it was at a scrape that saw a queue, less that queue. Unknown IDs are
 // ignored.
-func (p *Proxy) SetRemote(id string, inflight int64, busy bool) {
+func (p *Proxy) SetRemote(id string, inflight int64, q EngineQueue) {
 	t := p.tab.Load()
 	if i, ok := t.ring.Index(id); ok {
 		b := t.bs[i]
 		b.remote.Store(inflight)
-		b.busy.Store(busy)
+		b.setQueue(q)
 	}
 }
 
@@ -344,7 +346,7 @@ func (p *Proxy) Status() []BackendStatus {
 			ID: b.id, Addr: rb.Addr, Zone: rb.Zone, State: rb.State.String(),
 			Healthy:   rb.State == ring.Active && b.available(now),
 			ProbeDown: b.probeDown.Load(), Ejected: b.ejectedUntil.Load() > now,
-			Busy: b.busy.Load(), InFlight: b.inflight.Load(), RemoteInFlight: b.remote.Load(),
+			Busy: b.busy(), InFlight: b.inflight.Load(), RemoteInFlight: b.remote.Load(),
 			Limit: t.ring.Limit(i),
 		}
 	}
@@ -567,7 +569,7 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(own), b.id, "own")
 		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(own+b.remote.Load()), b.id, "global")
 		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, b2f(t.ring.Backend(i).State == ring.Active && b.available(now)), b.id)
-		ch <- prometheus.MustNewConstMetric(descBusy, prometheus.GaugeValue, b2f(b.busy.Load()), b.id)
+		ch <- prometheus.MustNewConstMetric(descBusy, prometheus.GaugeValue, b2f(b.busy()), b.id)
 		ch <- prometheus.MustNewConstMetric(descLimit, prometheus.GaugeValue, float64(t.ring.Limit(i)), b.id)
 	}
 	ch <- prometheus.MustNewConstMetric(descEpoch, prometheus.GaugeValue, float64(t.epoch))

@@ -1,0 +1,92 @@
+package proxy
+
+import (
+	"testing"
+	"time"
+)
+
+// TestBusyFollowsInFlight checks the busy estimate: a scrape that saw a
+// queue anchors it at the in-flight count then less the queue, requests
+// ending drain it and new ones grow it without a new scrape, copies of the
+// scrape re-sent by gossip do not re-anchor it, and a scrape without a
+// queue, a failed one or a hostile figure end or bound it.
+func TestBusyFollowsInFlight(t *testing.T) {
+	p := totalsProxy(t)
+	setTotalsRing(t, p, totalsRingConfig(), totalsBackends([]int{1, 2}), 1)
+	id := "gpu-1/"
+	busy := func() bool {
+		t.Helper()
+		for _, s := range p.Status() {
+			if s.ID == id {
+				return s.Busy
+			}
+		}
+		t.Fatalf("no status for %s", id)
+		return false
+	}
+	tab := p.tab.Load()
+	i, _ := tab.ring.Index(id)
+	own := tab.bs[i]
+	t0 := time.Now()
+
+	if busy() {
+		t.Fatal("busy before any scrape")
+	}
+	// 10 in flight (6 of them on other routers), 3 queued: the engine
+	// runs 7.
+	own.inflight.Add(4)
+	p.SetRemote(id, 6, EngineQueue{Waiting: 3, Scraped: t0})
+	if !busy() {
+		t.Fatal("not busy with the scrape's queue still in flight")
+	}
+	// Two requests end on other routers; gossip re-sends the same scrape
+	// with its time a few milliseconds off.
+	p.SetRemote(id, 4, EngineQueue{Waiting: 3, Scraped: t0.Add(3 * time.Millisecond)})
+	if !busy() {
+		t.Fatal("not busy at 8 in flight, one queued")
+	}
+	// One more ends here: 7 in flight, what the engine runs.
+	own.inflight.Add(-1)
+	if busy() {
+		t.Fatal("busy once the queue drained (7 in flight)")
+	}
+	// A new request queues again, before any new scrape.
+	own.inflight.Add(1)
+	if !busy() {
+		t.Fatal("not busy at 8 in flight")
+	}
+	// The next scrape sees no queue: not busy, whatever is in flight.
+	p.SetRemote(id, 20, EngineQueue{Scraped: t0.Add(time.Second)})
+	if busy() {
+		t.Fatal("busy after a scrape without a queue")
+	}
+	// A later scrape re-anchors: 24 in flight, 2 queued.
+	p.SetRemote(id, 20, EngineQueue{Waiting: 2, Scraped: t0.Add(2 * time.Second)})
+	if !busy() {
+		t.Fatal("not busy after a new scrape with a queue")
+	}
+	p.SetRemote(id, 18, EngineQueue{Waiting: 2, Scraped: t0.Add(2*time.Second - time.Millisecond)})
+	if busy() {
+		t.Fatal("busy at 22 in flight with 22 running at the scrape")
+	}
+	// A failed scrape (no figures) ends the estimate.
+	p.SetRemote(id, 30, EngineQueue{})
+	if busy() {
+		t.Fatal("busy without engine figures")
+	}
+	// A queue larger than anything in flight (work from elsewhere, or a
+	// hostile figure) makes any request of ours wait: busy while one is
+	// in flight, and not once none is.
+	p.SetRemote(id, 0, EngineQueue{Waiting: 1 << 62, Scraped: t0.Add(3 * time.Second)})
+	if !busy() {
+		t.Fatal("not busy with our requests behind a huge queue")
+	}
+	own.inflight.Add(-own.inflight.Load())
+	if busy() {
+		t.Fatal("busy with nothing in flight")
+	}
+	// The other backend never had figures.
+	if s := p.Status(); s[0].ID == s[1].ID || (s[0].ID != id && s[0].Busy) || (s[1].ID != id && s[1].Busy) {
+		t.Fatalf("status %+v", s)
+	}
+}
