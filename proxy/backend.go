@@ -207,8 +207,14 @@ const engineCopyGap = 100 * time.Millisecond
 // counts rather than being re-anchored by each copy.
 func (b *backend) setQueue(q EngineQueue) {
 	if q.Waiting <= 0 || q.Scraped.IsZero() {
-		b.queueAt.Store(math.MaxInt64)
-		b.engineSeen.Store(0)
+		// Called on every change of the cluster's view: write only on a
+		// change, so the request path's reads of queueAt stay cached.
+		if b.queueAt.Load() != math.MaxInt64 {
+			b.queueAt.Store(math.MaxInt64)
+		}
+		if b.engineSeen.Load() != 0 {
+			b.engineSeen.Store(0)
+		}
 		return
 	}
 	at := q.Scraped.UnixNano()
