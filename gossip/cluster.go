@@ -410,6 +410,23 @@ func (c *Mesh) PartitionLoads(dst []uint64, maxAge time.Duration) int {
 	return c.st.addParts(dst, maxAge, time.Now())
 }
 
+// PublishHot shares the prompt prefixes this node's own traffic calls to
+// split (at most MaxHotEntries, shallowest first as given) with the other
+// nodes, once, with the next publish. Call it about twice a second while
+// there are any; the Raft leader splits what any node's traffic calls for
+// (HotPrefixes), so traffic that reaches only other routers is split too.
+func (c *Mesh) PublishHot(list []HotPrefix) {
+	if len(list) > 0 {
+		c.pub.setHot(list)
+	}
+}
+
+// HotPrefixes appends to dst the prefixes the other nodes published
+// within maxAge, each key once.
+func (c *Mesh) HotPrefixes(dst []HotPrefix, maxAge time.Duration) []HotPrefix {
+	return c.st.hotPrefixes(dst, maxAge, time.Now())
+}
+
 func (c *Mesh) signal() {
 	select {
 	case c.kick <- struct{}{}:

@@ -60,6 +60,7 @@ type publisher struct {
 	entry       []byte
 	health      []byte
 	parts       []byte // a tagParts payload for the next tick (empty: none)
+	hot         []byte // a tagHot payload for the next tick (empty: none)
 	partTop     []PartLoad
 	pk          packer
 }
@@ -173,6 +174,10 @@ func (p *publisher) publish(now time.Time, tick bool) [][]byte {
 		p.pk.addParts(p.parts)
 		p.parts = p.parts[:0]
 	}
+	if tick && len(p.hot) > 0 {
+		p.pk.addHot(p.hot)
+		p.hot = p.hot[:0]
+	}
 	pkts := p.pk.packets()
 	if len(pkts) == 0 && full && p.keepalive {
 		p.pk.flush()
@@ -221,6 +226,14 @@ func (p *publisher) setParts(loads []uint32, min uint32) {
 		return
 	}
 	p.parts, p.partTop = appendParts(p.parts[:0], loads, min, p.partTop)
+}
+
+// setHot queues the tagHot payload of list (see appendHot) for the next
+// tick, which sends it once: a lost one is replaced by the next.
+func (p *publisher) setHot(list []HotPrefix) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hot = appendHot(p.hot[:0], list)
 }
 
 // ownBlock appends this node's block with all its current figures, under

@@ -61,6 +61,9 @@ type remoteNode struct {
 	parts   uint64
 	partsAt time.Time
 	partLd  []PartLoad
+	// The node's last tagHot section and when it arrived.
+	hot   []HotPrefix
+	hotAt time.Time
 
 	// Signed mode only.
 	heard       bool      // a block of some run was accepted
@@ -379,6 +382,9 @@ func (s *state) applyFigures(n *remoteNode, blk *wireBlock, now time.Time) {
 		n.parts, n.partsAt = blk.parts, now
 		n.partLd = append(n.partLd[:0], blk.partLoad...)
 	}
+	if blk.hasHot && !blk.relays {
+		n.hot, n.hotAt = append(n.hot[:0], blk.hot...), now
+	}
 	for i := range blk.loads {
 		l := &blk.loads[i]
 		if l.inFlight < 0 || l.inFlight > MaxInFlight || l.age > maxAge {
@@ -471,6 +477,29 @@ func (s *state) addParts(dst []uint64, maxAge time.Duration, now time.Time) int 
 	return nodes
 }
 
+// hotPrefixes appends to dst the hot prefixes of every node heard from
+// within maxAge, each key once.
+func (s *state) hotPrefixes(dst []HotPrefix, maxAge time.Duration, now time.Time) []HotPrefix {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seen := make(map[uint64]bool, len(dst))
+	for _, h := range dst {
+		seen[h.Key] = true
+	}
+	for _, n := range s.nodes {
+		if n.closed || now.Sub(n.hotAt) > maxAge {
+			continue
+		}
+		for _, h := range n.hot {
+			if !seen[h.Key] {
+				seen[h.Key] = true
+				dst = append(dst, h)
+			}
+		}
+	}
+	return dst
+}
+
 // engineRescrapeGap: a newer scrape with identical figures rebuilds the
 // View only when it is this much newer (re-sent copies of one scrape
 // differ by rounding).
@@ -526,6 +555,7 @@ func (s *state) resetNode(n *remoteNode) {
 		s.engineDirty = true
 	}
 	n.parts, n.partLd = 0, n.partLd[:0]
+	n.hot, n.hotAt = n.hot[:0], time.Time{}
 }
 
 // setLocal records engine stats scraped by this node.

@@ -26,6 +26,7 @@ import (
 //	tagHealth     entry = backend:string flags:byte (healthFailing: the sender sees it failing)
 //	tagChain      payload = chain (version 2 state messages only)
 //	tagParts      payload = partitions:uvarint (partition:uvarint count:uvarint)*
+//	tagHot        payload = (key:uint64le depth:uvarint)*
 //
 // A kindPublish message carries one block from its sender; figures in a
 // tagLoads section carry the block's seq and are fresh. A kindState
@@ -38,7 +39,11 @@ import (
 // sender's own publish block, about once a second) carries the sender's
 // busiest ring partitions by recent request count, for the Raft leader's
 // balancer; partitions is the sender's ring partition count, so counts of
-// a ring of another size are not mixed. A kindBye message is a block without sections:
+// a ring of another size are not mixed. A tagHot section (in a sender's
+// own publish block, about twice a second) carries the prompt prefixes the
+// sender's own traffic calls to split (ring.Split: a block-chain key and
+// its depth), for the Raft leader, which splits what any router's traffic
+// calls for. A kindBye message is a block without sections:
 // its sender is leaving and its figures must be dropped now.
 //
 // Version 2 (signed; nodes with an Identity) wraps exactly one block, the
@@ -81,6 +86,7 @@ const (
 	tagHealth     = 4
 	tagChain      = 5
 	tagParts      = 6
+	tagHot        = 7
 
 	// maxString bounds any string on the wire.
 	maxString = 1024
@@ -95,6 +101,11 @@ const (
 	// MaxPartEntries bounds the partitions of one tagParts section (at
 	// most 10 bytes each, so a section fits a packet beside a signature).
 	MaxPartEntries = 96
+	// MaxHotEntries bounds the prefixes of one tagHot section (9 bytes
+	// each, so a section fits a packet beside a signature).
+	MaxHotEntries = 64
+	// MaxHotDepth bounds a hot prefix's depth (ring.MaxChainBlocks).
+	MaxHotDepth = 64
 	// MaxPartitions bounds a tagParts section's partition count (it is
 	// ring's bound on PartitionCount).
 	MaxPartitions = 1 << 20
@@ -177,6 +188,15 @@ type wireBlock struct {
 	relays   bool     // holds a tagLoadsRelay section
 	parts    uint64   // tagParts: the origin's partition count (0: no section)
 	partLoad []PartLoad
+	hasHot   bool // holds a tagHot section
+	hot      []HotPrefix
+}
+
+// HotPrefix is a prompt prefix a router's traffic calls to split: a
+// block-chain key and its depth in blocks (ring.Split).
+type HotPrefix struct {
+	Key   uint64
+	Depth uint32
 }
 
 // PartLoad is one ring partition's recent request count on one router, in
@@ -311,6 +331,7 @@ func (blk *wireBlock) decode(r *reader) error {
 	blk.chain = blk.chain[:0]
 	blk.relays = false
 	blk.parts, blk.partLoad = 0, blk.partLoad[:0]
+	blk.hasHot, blk.hot = false, blk.hot[:0]
 	blk.origin = r.str(maxNodeName)
 	blk.instance = r.uvarint()
 	blk.seq = r.uvarint()
@@ -391,6 +412,18 @@ func (blk *wireBlock) decode(r *reader) error {
 					return ErrBadMessage
 				}
 				blk.partLoad = append(blk.partLoad, PartLoad{Partition: uint32(part), Count: uint32(count)})
+			}
+		case tagHot:
+			if blk.hasHot {
+				return ErrBadMessage
+			}
+			blk.hasHot = true
+			for len(sec.b) > 0 {
+				key, depth := sec.u64le(), sec.uvarint()
+				if sec.err || depth >= MaxHotDepth || len(blk.hot) >= MaxHotEntries {
+					return ErrBadMessage
+				}
+				blk.hot = append(blk.hot, HotPrefix{Key: key, Depth: uint32(depth)})
 			}
 		default:
 			// A section from a later version: skip it.
@@ -498,6 +531,16 @@ func (r *reader) bytes(limit int) []byte {
 	s := r.b[:n:n]
 	r.b = r.b[n:]
 	return s
+}
+
+func (r *reader) u64le() uint64 {
+	if r.err || len(r.b) < 8 {
+		r.err = true
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(r.b)
+	r.b = r.b[8:]
+	return v
 }
 
 func (r *reader) float32() float64 {
@@ -632,6 +675,7 @@ type packer struct {
 	engines []byte
 	health  []byte
 	parts   []byte // a whole tagParts payload
+	hot     []byte // a whole tagHot payload
 	block   []byte
 	out     [][]byte // packets; their buffers are reused by reset
 	n       int      // packets in use
@@ -644,15 +688,18 @@ func (p *packer) reset(kind byte, origin string, instance, seq uint64) {
 	p.engines = p.engines[:0]
 	p.health = p.health[:0]
 	p.parts = p.parts[:0]
+	p.hot = p.hot[:0]
 	p.n = 0
 }
 
 // size is an upper bound of the packet holding the pending sections.
 func (p *packer) size() int {
-	return 3 + binary.MaxVarintLen32 + len(p.head) + 4*(1+binary.MaxVarintLen32) + len(p.loads) + len(p.engines) + len(p.health) + len(p.parts)
+	return 3 + binary.MaxVarintLen32 + len(p.head) + 4*(1+binary.MaxVarintLen32) + len(p.loads) + len(p.engines) + len(p.health) + len(p.parts) + len(p.hot)
 }
 
-func (p *packer) pending() bool { return len(p.loads) > 0 || len(p.engines) > 0 || len(p.parts) > 0 }
+func (p *packer) pending() bool {
+	return len(p.loads) > 0 || len(p.engines) > 0 || len(p.parts) > 0 || len(p.hot) > 0
+}
 
 // addLoad appends a tagLoads entry and, when health is not empty, its
 // tagHealth entry to the same packet, which the receiver needs to pair
@@ -681,6 +728,16 @@ func (p *packer) addParts(payload []byte) {
 	}
 }
 
+// addHot adds a tagHot payload, whole (a packet holds at most one).
+func (p *packer) addHot(payload []byte) {
+	if len(p.hot) > 0 {
+		p.flush()
+	}
+	if p.fit(len(payload)) {
+		p.hot = append(p.hot, payload...)
+	}
+}
+
 // fit makes room for n more bytes, flushing the pending entries into a
 // packet first when they would not fit. It reports false for an entry too
 // large for any packet, which is dropped.
@@ -706,6 +763,9 @@ func (p *packer) flush() {
 	if len(p.parts) > 0 {
 		p.block = appendSection(p.block, tagParts, p.parts)
 	}
+	if len(p.hot) > 0 {
+		p.block = appendSection(p.block, tagHot, p.hot)
+	}
 	if p.n == len(p.out) {
 		p.out = append(p.out, nil)
 	}
@@ -718,6 +778,22 @@ func (p *packer) flush() {
 	p.engines = p.engines[:0]
 	p.health = p.health[:0]
 	p.parts = p.parts[:0]
+	p.hot = p.hot[:0]
+}
+
+// appendHot appends a tagHot payload: the first MaxHotEntries of list
+// whose depth is in range.
+func appendHot(dst []byte, list []HotPrefix) []byte {
+	n := 0
+	for _, h := range list {
+		if h.Depth >= MaxHotDepth || n == MaxHotEntries {
+			continue
+		}
+		dst = binary.LittleEndian.AppendUint64(dst, h.Key)
+		dst = binary.AppendUvarint(dst, uint64(h.Depth))
+		n++
+	}
+	return dst
 }
 
 // appendParts appends a tagParts payload: the partition count, then the

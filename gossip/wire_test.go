@@ -181,6 +181,8 @@ func FuzzDecode(f *testing.F) {
 	pp := testPublisher(&testing.T{}, staticSource{{Backend: "b1", InFlight: 1}})
 	pp.setParts([]uint32{0, 7, 300, 0, 1 << 20}, 1)
 	f.Add(append([]byte(nil), pp.next(now)[0]...))
+	pp.setHot([]HotPrefix{{Key: 1 << 40, Depth: 2}, {Key: 3, Depth: MaxHotDepth - 1}})
+	f.Add(append([]byte(nil), pp.next(now.Add(time.Second))[0]...))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s := newState("self", time.Minute, time.Minute)
 		s.join("node-a")

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -213,5 +214,100 @@ func TestBalanceFromFollowersTraffic(t *testing.T) {
 				t.Fatalf("%s routes %q to %s, router 0 to %s", n.name, p, e.Backend, first)
 			}
 		}
+	}
+}
+
+// TestSplitsFromFollowerTraffic sends conversations over a shared preamble
+// through one follower only, as clients pinned to one router by their
+// connections do. The leader's own counts stay empty: it must split the
+// preamble from the splits the follower shares through gossip, and every
+// router must install them.
+func TestSplitsFromFollowerTraffic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-node test")
+	}
+	var urls []string
+	for i := 0; i < 5; i++ {
+		urls = append(urls, newHoldEngine(t, time.Millisecond).srv.URL)
+	}
+	nodes := startClusterRaft(t, 3, 300*time.Millisecond, func(i int, c *Config) { *c = testConfig(urls) })
+	for _, n := range nodes {
+		waitAgreed(t, n)
+	}
+	var leader, follower *Node
+	for _, n := range nodes {
+		switch {
+		case n.agree.IsLeader():
+			leader = n
+		case follower == nil:
+			follower = n
+		}
+	}
+	if leader == nil || follower == nil {
+		t.Fatal("no leader and follower")
+	}
+	preamble := strings.Repeat("Shared operating manual, version 7. ", 90) // 3,240 bytes
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var wg sync.WaitGroup
+	for c := 0; c < 3; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil && i < 20000; i++ {
+				conv := (c*40 + i) % 120
+				_, _ = send("http://"+follower.TrafficAddr().String(), chat(preamble+fmt.Sprintf("conversation %d asks about item %d", conv, conv*7)))
+			}
+		}()
+	}
+	start := time.Now()
+	waitFor(t, 30*time.Second, "the preamble split on every router", func() bool {
+		for _, n := range nodes {
+			if len(n.proxy.Splits()) < 3 {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("preamble split on all three routers %v after the load started", time.Since(start).Round(time.Millisecond))
+	stop()
+	wg.Wait()
+	if own := leader.proxy.HotSplits(); len(own) != 0 {
+		t.Fatalf("the leader's own traffic called for splits %v; the test sends it nothing", own)
+	}
+	st, _ := leader.agree.State()
+	if len(st.Splits) < 3 {
+		t.Fatalf("agreed splits %v", st.Splits)
+	}
+}
+
+// TestUnionSplits: the leader's union keeps its own splits, adds the
+// others' in canonical order, drops depths past the chain and stops at
+// ring.MaxSplits, shallowest first.
+func TestUnionSplits(t *testing.T) {
+	if gossip.MaxHotDepth != ring.MaxChainBlocks {
+		t.Fatalf("gossip.MaxHotDepth %d, ring.MaxChainBlocks %d", gossip.MaxHotDepth, ring.MaxChainBlocks)
+	}
+	own := []ring.Split{{Key: 9, Depth: 1}}
+	if got := unionSplits(own, nil); !slices.Equal(got, own) {
+		t.Fatalf("no others: %v", got)
+	}
+	got := unionSplits(own, []gossip.HotPrefix{{Key: 5, Depth: 2}, {Key: 4, Depth: 0}, {Key: 8, Depth: ring.MaxChainBlocks}})
+	if want := []ring.Split{{Key: 4, Depth: 0}, {Key: 9, Depth: 1}, {Key: 5, Depth: 2}}; !slices.Equal(got, want) {
+		t.Fatalf("union %v, want %v", got, want)
+	}
+	if !slices.Equal(own, []ring.Split{{Key: 9, Depth: 1}}) {
+		t.Fatalf("own changed: %v", own)
+	}
+	var many []gossip.HotPrefix
+	for i := 0; i < ring.MaxSplits+10; i++ {
+		many = append(many, gossip.HotPrefix{Key: uint64(i + 100), Depth: uint32(i % 3)})
+	}
+	got = unionSplits(own, many)
+	if len(got) != ring.MaxSplits || got[0].Depth != 0 || got[len(got)-1].Depth != 2 {
+		t.Fatalf("%d splits, depths %d..%d", len(got), got[0].Depth, got[len(got)-1].Depth)
+	}
+	if _, err := ring.NewSplits(got); err != nil {
+		t.Fatal(err)
 	}
 }
