@@ -50,16 +50,7 @@ func TestSplitsAgreedAcrossRouters(t *testing.T) {
 		}()
 	}
 	// The preamble fills three blocks: all three must be split.
-	start := time.Now()
-	waitFor(t, 30*time.Second, "the preamble split on every router", func() bool {
-		for _, n := range nodes {
-			if len(n.proxy.Splits()) < 3 {
-				return false
-			}
-		}
-		return true
-	})
-	t.Logf("preamble split on all three routers %v after the load started", time.Since(start).Round(time.Millisecond))
+	waitSplit(t, nodes, 3)
 	stop()
 	wg.Wait()
 	// Settled: the same splits and epoch everywhere.
@@ -217,6 +208,22 @@ func TestBalanceFromFollowersTraffic(t *testing.T) {
 	}
 }
 
+// waitSplit waits until every router has at least n splits installed (a
+// preamble of n blocks split whole) and logs how long that took.
+func waitSplit(t *testing.T, nodes []*Node, n int) {
+	t.Helper()
+	start := time.Now()
+	waitFor(t, 30*time.Second, "the preamble split on every router", func() bool {
+		for _, nd := range nodes {
+			if len(nd.proxy.Splits()) < n {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("preamble split on all %d routers %v after the load started", len(nodes), time.Since(start).Round(time.Millisecond))
+}
+
 // TestSplitsFromFollowerTraffic sends conversations over a shared preamble
 // through one follower only, as clients pinned to one router by their
 // connections do. The leader's own counts stay empty: it must split the
@@ -260,16 +267,7 @@ func TestSplitsFromFollowerTraffic(t *testing.T) {
 			}
 		}()
 	}
-	start := time.Now()
-	waitFor(t, 30*time.Second, "the preamble split on every router", func() bool {
-		for _, n := range nodes {
-			if len(n.proxy.Splits()) < 3 {
-				return false
-			}
-		}
-		return true
-	})
-	t.Logf("preamble split on all three routers %v after the load started", time.Since(start).Round(time.Millisecond))
+	waitSplit(t, nodes, 3)
 	stop()
 	wg.Wait()
 	own, _ := leader.proxy.PartitionLoads(nil)
