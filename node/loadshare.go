@@ -120,17 +120,13 @@ type engineState struct {
 	m  map[string]engine.Stats
 }
 
-// engineQueue is what a scrape says about the engine's queue, for the
+// engineQueue is what this node's own scrape says about the engine's
+// queue: the same as the scrape shared through gossip would say.
+func engineQueue(s engine.Stats) proxy.EngineQueue { return gossipQueue(toGossip(s)) }
+
+// gossipQueue is what a scrape says about the engine's queue, for the
 // proxy's busy estimate: nothing when the scrape failed or the engine
 // exports no queue figure.
-func engineQueue(s engine.Stats) proxy.EngineQueue {
-	if !s.OK || s.Known&engine.KnownWaiting == 0 {
-		return proxy.EngineQueue{}
-	}
-	return proxy.EngineQueue{Waiting: queued(s.Waiting), Scraped: s.Scraped}
-}
-
-// gossipQueue is engineQueue for figures that came through gossip.
 func gossipQueue(s gossip.EngineStats) proxy.EngineQueue {
 	if !s.Has(gossip.EngineWaiting) {
 		return proxy.EngineQueue{}
