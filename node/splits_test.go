@@ -22,37 +22,14 @@ func TestSplitsAgreedAcrossRouters(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-node test")
 	}
-	var urls []string
-	for i := 0; i < 5; i++ {
-		urls = append(urls, newHoldEngine(t, time.Millisecond).srv.URL)
-	}
-	nodes := startClusterRaft(t, 3, 300*time.Millisecond, func(i int, c *Config) { *c = testConfig(urls) })
-	for _, n := range nodes {
-		waitAgreed(t, n)
-	}
+	nodes := startSplitCluster(t)
 	if r, _ := nodes[0].proxy.Ring(); !r.Config().Adaptive() {
 		t.Fatal("the default settings do not use ADAPTIVE keys")
 	}
-	preamble := strings.Repeat("Shared operating manual, version 7. ", 90) // 3,240 bytes
-	prompt := func(conv int) string {
-		return chat(preamble + fmt.Sprintf("conversation %d asks about item %d", conv, conv*7))
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	var wg sync.WaitGroup
-	for c := 0; c < 3; c++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ctx.Err() == nil && i < 20000; i++ {
-				_, _ = send("http://"+nodes[(c+i)%3].TrafficAddr().String(), prompt(i%120))
-			}
-		}()
-	}
+	stop := loadConversations(t, func(c, i int) *Node { return nodes[(c+i)%3] })
 	// The preamble fills three blocks: all three must be split.
 	waitSplit(t, nodes, 3)
 	stop()
-	wg.Wait()
 	// Settled: the same splits and epoch everywhere.
 	waitFor(t, 10*time.Second, "one epoch and one split set", func() bool {
 		_, e0 := nodes[0].proxy.Ring()
@@ -69,14 +46,14 @@ func TestSplitsAgreedAcrossRouters(t *testing.T) {
 	}
 	backends := map[string]int{}
 	for conv := 0; conv < 120; conv++ {
-		body := []byte(prompt(conv))
+		body := []byte(conversation(conv))
 		var first string
 		for j, n := range nodes {
 			info, e, err := n.proxy.Explain(ring.Chat, body, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if info.PrefixBytes <= len(preamble) {
+			if info.PrefixBytes <= len(splitPreamble) {
 				t.Fatalf("conversation %d routes on %d bytes, inside the preamble", conv, info.PrefixBytes)
 			}
 			if j == 0 {
@@ -170,13 +147,7 @@ func TestBalanceFromFollowersTraffic(t *testing.T) {
 	})
 	t.Logf("partitions moved %v after the load started", time.Since(start).Round(time.Millisecond))
 	stop()
-	wg.Wait()
-	own, _ := leader.proxy.PartitionLoads(nil)
-	for p, c := range own {
-		if c != 0 {
-			t.Fatalf("the leader counted partition %d (%d); the test sends nothing through it", p, c)
-		}
-	}
+	leaderSawNothing(t, leader)
 	st, _ := leader.agree.State()
 	for _, m := range st.Moves {
 		if m.Backend == hot {
@@ -208,6 +179,64 @@ func TestBalanceFromFollowersTraffic(t *testing.T) {
 	}
 }
 
+// splitPreamble is the split tests' shared preamble: 3,240 bytes, three
+// chain blocks.
+var splitPreamble = strings.Repeat("Shared operating manual, version 7. ", 90)
+
+// startSplitCluster starts three clustered routers with default settings
+// in front of five engines that answer in a millisecond, and waits until
+// each has applied the agreed state.
+func startSplitCluster(t *testing.T) []*Node {
+	t.Helper()
+	var urls []string
+	for i := 0; i < 5; i++ {
+		urls = append(urls, newHoldEngine(t, time.Millisecond).srv.URL)
+	}
+	nodes := startClusterRaft(t, 3, 300*time.Millisecond, func(i int, c *Config) { *c = testConfig(urls) })
+	for _, n := range nodes {
+		waitAgreed(t, n)
+	}
+	return nodes
+}
+
+// conversation is conversation conv's prompt over the split tests'
+// shared preamble.
+func conversation(conv int) string {
+	return chat(splitPreamble + fmt.Sprintf("conversation %d asks about item %d", conv, conv*7))
+}
+
+// loadConversations sends 120 conversations over the shared preamble from
+// three clients, request i of client c to route(c, i), until the returned
+// stop is called (or 20,000 requests per client); stop waits for them.
+func loadConversations(t *testing.T, route func(c, i int) *Node) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for c := 0; c < 3; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil && i < 20000; i++ {
+				_, _ = send("http://"+route(c, i).TrafficAddr().String(), conversation((c*40+i)%120))
+			}
+		}()
+	}
+	stop = func() { cancel(); wg.Wait() }
+	t.Cleanup(stop)
+	return stop
+}
+
+// leaderSawNothing fails the test if the leader counted a request: the
+// tests that call it send their traffic through the followers only.
+func leaderSawNothing(t *testing.T, leader *Node) {
+	t.Helper()
+	own, _ := leader.proxy.PartitionLoads(nil)
+	for p, c := range own {
+		if c != 0 {
+			t.Fatalf("the leader counted partition %d (%d); the test sends nothing through it", p, c)
+		}
+	}
+}
+
 // waitSplit waits until every router has at least n splits installed (a
 // preamble of n blocks split whole) and logs how long that took.
 func waitSplit(t *testing.T, nodes []*Node, n int) {
@@ -233,14 +262,7 @@ func TestSplitsFromFollowerTraffic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-node test")
 	}
-	var urls []string
-	for i := 0; i < 5; i++ {
-		urls = append(urls, newHoldEngine(t, time.Millisecond).srv.URL)
-	}
-	nodes := startClusterRaft(t, 3, 300*time.Millisecond, func(i int, c *Config) { *c = testConfig(urls) })
-	for _, n := range nodes {
-		waitAgreed(t, n)
-	}
+	nodes := startSplitCluster(t)
 	var leader, follower *Node
 	for _, n := range nodes {
 		switch {
@@ -253,29 +275,10 @@ func TestSplitsFromFollowerTraffic(t *testing.T) {
 	if leader == nil || follower == nil {
 		t.Fatal("no leader and follower")
 	}
-	preamble := strings.Repeat("Shared operating manual, version 7. ", 90) // 3,240 bytes
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	var wg sync.WaitGroup
-	for c := 0; c < 3; c++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ctx.Err() == nil && i < 20000; i++ {
-				conv := (c*40 + i) % 120
-				_, _ = send("http://"+follower.TrafficAddr().String(), chat(preamble+fmt.Sprintf("conversation %d asks about item %d", conv, conv*7)))
-			}
-		}()
-	}
+	stop := loadConversations(t, func(int, int) *Node { return follower })
 	waitSplit(t, nodes, 3)
 	stop()
-	wg.Wait()
-	own, _ := leader.proxy.PartitionLoads(nil)
-	for p, c := range own {
-		if c != 0 {
-			t.Fatalf("the leader counted partition %d (%d); the test sends nothing through it", p, c)
-		}
-	}
+	leaderSawNothing(t, leader)
 	st, _ := leader.agree.State()
 	if len(st.Splits) < 3 {
 		t.Fatalf("agreed splits %v", st.Splits)
