@@ -143,7 +143,13 @@ func (n *Node) validateState(s cluster.State) error {
 			return fmt.Errorf("backend %s: %w", b.ID, err)
 		}
 	}
-	_, err := ring.New(rc, rbs)
+	n.ringMu.Lock()
+	base := n.baseRing
+	n.ringMu.Unlock()
+	if base != nil && sameRing(base, rc, rbs) {
+		return nil // the ring this node routes on
+	}
+	_, err := base.Rebuild(rc, rbs)
 	return err
 }
 

@@ -198,13 +198,14 @@ const (
 
 // installRing builds a ring and hands it to the proxy, or hands it the
 // ring it has when that one was built from the same settings and
-// backends (the agreed state usually repeats the config file's).
+// backends (the agreed state usually repeats the config file's). A
+// membership change is merged into the last ring's circle (Rebuild).
 func (n *Node) installRing(rc ring.Config, backends []ring.Backend, moves []ring.Move, epoch uint64) (rebuilt bool, err error) {
 	n.ringMu.Lock()
 	defer n.ringMu.Unlock()
 	base := n.baseRing
 	if base == nil || !sameRing(base, rc, backends) {
-		if base, err = ring.New(rc, backends); err != nil {
+		if base, err = base.Rebuild(rc, backends); err != nil {
 			return false, err
 		}
 		n.baseRing, rebuilt = base, true

@@ -111,7 +111,7 @@ func (p *Proxy) withModels(t *table) *table {
 		r := c.rings[name]
 		if r == nil {
 			var err error
-			if r, err = ring.New(cfg, bs); err != nil {
+			if r, err = t.ring.Rebuild(cfg, bs); err != nil {
 				p.log.Warn("cannot build a model's ring; its requests use the whole fleet", "model", name, "backends", len(bs), "err", err)
 				return &out
 			}

@@ -118,6 +118,34 @@ func BenchmarkNewRebuild(b *testing.B) {
 	}
 }
 
+// BenchmarkRebuild is a membership change to n backends: Rebuild from a
+// ring over n-1 where one joins, or over n+1 where one leaves.
+// BenchmarkNewRebuild builds the same ring from scratch.
+func BenchmarkRebuild(b *testing.B) {
+	for _, n := range []int{10, 100, 1000} {
+		bs := gpus(n + 1)
+		for _, c := range []struct {
+			name string
+			from []Backend
+		}{{"join", bs[:n-1]}, {"leave", bs}} {
+			prev, err := New(DefaultConfig(), c.from)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Run(fmt.Sprintf("backends=%d/%s", n, c.name), func(b *testing.B) {
+				b.ReportAllocs()
+				start := cpuTime()
+				for b.Loop() {
+					if _, err := prev.Rebuild(DefaultConfig(), bs[:n]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(cpuTime()-start)/float64(b.N), "cpu-ns/op")
+			})
+		}
+	}
+}
+
 // retained is the live heap one ring over bs holds.
 func retained(b *testing.B, bs []Backend) uint64 {
 	var before, after runtime.MemStats

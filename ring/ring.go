@@ -8,9 +8,11 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"reflect"
 	"sync/atomic"
 
 	"github.com/buraksezer/consistent"
+	"github.com/cespare/xxhash/v2"
 )
 
 // Ring is an immutable placement snapshot: backends, the owner of every
@@ -29,6 +31,10 @@ type Ring struct {
 	order []int32
 	rr    *atomic.Uint64
 	moved int // partitions WithMoves gave another owner
+	// circle is the sorted virtual-node circle the ring was placed on,
+	// kept so that Rebuild merges a membership change into it instead of
+	// hashing and sorting every virtual node again.
+	circle *circle
 }
 
 // memberName is a backend's member name on the circle. Virtual nodes are
@@ -43,6 +49,34 @@ func memberName(id string) string { return id + "/" }
 // their order. An empty backend set gives a ring whose Pick always returns
 // ErrNoBackend.
 func New(cfg Config, backends []Backend) (*Ring, error) {
+	return build(cfg, backends, nil)
+}
+
+// Rebuild returns what New(cfg, backends) returns, reusing r's circle of
+// virtual nodes when cfg places them as r's config did (the same
+// ReplicationFactor and the default hash): the virtual nodes of backends
+// that left are dropped, those of backends that joined are hashed and
+// merged in, and the rest are neither hashed nor sorted again. A
+// membership change at 1,000 backends then costs a fraction of a build
+// from scratch (BenchmarkRebuild). TestRebuildMatchesNew checks that the
+// rings are the same.
+func (r *Ring) Rebuild(cfg Config, backends []Backend) (*Ring, error) {
+	if r == nil || r.circle == nil || r.cfg.ReplicationFactor != cfg.ReplicationFactor ||
+		!isDefaultHash(r.cfg.Hash) || !isDefaultHash(cfg.Hash) {
+		return New(cfg, backends)
+	}
+	return build(cfg, backends, r)
+}
+
+// isDefaultHash reports whether h is xxhash.Sum64, the hash ConfigFor
+// sets: a plain function, so equal pointers mean equal hashes (a test's
+// closure could share its code with another that hashes differently).
+func isDefaultHash(h func([]byte) uint64) bool {
+	return h != nil && reflect.ValueOf(h).Pointer() == reflect.ValueOf(xxhash.Sum64).Pointer()
+}
+
+// build is New, merging into prev's circle when prev is not nil.
+func build(cfg Config, backends []Backend, prev *Ring) (*Ring, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -85,13 +119,20 @@ func New(cfg Config, backends []Backend) (*Ring, error) {
 	parts := cfg.partitions(len(bs))
 	r.parts = uint64(parts)
 	r.depth = min(cfg.OverflowDepth, len(bs))
-	c := newCircle(virtualNodes(cfg, bs), cfg.ReplicationFactor)
+	var c *circle
+	if prev != nil {
+		c = prev.circle.merge(cfg, prev.backends, bs)
+	} else {
+		c = newCircle(virtualNodes(cfg, bs), cfg.ReplicationFactor)
+	}
 	starts := c.starts(cfg, parts)
 	owners, err := partitionOwners(cfg, bs, c, starts)
 	if err != nil {
 		return nil, err
 	}
 	r.order = overflowOrders(len(bs), c, starts, owners, r.depth)
+	// Rebuild needs only the sorted virtual nodes; merge re-indexes them.
+	r.circle = &circle{hash: c.hash, backend: c.backend}
 	return r, nil
 }
 
@@ -154,10 +195,7 @@ type circle struct {
 // order is the same as sorting by (hash, backend).
 func newCircle(hashes []uint64, rf int) *circle {
 	n := len(hashes)
-	bits := uint(1)
-	for bits < 20 && 2<<bits < n {
-		bits++
-	}
+	bits := circleBits(n)
 	c := &circle{
 		hash:    make([]uint64, n),
 		backend: make([]int32, n),
@@ -213,6 +251,92 @@ func newCircle(hashes []uint64, rf int) *circle {
 		c.dups = c.dups || (j > 0 && hs[j-1] == h)
 	}
 	return c
+}
+
+// merge returns the circle of backends bs (sorted by ID) from c, the
+// circle of backends prev (sorted by ID), both placed by cfg: c's virtual
+// nodes of backends still in bs, renumbered, merged with the new backends'
+// (hashed and sorted here). Renumbering keeps the old backends' relative
+// order, so the merged circle is sorted by (hash, backend) as newCircle
+// sorts it, and equal to it.
+func (c *circle) merge(cfg Config, prev, bs []Backend) *circle {
+	rf := cfg.ReplicationFactor
+	renum := make([]int32, len(prev)) // prev index -> bs index, -1 if gone
+	var joined []Backend
+	var joinedAt []int32
+	left := 0
+	for i, j := 0, 0; i < len(prev) || j < len(bs); {
+		switch {
+		case j == len(bs) || (i < len(prev) && prev[i].ID < bs[j].ID):
+			renum[i] = -1
+			left++
+			i++
+		case i == len(prev) || bs[j].ID < prev[i].ID:
+			joined = append(joined, bs[j])
+			joinedAt = append(joinedAt, int32(j))
+			j++
+		default:
+			renum[i] = int32(j)
+			i++
+			j++
+		}
+	}
+	fresh := make([]vnode, 0, len(joined)*rf)
+	for k, h := range virtualNodes(cfg, joined) {
+		fresh = append(fresh, vnode{hash: h, backend: joinedAt[k/rf]})
+	}
+	slices.SortFunc(fresh, func(x, y vnode) int {
+		if x.hash != y.hash {
+			return cmp.Compare(x.hash, y.hash)
+		}
+		return cmp.Compare(x.backend, y.backend)
+	})
+	n := len(c.hash) - left*rf + len(fresh)
+	out := &circle{hash: make([]uint64, n), backend: make([]int32, n)}
+	bits := circleBits(n)
+	out.shift = 64 - bits
+	out.bucket = make([]int32, 1<<bits+1)
+	hs, bk, count := out.hash, out.backend, out.bucket
+	k, f := 0, 0
+	put := func(h uint64, b int32) {
+		hs[k], bk[k] = h, b
+		count[h>>out.shift+1]++
+		k++
+	}
+	for i, h := range c.hash {
+		b := renum[c.backend[i]]
+		if b < 0 {
+			continue
+		}
+		for f < len(fresh) && (fresh[f].hash < h || fresh[f].hash == h && fresh[f].backend < b) {
+			put(fresh[f].hash, fresh[f].backend)
+			f++
+		}
+		put(h, b)
+	}
+	for ; f < len(fresh); f++ {
+		put(fresh[f].hash, fresh[f].backend)
+	}
+	for i := 1; i < n; i++ {
+		if hs[i] == hs[i-1] {
+			out.dups = true
+			break
+		}
+	}
+	for b := 1; b < len(count); b++ {
+		count[b] += count[b-1]
+	}
+	return out
+}
+
+// circleBits is how many top bits of a hash index a circle of n virtual
+// nodes: about one virtual node per bucket, at most 2^20 buckets.
+func circleBits(n int) uint {
+	bits := uint(1)
+	for bits < 20 && 2<<bits < n {
+		bits++
+	}
+	return bits
 }
 
 // sortRange sorts virtual nodes lo..hi-1 by (hash, backend).
