@@ -5,10 +5,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"sort"
 	"strconv"
-	"reflect"
 	"sync/atomic"
 
 	"github.com/buraksezer/consistent"
