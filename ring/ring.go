@@ -16,8 +16,9 @@ import (
 )
 
 // Ring is an immutable placement snapshot: backends, the owner of every
-// partition and every partition's overflow order. Build one with New and
-// share it freely; only the round-robin cursor changes after New.
+// partition and every partition's overflow order. Build one with New (or,
+// after a membership change, with the last ring's Rebuild) and share it
+// freely; only the round-robin cursor changes after New.
 type Ring struct {
 	cfg      Config
 	backends []Backend
