@@ -154,28 +154,45 @@ func TestBalanceFromFollowersTraffic(t *testing.T) {
 			t.Fatalf("a partition moved onto the hot backend %s: %+v", hot, m)
 		}
 	}
-	waitFor(t, 10*time.Second, "one epoch everywhere", func() bool {
+	// Once the load has stopped, the routers must settle on one epoch and
+	// route every prompt alike. Right after it they need not: requests
+	// still open count on some routers until their end is gossiped (22-47
+	// ms in ten runs), and the leader may commit one more round of moves,
+	// so agreement is awaited, for at most 2 s, not sampled once.
+	var diff string
+	agree := func() bool {
 		_, e0 := nodes[0].proxy.Ring()
-		for _, n := range nodes[1:] {
+		for _, p := range prompts {
+			var first string
+			for j, n := range nodes {
+				_, e, err := n.proxy.Explain(ring.Chat, []byte(p), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if j == 0 {
+					first = e.Backend
+				} else if e.Backend != first {
+					diff = fmt.Sprintf("%s routes %q to %s, router 0 to %s", n.name, p, e.Backend, first)
+					return false
+				}
+			}
+		}
+		for _, n := range nodes {
 			if _, e := n.proxy.Ring(); e != e0 {
+				diff = fmt.Sprintf("%s is at epoch %d, router 0 at %d", n.name, e, e0)
 				return false
 			}
 		}
 		return true
-	})
-	for _, p := range prompts {
-		var first string
-		for j, n := range nodes {
-			_, e, err := n.proxy.Explain(ring.Chat, []byte(p), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if j == 0 {
-				first = e.Backend
-			} else if e.Backend != first {
-				t.Fatalf("%s routes %q to %s, router 0 to %s", n.name, p, e.Backend, first)
-			}
+	}
+	settle := time.Now()
+	for deadline := settle.Add(2 * time.Second); !agree(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("2 s after the load stopped the routers still disagree: %s", diff)
 		}
+	}
+	if diff != "" {
+		t.Logf("the routers agreed %v after the load stopped; before: %s", time.Since(settle).Round(time.Millisecond), diff)
 	}
 }
 
