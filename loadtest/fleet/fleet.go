@@ -240,7 +240,7 @@ func (f *Fleet) startRouters(ctx context.Context) error {
 		args := proc.ServeArgs{
 			Listen:               addrs[2*i],
 			AdminListen:          addrs[2*i+1],
-			Backends:             f.backends,
+			Backends:             f.routerBackends(),
 			Strategy:             f.cfg.Strategy,
 			PrefixLength:         f.cfg.PrefixLength,
 			ConcurrencyThreshold: f.cfg.ConcurrencyThreshold,
@@ -287,11 +287,32 @@ func (f *Fleet) startProc(name string, args []string) (*proc.Process, error) {
 // BackendURLs returns the instances' base URLs.
 func (f *Fleet) BackendURLs() []string { return append([]string(nil), f.backends...) }
 
-// BackendIDs returns the instances' ids as a router names them (host:port).
+// instanceID is the id the routers give instance i: "gpu-" and i, as
+// gpusim names it by default. Placement depends only on backend ids, so
+// with ids that do not depend on the ports a run happened to get, every
+// run of a fleet, and every strategy compared on it, places keys alike.
+func instanceID(i int) string { return "gpu-" + strconv.Itoa(i) }
+
+// routerBackends is the routers' --backends: id=url for each instance.
+func (f *Fleet) routerBackends() []string {
+	out := make([]string, len(f.backends))
+	for i, u := range f.backends {
+		out[i] = instanceID(i) + "=" + u
+	}
+	return out
+}
+
+// BackendIDs returns the instances' ids as responses name them: the
+// routers' ids (gpu-0, gpu-1, ...), or, with no router, host:port, the id
+// the load test gives an instance it reaches directly.
 func (f *Fleet) BackendIDs() []string {
 	ids := make([]string, len(f.backends))
 	for i, u := range f.backends {
-		ids[i] = strings.TrimPrefix(u, "http://")
+		if f.cfg.Routers > 0 {
+			ids[i] = instanceID(i)
+		} else {
+			ids[i] = strings.TrimPrefix(u, "http://")
+		}
 	}
 	return ids
 }

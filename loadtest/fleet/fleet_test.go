@@ -181,6 +181,11 @@ func TestRoutersAndLoad(t *testing.T) {
 	if s.OK != 30 || s.Decisions["round_robin"] != 30 || len(s.Backends) != 3 || s.ShareMaxMin == 0 {
 		t.Fatalf("ok %d decisions %v backends %v ratio %g", s.OK, s.Decisions, s.Backends, s.ShareMaxMin)
 	}
+	// The routers name the instances by position, not by port, so every
+	// fleet places keys alike.
+	if got := strings.Join(f.BackendIDs(), ","); got != "gpu-0,gpu-1,gpu-2" {
+		t.Fatalf("backend ids %s", got)
+	}
 	for _, id := range f.BackendIDs() {
 		if s.Backends[id] == 0 {
 			t.Fatalf("backend %s got nothing: %v", id, s.Backends)

@@ -185,11 +185,19 @@ func routerMain(ctx context.Context, mode string, args []string) int {
 	}
 	rt := &router{strategy: *strategy, prefixLen: *prefixLen, threshold: int64(*threshold)}
 	for _, b := range strings.Split(*backends, ",") {
-		u, err := url.Parse(b)
+		// [id=]url, as warmroute serve takes it; the id defaults to host:port.
+		id, raw, named := strings.Cut(b, "=")
+		if !named {
+			raw = b
+		}
+		u, err := url.Parse(raw)
 		if err != nil {
 			return 2
 		}
-		rt.backends = append(rt.backends, &backend{url: u, id: u.Host})
+		if !named {
+			id = u.Host
+		}
+		rt.backends = append(rt.backends, &backend{url: u, id: id})
 	}
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
