@@ -3,6 +3,8 @@ package proxy
 import (
 	"bytes"
 	"errors"
+	"io"
+	"net"
 	"strconv"
 	"time"
 
@@ -541,12 +543,54 @@ func (p *Proxy) passStream(ctx *fasthttp.RequestCtx, st *reqState, b *backend, u
 		client: holdStreamHeaders(ctx.Conn(), up.LocalAddr()),
 		sse:    up.Header.ContentLength() < 0 && bytes.HasPrefix(up.Header.ContentType(), strEventStream)}
 	ts.usage.begin(&up.Header)
-	resp.ImmediateHeaderFlush = true
+	var body fasthttp.ReadCloserWithError = ts
 	if p.observing && (st.obs.rec != nil || st.obs.up != nil) {
-		resp.SetBodyStream(p.observeStream(st, ts, up.StatusCode(), sent), up.Header.ContentLength())
-		return false, nil
+		body = p.observeStream(st, ts, up.StatusCode(), sent)
 	}
-	resp.SetBodyStream(ts, up.Header.ContentLength())
+	if up.Header.ContentLength() < 0 && !ctx.Request.Header.IsHTTP11() {
+		return p.passIdentity(ctx, body)
+	}
+	resp.ImmediateHeaderFlush = true
+	resp.SetBodyStream(body, up.Header.ContentLength())
+	return false, nil
+}
+
+// passIdentity streams body, of unknown length, to an HTTP/1.0 client,
+// which cannot read chunked framing (RFC 9112 section 6.1), while fasthttp
+// frames every such body as chunks: the headers without Transfer-Encoding,
+// the body as it comes, and the connection's close as its end. It runs on
+// the connection's goroutine, as fasthttp's own streaming of a body does,
+// so Shutdown treats it as any stream on the goroutine path; each write is
+// bounded by WriteTimeout (the client connection's write stall) like any
+// other.
+func (p *Proxy) passIdentity(ctx *fasthttp.RequestCtx, body fasthttp.ReadCloserWithError) (bool, error) {
+	resp := &ctx.Response
+	resp.Header.Del(fasthttp.HeaderTransferEncoding)
+	resp.Header.SetConnectionClose()
+	c := ctx.Conn()
+	_, err := c.Write(resp.Header.AppendBytes(nil))
+	if err == nil {
+		// Not io.CopyBuffer: a ReaderFrom on c could read past an event
+		// before writing it.
+		buf := make([]byte, 16<<10)
+		for err == nil {
+			var n int
+			n, err = body.Read(buf)
+			if n > 0 {
+				if _, werr := c.Write(buf[:n]); werr != nil {
+					err = werr
+				}
+			}
+		}
+		if err == io.EOF {
+			err = nil
+		}
+	}
+	_ = body.CloseWithError(err)
+	// No response from the server: the hijack handler returns at once,
+	// and the server closes the connection after it.
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(net.Conn) {})
 	return false, nil
 }
 

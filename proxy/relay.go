@@ -44,6 +44,9 @@ type relayStream struct {
 	br     *bufio.Reader // the upstream's reader, until the hand-over
 	head   []byte        // the answer's headers for the client
 	sse    bool
+	// identity: the client speaks HTTP/1.0, so the body goes to it without
+	// chunked framing and the connection's close ends it.
+	identity bool
 	// keepUp: the upstream connection may carry another request after the
 	// answer (HTTP/1.1, no Connection: close, a plain final status).
 	keepUp bool
@@ -63,7 +66,7 @@ type relayStream struct {
 // relayable reports whether the stream to b may go through the relay, and
 // returns the client connection.
 func (p *Proxy) relayable(ctx *fasthttp.RequestCtx, st *reqState, b *backend) (*rawConn, bool) {
-	if p.relay == nil || b.target.TLS || !ctx.Request.Header.IsHTTP11() {
+	if p.relay == nil || b.target.TLS {
 		return nil, false
 	}
 	rc, ok := ctx.Conn().(*rawConn)
@@ -98,14 +101,21 @@ func (p *Proxy) forwardRelayed(ctx *fasthttp.RequestCtx, st *reqState, b *backen
 	p.setHeaders(resp, st.t, b, d)
 	p.m.countRequest(b.m, rt, d.Reason, up.StatusCode())
 
+	identity := !ctx.Request.Header.IsHTTP11()
 	rs := p.relayed.Get().(*relayStream)
 	*rs = relayStream{p: p, b: b, sent: sent, client: rc, up: uc, br: br, head: rs.head[:0],
 		sse:       bytes.HasPrefix(up.Header.ContentType(), strEventStream),
+		identity:  identity,
 		keepUp:    up.Header.IsHTTP11() && !up.Header.ConnectionClose() && !uc.noReuse.Load(),
-		keepAlive: !st.clientClose}
+		keepAlive: !st.clientClose && !identity}
 	rs.usage.begin(&up.Header)
 	if p.observing {
 		rs.obs = takeStreamObs(&st.obs, up.StatusCode())
+	}
+	if identity {
+		// HTTP/1.0 has no chunked framing (RFC 9112 section 6.1): the
+		// body goes out as it comes, ended by closing the connection.
+		resp.Header.Del(fasthttp.HeaderTransferEncoding)
 	}
 	if !rs.keepAlive {
 		resp.Header.SetConnectionClose()
@@ -312,7 +322,7 @@ func (rs *relayStream) hijacked(c net.Conn) {
 		rs.End(relay.Result{Outcome: relay.Stopped, Client: -1, Up: -1, Err: errors.Join(cerr, uerr)})
 		return
 	}
-	if err := p.relay.Start(relay.Spec{Up: ufd, Client: cfd, Head: rs.head, In: in, SSE: rs.sse, KeepUp: rs.keepUp, Obs: rs}); err != nil {
+	if err := p.relay.Start(relay.Spec{Up: ufd, Client: cfd, Head: rs.head, In: in, SSE: rs.sse, KeepUp: rs.keepUp, Identity: rs.identity, Obs: rs}); err != nil {
 		rs.End(relay.Result{Outcome: relay.Stopped, Client: -1, Up: -1, Err: err})
 	}
 }

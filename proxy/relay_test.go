@@ -182,3 +182,77 @@ func TestRelayedStreamShutdown(t *testing.T) {
 		t.Fatalf("active %d after Shutdown", h.p.relay.Active())
 	}
 }
+
+// An HTTP/1.0 client cannot read chunked framing (RFC 9112 section 6.1):
+// a streamed answer goes to it as the events themselves, with no
+// Transfer-Encoding, and the connection's close ends it, whether or not
+// the client asked to keep it alive, on the relay and off it.
+func TestStreamToHTTP10Client(t *testing.T) {
+	want := "data: {\"t\":1}\n\ndata: {\"t\":2}\n\ndata: [DONE]\n\n"
+	for _, relayOn := range []bool{true, false} {
+		for _, keepAlive := range []bool{true, false} {
+			stub := newRawStub(t)
+			cfg := noProbes()
+			cfg.StreamRelay = relayOn
+			h := startProxyBackends(t, cfg, ring.DefaultConfig(), []ring.Backend{{ID: "b/", Addr: stub.url()}})
+			req := bytes.Replace(chatRequest(1<<10, true), []byte(" HTTP/1.1\r\n"), []byte(" HTTP/1.0\r\n"), 1)
+			if keepAlive {
+				req = bytes.Replace(req, []byte("Host: bench\r\n"), []byte("Host: bench\r\nConnection: keep-alive\r\n"), 1)
+			}
+			c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := c.Write(req); err != nil {
+				t.Fatal(err)
+			}
+			all, err := io.ReadAll(c) // to the connection's close
+			c.Close()
+			if err != nil {
+				t.Fatalf("relay %v, keep-alive %v: %v after %q", relayOn, keepAlive, err, all)
+			}
+			head, body, ok := bytes.Cut(all, crlfcrlf)
+			if !ok || !bytes.HasPrefix(head, []byte("HTTP/1.")) || !bytes.Contains(head, []byte(" 200 ")) {
+				t.Fatalf("relay %v, keep-alive %v: answer %q", relayOn, keepAlive, all)
+			}
+			if bytes.Contains(bytes.ToLower(head), []byte("transfer-encoding")) {
+				t.Errorf("relay %v, keep-alive %v: head has Transfer-Encoding: %q", relayOn, keepAlive, head)
+			}
+			if string(body) != want {
+				t.Errorf("relay %v, keep-alive %v: body %q, want %q", relayOn, keepAlive, body, want)
+			}
+			waitFor(t, func() bool { return h.p.backends["b/"].inflight.Load() == 0 }, "the stream ended")
+		}
+	}
+}
+
+// An HTTP/1.0 client's stream goes through the relay too (it is on an
+// event loop while open), without chunked framing.
+func TestRelayedStreamToHTTP10Client(t *testing.T) {
+	stub := newHoldingStub(t)
+	h := relayHarness(t, "http://"+stub.ln.Addr().String())
+	req := bytes.Replace(chatRequest(1<<10, true), []byte(" HTTP/1.1\r\n"), []byte(" HTTP/1.0\r\n"), 1)
+	c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return h.p.relay.Active() == 1 }, "the stream on the relay")
+	close(stub.release)
+	all, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("%v after %q", err, all)
+	}
+	head, body, _ := bytes.Cut(all, crlfcrlf)
+	if bytes.Contains(bytes.ToLower(head), []byte("transfer-encoding")) || !bytes.Contains(bytes.ToLower(head), []byte("connection: close")) {
+		t.Errorf("head %q: want no Transfer-Encoding and Connection: close", head)
+	}
+	if want := "data: {\"t\":1}\n\ndata: [DONE]\n\n"; string(body) != want {
+		t.Errorf("body %q, want %q", body, want)
+	}
+}

@@ -42,6 +42,11 @@ type Spec struct {
 	// ends cleanly its descriptor is given back (Result.Up) instead of
 	// closed.
 	KeepUp bool
+	// Identity: the client speaks HTTP/1.0, which has no chunked framing
+	// (RFC 9112 section 6.1): the body goes to it as it is, and the end of
+	// the body is marked by closing the connection, which the caller does
+	// (Result.Client is the client's descriptor as usual).
+	Identity bool
 	// Obs hears the body and the end.
 	Obs Observer
 }

@@ -491,6 +491,15 @@ func (l *loop) readUp(s *stream) {
 	}
 }
 
+// frame appends body bytes as the client reads them: one chunk, or, for
+// an HTTP/1.0 client, the bytes themselves.
+func (s *stream) frame(dst, body []byte) []byte {
+	if s.spec.Identity {
+		return append(dst, body...)
+	}
+	return appendChunk(dst, body)
+}
+
 // consume decodes in and writes head, then the body bytes of in as one
 // chunk (and the last chunk when the body ended). It reports whether the
 // upstream may be read further.
@@ -507,10 +516,10 @@ func (l *loop) consume(s *stream, head, in []byte) bool {
 	}
 	out := append(l.out[:0], head...)
 	if len(body) > 0 {
-		out = appendChunk(out, body)
+		out = s.frame(out, body)
 	}
 	done := s.dec.Done()
-	if done {
+	if done && !s.spec.Identity {
 		out = append(out, lastChunk...)
 	}
 	if err == nil && done && used < len(in) {
@@ -636,8 +645,10 @@ func (l *loop) upstreamFailed(s *stream, err error, timedOut bool) {
 		l.finish(s, res)
 		return
 	}
-	out := appendChunk(l.out[:0], l.r.cfg.ErrorEvent)
-	out = append(out, lastChunk...)
+	out := s.frame(l.out[:0], l.r.cfg.ErrorEvent)
+	if !s.spec.Identity {
+		out = append(out, lastChunk...)
+	}
 	l.out = out[:0]
 	l.upOff(s)
 	l.send(s, out, &res)
