@@ -570,21 +570,8 @@ func (p *Proxy) passIdentity(ctx *fasthttp.RequestCtx, body fasthttp.ReadCloserW
 	c := ctx.Conn()
 	_, err := c.Write(resp.Header.AppendBytes(nil))
 	if err == nil {
-		// Not io.CopyBuffer: a ReaderFrom on c could read past an event
-		// before writing it.
-		buf := make([]byte, 16<<10)
-		for err == nil {
-			var n int
-			n, err = body.Read(buf)
-			if n > 0 {
-				if _, werr := c.Write(buf[:n]); werr != nil {
-					err = werr
-				}
-			}
-		}
-		if err == io.EOF {
-			err = nil
-		}
+		// Each read (an event or a few) is written before the next.
+		_, err = io.CopyBuffer(c, body, make([]byte, 16<<10))
 	}
 	_ = body.CloseWithError(err)
 	// No response from the server: the hijack handler returns at once,

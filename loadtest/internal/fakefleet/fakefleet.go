@@ -23,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/warmroute/warmroute/loadtest/gpusim"
+	"github.com/warmroute/warmroute/node"
 )
 
 // Environment variables read by TestMain and the children.
@@ -185,16 +186,17 @@ func routerMain(ctx context.Context, mode string, args []string) int {
 	}
 	rt := &router{strategy: *strategy, prefixLen: *prefixLen, threshold: int64(*threshold)}
 	for _, b := range strings.Split(*backends, ",") {
-		// [id=]url, as warmroute serve takes it; the id defaults to host:port.
-		id, raw, named := strings.Cut(b, "=")
-		if !named {
-			raw = b
-		}
-		u, err := url.Parse(raw)
+		// [id=]url, parsed as warmroute serve parses it.
+		spec, err := node.ParseBackendSpec(b)
 		if err != nil {
 			return 2
 		}
-		if !named {
+		u, err := url.Parse(spec.URL)
+		if err != nil {
+			return 2
+		}
+		id := spec.ID
+		if id == "" {
 			id = u.Host
 		}
 		rt.backends = append(rt.backends, &backend{url: u, id: id})

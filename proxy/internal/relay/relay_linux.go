@@ -500,6 +500,15 @@ func (s *stream) frame(dst, body []byte) []byte {
 	return appendChunk(dst, body)
 }
 
+// end appends what ends the body for the client: the last chunk, or, for
+// an HTTP/1.0 client, nothing (closing its connection ends the body).
+func (s *stream) end(dst []byte) []byte {
+	if s.spec.Identity {
+		return dst
+	}
+	return append(dst, lastChunk...)
+}
+
 // consume decodes in and writes head, then the body bytes of in as one
 // chunk (and the last chunk when the body ended). It reports whether the
 // upstream may be read further.
@@ -519,8 +528,8 @@ func (l *loop) consume(s *stream, head, in []byte) bool {
 		out = s.frame(out, body)
 	}
 	done := s.dec.Done()
-	if done && !s.spec.Identity {
-		out = append(out, lastChunk...)
+	if done {
+		out = s.end(out)
 	}
 	if err == nil && done && used < len(in) {
 		err = ErrAfterFinal // the body is whole; the extra bytes are dropped with the connection
@@ -645,10 +654,7 @@ func (l *loop) upstreamFailed(s *stream, err error, timedOut bool) {
 		l.finish(s, res)
 		return
 	}
-	out := s.frame(l.out[:0], l.r.cfg.ErrorEvent)
-	if !s.spec.Identity {
-		out = append(out, lastChunk...)
-	}
+	out := s.end(s.frame(l.out[:0], l.r.cfg.ErrorEvent))
 	l.out = out[:0]
 	l.upOff(s)
 	l.send(s, out, &res)
