@@ -306,3 +306,24 @@ func TestBodyTooLargeAnswerSurvivesUnreadBody(t *testing.T) {
 		t.Fatalf("got %d %s", resp.StatusCode, b)
 	}
 }
+
+// An HTTP/1.0 client that stops reading a stream, which goes to it
+// unframed (passIdentity, or the relay's identity mode), is cut after
+// WriteTimeout like any other, on the relay and off it, and the engine
+// stops generating.
+func TestWriteTimeoutCutsHTTP10ClientThatStopsReading(t *testing.T) {
+	for _, relayOn := range []bool{true, false} {
+		gone := make(chan struct{})
+		a := endless(t, gone)
+		cfg := testProxyConfig()
+		cfg.WriteTimeout = 300 * time.Millisecond
+		cfg.StreamRelay = relayOn
+		h := startProxy(t, cfg, ring.DefaultConfig(), a)
+		c := h.dial(t)
+		req := strings.Replace(chatRaw("Connection: keep-alive\r\n", chatReq("stream", `,"stream":true`)), " HTTP/1.1\r\n", " HTTP/1.0\r\n", 1)
+		io.WriteString(c, req)
+		// Never read.
+		waitChan(t, gone, 20*time.Second, fmt.Sprintf("relay %v: the engine still streams to an HTTP/1.0 client that stopped reading", relayOn))
+		waitAbortCounted(t, h, a)
+	}
+}
