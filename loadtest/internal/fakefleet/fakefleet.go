@@ -19,8 +19,10 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/net/netutil"
 
 	"github.com/warmroute/warmroute/loadtest/gpusim"
 	"github.com/warmroute/warmroute/node"
@@ -201,6 +203,14 @@ func routerMain(ctx context.Context, mode string, args []string) int {
 		}
 		rt.backends = append(rt.backends, &backend{url: u, id: id})
 	}
+	// The fake's listeners are bounded like any: connections, header time
+	// and size, idle time and body size (no write timeout: it streams).
+	const (
+		maxConns      = 4096
+		maxBody       = 64 << 20
+		headerTimeout = 10 * time.Second
+		idleTimeout   = time.Minute
+	)
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			b := r.In.Context().Value(ctxKey{}).(*backend)
@@ -215,8 +225,9 @@ func routerMain(ctx context.Context, mode string, args []string) int {
 		}
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(r.Body)
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 		if err != nil {
+			http.Error(w, err.Error(), http.StatusRequestEntityTooLarge)
 			return
 		}
 		b, decision := rt.pick(body)
@@ -232,7 +243,8 @@ func routerMain(ctx context.Context, mode string, args []string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	srv := &http.Server{Handler: mux}
+	ln = netutil.LimitListener(ln, maxConns)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: headerTimeout, IdleTimeout: idleTimeout, MaxHeaderBytes: 64 << 10}
 	var adminSrv *http.Server
 	if *admin != "" {
 		aln, err := net.Listen("tcp", *admin)
@@ -240,7 +252,8 @@ func routerMain(ctx context.Context, mode string, args []string) int {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		adminSrv = &http.Server{Handler: http.NotFoundHandler()}
+		aln = netutil.LimitListener(aln, maxConns)
+		adminSrv = &http.Server{Handler: http.NotFoundHandler(), ReadHeaderTimeout: headerTimeout, IdleTimeout: idleTimeout, MaxHeaderBytes: 64 << 10}
 		go func() { _ = adminSrv.Serve(aln) }()
 	}
 	go func() {
