@@ -65,6 +65,7 @@ const (
 	rejMemberName                 // a member whose name is not a valid router name
 	rejStateSize                  // a push/pull state over maxStateBytes
 	rejStreamLimit                // a TCP stream over the listener's caps (node/limit)
+	rejRevoked                    // chain revoked by the cluster (its name or serial number)
 	numRejects
 )
 
@@ -81,6 +82,7 @@ var rejectNames = [numRejects]string{
 	rejMemberName:   "bad_member_name",
 	rejStateSize:    "state_too_large",
 	rejStreamLimit:  "stream_limit",
+	rejRevoked:      "revoked",
 }
 
 func (r reject) String() string { return rejectNames[r] }
@@ -254,6 +256,9 @@ func (k *keyCache) learn(chain [][]byte, now time.Time) (keyID, *peerKey, reject
 	e := &keyEntry{key: &peerKey{name: name, verify: verify, notAfter: notAfter}, until: notAfter}
 	if err != nil || verify == nil || !now.Before(notAfter) || checkName(name) != nil {
 		e = &keyEntry{until: now.Add(badChainTTL), why: rejBadChain}
+		if errors.Is(err, identity.ErrRevoked) {
+			e.why = rejRevoked
+		}
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()

@@ -23,7 +23,9 @@ type Stats struct {
 	// Rejected counts messages, figures and members refused, by reason
 	// (the label of warmroute_gossip_rejected_total): "unsigned",
 	// "unknown_key", "bad_chain", "wrong_name", "bad_signature",
-	// "chain_rate_limited", "clock_skew" (messages, with an Identity);
+	// "chain_rate_limited", "clock_skew", "revoked" (messages, with an
+	// Identity; a chain revoked after it was cached counts as
+	// "bad_signature");
 	// "out_of_range", "too_many_backends" (figures); "bad_member_name"
 	// (members); "state_too_large" (push/pull states); "stream_limit" (TCP
 	// streams over the listener's caps).

@@ -208,7 +208,9 @@ func (s *Server) forwardedBy(r *http.Request) (string, bool) {
 	if r.TLS == nil {
 		return "", false
 	}
-	name, err := identity.PeerName(*r.TLS)
+	// The chain was verified in the handshake; the revocation list is
+	// checked again, as a kept-alive connection outlives it.
+	name, err := s.cfg.Identity.CheckPeer(*r.TLS)
 	if err != nil || name != claimed {
 		return "", false
 	}

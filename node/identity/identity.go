@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 )
@@ -35,7 +36,64 @@ var (
 	ErrUntrusted = errors.New("identity: certificate not signed by the cluster CA")
 	// ErrWrongPeer: the peer proved another router name than expected.
 	ErrWrongPeer = errors.New("identity: peer is not the expected router")
+	// ErrKeyUsage: the certificate was not issued for what it is used
+	// for (a code-signing certificate presented by a TLS server, say).
+	ErrKeyUsage = errors.New("identity: certificate not issued for this use")
+	// ErrRevoked: the certificate's router name or serial number is on
+	// the cluster's revocation list.
+	ErrRevoked = errors.New("identity: certificate revoked")
 )
+
+// Usage is what a peer's certificate must have been issued for: its
+// extended key usages. Router certificates from Issue carry both.
+type Usage uint8
+
+const (
+	// UsageServer: TLS server authentication, checked in a certificate
+	// that serves (a router this one dials).
+	UsageServer Usage = 1 << iota
+	// UsageClient: TLS client authentication, checked in a certificate
+	// that dials (a router connecting to this one's listener).
+	UsageClient
+	// UsageRouter: both, checked where a certificate proves a router
+	// without a TLS connection to tell the direction (gossip
+	// signatures, this router's own certificate).
+	UsageRouter = UsageServer | UsageClient
+)
+
+// extKeyUsages lists the extended key usages u needs.
+func (u Usage) extKeyUsages() []x509.ExtKeyUsage {
+	var out []x509.ExtKeyUsage
+	if u&UsageServer != 0 {
+		out = append(out, x509.ExtKeyUsageServerAuth)
+	}
+	if u&UsageClient != 0 {
+		out = append(out, x509.ExtKeyUsageClientAuth)
+	}
+	return out
+}
+
+func (u Usage) String() string {
+	switch u {
+	case UsageServer:
+		return "TLS server authentication"
+	case UsageClient:
+		return "TLS client authentication"
+	}
+	return "TLS server and client authentication"
+}
+
+// checkUsage reports whether the leaf lists every extended key usage u
+// needs. A certificate that lists none is refused too (RFC 5280 lets it
+// serve any purpose; a router certificate says what it is for).
+func checkUsage(leaf *x509.Certificate, u Usage) error {
+	for _, want := range u.extKeyUsages() {
+		if !slices.Contains(leaf.ExtKeyUsage, want) {
+			return fmt.Errorf("%w: it is not issued for %s (warmroute tls cert create makes certificates for both server and client authentication)", ErrKeyUsage, u)
+		}
+	}
+	return nil
+}
 
 // CheckName reports whether name can name a router: 1-128 characters of
 // letters, digits, '.', '_' and '-', starting with a letter or digit.
@@ -87,7 +145,8 @@ func NameOf(c *x509.Certificate) (string, error) {
 }
 
 // Bundle is this router's certificate and key and the cluster CA. It is
-// immutable once loaded.
+// immutable once loaded, but for its revocation list (Revocations),
+// which the cluster's agreed state keeps current.
 type Bundle struct {
 	// Name is the router name the certificate proves.
 	Name string
@@ -97,7 +156,13 @@ type Bundle struct {
 	roots *x509.CertPool
 	// NotAfter is when the leaf expires.
 	NotAfter time.Time
+	revoked  *Revocations
 }
+
+// Revocations is the revocation list every check of a peer's
+// certificate consults (VerifyChain, CheckPeer, the TLS configurations
+// and Verifier's signature checks).
+func (b *Bundle) Revocations() *Revocations { return b.revoked }
 
 // Load reads a router certificate (PEM, leaf first, intermediates may
 // follow), its key and the cluster CA, and checks that the certificate is
@@ -130,8 +195,8 @@ func NewBundle(cert tls.Certificate, roots *x509.CertPool) (*Bundle, error) {
 	if _, ok := cert.PrivateKey.(crypto.Signer); !ok {
 		return nil, errors.New("identity: the private key cannot sign")
 	}
-	b := &Bundle{Cert: cert, roots: roots}
-	leaf, name, err := b.VerifyChain(cert.Certificate)
+	b := &Bundle{Cert: cert, roots: roots, revoked: &Revocations{}}
+	leaf, name, err := b.VerifyChain(cert.Certificate, UsageRouter)
 	if err != nil {
 		return nil, fmt.Errorf("identity: this router's certificate: %w", err)
 	}
@@ -143,11 +208,11 @@ func NewBundle(cert tls.Certificate, roots *x509.CertPool) (*Bundle, error) {
 const maxChain = 8
 
 // VerifyChain checks a peer's chain (DER, leaf first) against the cluster
-// CA at the current time and returns the leaf and the router name it
-// proves. Host names are not checked: routers reach each other at
-// addresses that change (pod IPs); the CA is the cluster's own and the
-// name is in the URI SAN.
-func (b *Bundle) VerifyChain(raw [][]byte) (*x509.Certificate, string, error) {
+// CA at the current time, for usage u, and against the revocation list,
+// and returns the leaf and the router name it proves. Host names are not
+// checked: routers reach each other at addresses that change (pod IPs);
+// the CA is the cluster's own and the name is in the URI SAN.
+func (b *Bundle) VerifyChain(raw [][]byte, u Usage) (*x509.Certificate, string, error) {
 	if len(raw) == 0 {
 		return nil, "", fmt.Errorf("%w: no certificate", ErrUntrusted)
 	}
@@ -166,15 +231,42 @@ func (b *Bundle) VerifyChain(raw [][]byte) (*x509.Certificate, string, error) {
 	for _, c := range certs[1:] {
 		inter.AddCert(c)
 	}
+	// Verify checks that the chain allows one of the usages (an
+	// intermediate may narrow them); checkUsage that the leaf lists all.
 	if _, err := certs[0].Verify(x509.VerifyOptions{Roots: b.roots, Intermediates: inter,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		KeyUsages: u.extKeyUsages()}); err != nil {
+		var inv x509.CertificateInvalidError
+		if errors.As(err, &inv) && inv.Reason == x509.IncompatibleUsage {
+			return nil, "", fmt.Errorf("%w: %v", ErrKeyUsage, err)
+		}
 		return nil, "", fmt.Errorf("%w: %v", ErrUntrusted, err)
+	}
+	if err := checkUsage(certs[0], u); err != nil {
+		return nil, "", err
 	}
 	name, err := NameOf(certs[0])
 	if err != nil {
 		return nil, "", err
 	}
+	if err := b.revoked.Check(certs[0], name); err != nil {
+		return nil, "", err
+	}
 	return certs[0], name, nil
+}
+
+// CheckPeer returns the router name the verified peer of a TLS
+// connection proves, after checking the revocation list again: a
+// connection outlives its handshake, and a certificate revoked since
+// proves nothing.
+func (b *Bundle) CheckPeer(cs tls.ConnectionState) (string, error) {
+	name, err := PeerName(cs)
+	if err != nil {
+		return "", err
+	}
+	if err := b.revoked.Check(cs.PeerCertificates[0], name); err != nil {
+		return "", err
+	}
+	return name, nil
 }
 
 // PeerName returns the router name the verified peer of a TLS connection
@@ -207,7 +299,7 @@ func (b *Bundle) ServerConfig(optionalClient bool) *tls.Config {
 			if len(cs.PeerCertificates) == 0 && optionalClient {
 				return nil
 			}
-			_, _, err := b.VerifyChain(rawChain(cs))
+			_, _, err := b.VerifyChain(rawChain(cs), UsageClient)
 			return err
 		},
 	}
@@ -222,7 +314,7 @@ func (b *Bundle) ClientConfig(expect func(name string) error) *tls.Config {
 		MinVersion:         tls.VersionTLS12,
 		InsecureSkipVerify: true, // checked in VerifyConnection, against the cluster CA
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			_, name, err := b.VerifyChain(rawChain(cs))
+			_, name, err := b.VerifyChain(rawChain(cs), UsageServer)
 			if err != nil {
 				return err
 			}
@@ -288,15 +380,20 @@ func VerifySignature(pub crypto.PublicKey, msg, sig []byte) bool {
 	return false
 }
 
-// Verifier checks a peer's chain and returns the router name it proves,
-// a function that verifies that router's signatures, and when the proof
-// expires (the leaf's NotAfter). It is what gossip needs to tie figures to
-// their sender.
+// Verifier checks a peer's chain (issued for a router: both usages) and
+// returns the router name it proves, a function that verifies that
+// router's signatures, and when the proof expires (the leaf's NotAfter).
+// It is what gossip needs to tie figures to their sender. gossip keeps
+// the function for as long as the proof lasts, so it consults the
+// revocation list at every call: a certificate revoked since signs
+// nothing.
 func (b *Bundle) Verifier(chain [][]byte) (name string, verify func(msg, sig []byte) bool, notAfter time.Time, err error) {
-	leaf, name, err := b.VerifyChain(chain)
+	leaf, name, err := b.VerifyChain(chain, UsageRouter)
 	if err != nil {
 		return "", nil, time.Time{}, err
 	}
-	pub := leaf.PublicKey
-	return name, func(msg, sig []byte) bool { return VerifySignature(pub, msg, sig) }, leaf.NotAfter, nil
+	pub, revoked := leaf.PublicKey, b.revoked
+	return name, func(msg, sig []byte) bool {
+		return revoked.Check(leaf, name) == nil && VerifySignature(pub, msg, sig)
+	}, leaf.NotAfter, nil
 }

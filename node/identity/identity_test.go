@@ -93,7 +93,7 @@ func TestIssueLoadVerify(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, name, err := b.VerifyChain(b2.Chain()); err != nil || name != "r2" {
+	if _, name, err := b.VerifyChain(b2.Chain(), UsageRouter); err != nil || name != "r2" {
 		t.Fatalf("VerifyChain = %q, %v", name, err)
 	}
 
@@ -156,10 +156,24 @@ func TestNameOnlyFromRouterURI(t *testing.T) {
 	}
 }
 
-// handshake runs a TLS handshake over a pipe and returns both errors.
+// handshake runs a TLS handshake over loopback TCP (buffered, unlike
+// net.Pipe, so both sides may write an alert at once) and returns both
+// errors.
 func handshake(t *testing.T, server, client *tls.Config) (serverErr, clientErr error, serverState tls.ConnectionState) {
 	t.Helper()
-	a, b := net.Pipe()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	b, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer a.Close()
 	defer b.Close()
 	done := make(chan error, 1)
@@ -248,7 +262,7 @@ func TestSignVerify(t *testing.T) {
 		priv any
 	}{"ed25519": {ed, edPriv}, "rsa": {&rk.PublicKey, rk}, "ecdsa": {&ek.PublicKey, ek}} {
 		tmpl := &x509.Certificate{SerialNumber: big.NewInt(9), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			URIs: []*url.URL{URI("r-" + name)}}
+			URIs: []*url.URL{URI("r-" + name)}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pair.pub, ca.Key)
 		if err != nil {
 			t.Fatal(name, err)
@@ -348,4 +362,151 @@ func FuzzParseKeyPEM(f *testing.F) {
 			t.Fatal("nil key without an error")
 		}
 	})
+}
+
+// usageCert is a CA-signed router certificate for name with the given
+// extended key usages (none: the extension is left out).
+func usageCert(t *testing.T, ca *CA, name string, serial int64, usages ...x509.ExtKeyUsage) tls.Certificate {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		URIs: []*url.URL{URI(name)}, ExtKeyUsage: usages}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// TestKeyUsageChecked: a certificate of the cluster CA that names a
+// router but was issued for something else (code signing, or only one
+// direction of TLS) passed as that router before. Now each check asks
+// for the usage it needs: server auth of a server, client auth of a
+// client, both for a signature and for this router's own certificate.
+func TestKeyUsageChecked(t *testing.T) {
+	ca, err := NewCA("ca", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	r1, err := ca.Bundle(Request{Name: "r1", Validity: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, client := x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth
+	for _, c := range []struct {
+		name                         string
+		usages                       []x509.ExtKeyUsage
+		asServer, asClient, asRouter bool
+	}{
+		{"both", []x509.ExtKeyUsage{server, client}, true, true, true},
+		{"code signing", []x509.ExtKeyUsage{x509.ExtKeyUsageCodeSigning}, false, false, false},
+		{"no usage listed", nil, false, false, false},
+		{"any", []x509.ExtKeyUsage{x509.ExtKeyUsageAny}, false, false, false},
+		{"server only", []x509.ExtKeyUsage{server}, true, false, false},
+		{"client only", []x509.ExtKeyUsage{client}, false, true, false},
+	} {
+		cert := usageCert(t, ca, "r2", 42, c.usages...)
+		for _, u := range []struct {
+			usage Usage
+			want  bool
+		}{{UsageServer, c.asServer}, {UsageClient, c.asClient}, {UsageRouter, c.asRouter}} {
+			_, name, err := r1.VerifyChain(cert.Certificate, u.usage)
+			if u.want && (err != nil || name != "r2") {
+				t.Errorf("%s as %v: %q, %v; want r2", c.name, u.usage, name, err)
+			}
+			if !u.want && !errors.Is(err, ErrKeyUsage) {
+				t.Errorf("%s as %v: %q, %v; want ErrKeyUsage", c.name, u.usage, name, err)
+			}
+		}
+		// The same through TLS: r1 dials a server presenting it, and a
+		// client presenting it dials r1.
+		srv := &tls.Config{Certificates: []tls.Certificate{cert}, ClientAuth: tls.RequireAnyClientCert}
+		if _, cerr, _ := handshake(t, srv, r1.ClientConfig(ExpectName("r2"))); (cerr == nil) != c.asServer {
+			t.Errorf("%s serving r1: %v", c.name, cerr)
+		}
+		cl := &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{cert}}
+		if serr, _, _ := handshake(t, r1.ServerConfig(false), cl); (serr == nil) != c.asClient {
+			t.Errorf("%s dialling r1: %v", c.name, serr)
+		}
+		if _, _, _, err := r1.Verifier(cert.Certificate); (err == nil) != c.asRouter {
+			t.Errorf("%s signing: %v", c.name, err)
+		}
+		if _, err := NewBundle(cert, roots); (err == nil) != c.asRouter {
+			t.Errorf("%s as this router's own certificate: %v", c.name, err)
+		}
+	}
+}
+
+// TestRevocations: a name or a serial number on the list refuses the
+// certificate in every check, also a signature function handed out
+// before the revocation; taking it off the list restores it.
+func TestRevocations(t *testing.T) {
+	ca, err := NewCA("ca", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, err := ca.Bundle(Request{Name: "r1", Validity: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := ca.Bundle(Request{Name: "r2", Validity: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial := Serial(r2.Cert.Leaf)
+	sig, err := r2.Sign([]byte("m"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, verify, _, err := r1.Verifier(r2.Chain())
+	if err != nil || !verify([]byte("m"), sig) {
+		t.Fatalf("before revocation: %v", err)
+	}
+	colons := ""
+	for i := 0; i < len(serial); i += 2 {
+		colons += strings.ToUpper(serial[i:min(i+2, len(serial))]) + ":"
+	}
+	for _, list := range []struct {
+		names, serials []string
+	}{{[]string{"r2"}, nil}, {nil, []string{serial}}} {
+		r1.Revocations().Set(list.names, list.serials)
+		if _, _, err := r1.VerifyChain(r2.Chain(), UsageRouter); !errors.Is(err, ErrRevoked) {
+			t.Errorf("%v: VerifyChain %v, want ErrRevoked", list, err)
+		}
+		if verify([]byte("m"), sig) {
+			t.Errorf("%v: a signature function from before the revocation still verifies", list)
+		}
+		if serr, _, _ := handshake(t, r1.ServerConfig(false), r2.ClientConfig(ExpectName("r1"))); !errors.Is(serr, ErrRevoked) {
+			t.Errorf("%v: handshake %v, want ErrRevoked", list, serr)
+		}
+		r1.Revocations().Set(nil, nil)
+		serr, _, st := handshake(t, r1.ServerConfig(false), r2.ClientConfig(ExpectName("r1")))
+		if serr != nil {
+			t.Fatalf("after the list emptied: %v", serr)
+		}
+		r1.Revocations().Set(list.names, list.serials)
+		if _, err := r1.CheckPeer(st); !errors.Is(err, ErrRevoked) {
+			t.Errorf("%v: CheckPeer of a connection made before the revocation: %v", list, err)
+		}
+		r1.Revocations().Set(nil, nil)
+		if !verify([]byte("m"), sig) {
+			t.Errorf("%v: not restored", list)
+		}
+	}
+	// Serial numbers as operators write them.
+	for in, want := range map[string]string{
+		serial: serial, strings.TrimSuffix(colons, ":"): serial, "0x" + strings.ToUpper(serial): serial, "00" + serial: serial, "0": "0",
+	} {
+		if got, err := CanonicalSerial(in); err != nil || got != want {
+			t.Errorf("CanonicalSerial(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "xyz", "12 34", "-1", strings.Repeat("f", MaxSerialHex+1), "0x"} {
+		if got, err := CanonicalSerial(bad); err == nil {
+			t.Errorf("CanonicalSerial(%q) = %q, want an error", bad, got)
+		}
+	}
 }
