@@ -47,6 +47,9 @@ type fsm struct {
 	// applied, and the last good state stays published.
 	halted atomic.Pointer[haltInfo]
 	onHalt func(index uint64, err error) // nil: none
+	// onPublish is told of every state published for routing (nil:
+	// nobody), before subscribers are notified.
+	onPublish func(*published)
 }
 
 var _ raft.FSM = (*fsm)(nil)
@@ -79,6 +82,9 @@ func (f *fsm) set(p *published) {
 	f.pub.Store(p)
 	if f.persist != nil {
 		f.persist(p)
+	}
+	if f.onPublish != nil {
+		f.onPublish(p)
 	}
 	f.notify()
 }
@@ -166,6 +172,12 @@ func (s *State) normalize() {
 		if len(s.Backends[i].Labels) == 0 {
 			s.Backends[i].Labels = nil
 		}
+	}
+	if len(s.RevokedNames) == 0 {
+		s.RevokedNames = nil
+	}
+	if len(s.RevokedSerials) == 0 {
+		s.RevokedSerials = nil
 	}
 }
 

@@ -45,6 +45,8 @@ func goldenCommands() []Command {
 		SetMoves([]ring.Move{{Partition: 7, Backend: "gpu-2/"}}),
 		SetRouting(sessions),
 		SetModels("gpu-2/", []string{"meta-llama/Llama-3.1-8B-Instruct", "sql-lora"}),
+		Revoke([]string{"r2"}, []string{"1f2e3d"}),
+		Unrevoke([]string{"r2"}, []string{"1f2e3d"}),
 	}
 }
 

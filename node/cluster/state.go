@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/warmroute/warmroute/node/identity"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -102,6 +103,19 @@ type State struct {
 	// Moves are the partitions the leader's balancer handed to another
 	// backend (see ring.Move), by partition.
 	Moves []ring.Move `json:"moves,omitempty"`
+	// RevokedNames and RevokedSerials are the cluster's revocation list,
+	// sorted, in canonical form (identity.CheckName,
+	// identity.CanonicalSerial): a router certificate that names one of
+	// the routers, or carries one of the serial numbers, proves nothing
+	// to any router (node/identity.Revocations).
+	RevokedNames   []string `json:"revoked_names,omitempty"`
+	RevokedSerials []string `json:"revoked_serials,omitempty"`
+}
+
+// Revoked reports whether router name is revoked by name.
+func (s *State) Revoked(name string) bool {
+	_, ok := slices.BinarySearch(s.RevokedNames, name)
+	return ok
 }
 
 // Backend returns the backend with the given ID.
@@ -131,6 +145,8 @@ func (s State) Clone() State {
 	out := s
 	out.Splits = slices.Clone(s.Splits)
 	out.Moves = slices.Clone(s.Moves)
+	out.RevokedNames = slices.Clone(s.RevokedNames)
+	out.RevokedSerials = slices.Clone(s.RevokedSerials)
 	out.Backends = make([]Backend, len(s.Backends))
 	for i, b := range s.Backends {
 		b.Labels = maps.Clone(b.Labels)
@@ -172,6 +188,11 @@ const (
 	// OpSetModels sets the models backend ID serves (Models; empty: not
 	// known).
 	OpSetModels Op = "set_models"
+	// OpRevoke adds router names (Names) and certificate serial numbers
+	// (Serials) to the revocation list.
+	OpRevoke Op = "revoke"
+	// OpUnrevoke takes them off it.
+	OpUnrevoke Op = "unrevoke"
 )
 
 // CommandLevel is the newest set of commands this build applies; routers
@@ -187,11 +208,15 @@ const (
 //	   routing settings with key_depth, overflow or session_header set
 //	   (ADAPTIVE keys, COST overflow, model-aware routing, session
 //	   affinity)
-const CommandLevel uint8 = 2
+//	3: revoke and unrevoke (the revocation list: a router of level 2
+//	   would neither decode them nor check revocations)
+const CommandLevel uint8 = 3
 
 // level is the CommandLevel a router needs to apply cmd.
 func (cmd *Command) level() uint8 {
 	switch {
+	case cmd.Op == OpRevoke, cmd.Op == OpUnrevoke:
+		return 3
 	case cmd.Op == OpSetSplits, cmd.Op == OpSetMoves, cmd.Op == OpSetModels:
 		return 2
 	case slices.ContainsFunc(cmd.Backends, func(b Backend) bool { return len(b.Models) > 0 }),
@@ -221,6 +246,22 @@ type Command struct {
 	Moves []ring.Move `json:"moves,omitempty"`
 	// Models are OpSetModels' model ids.
 	Models []string `json:"models,omitempty"`
+	// Names and Serials are OpRevoke's and OpUnrevoke's router names
+	// and certificate serial numbers.
+	Names   []string `json:"names,omitempty"`
+	Serials []string `json:"serials,omitempty"`
+}
+
+// Revoke returns the command that adds router names and certificate
+// serial numbers to the revocation list.
+func Revoke(names, serials []string) Command {
+	return Command{Op: OpRevoke, Names: names, Serials: serials}
+}
+
+// Unrevoke returns the command that takes router names and certificate
+// serial numbers off the revocation list.
+func Unrevoke(names, serials []string) Command {
+	return Command{Op: OpUnrevoke, Names: names, Serials: serials}
 }
 
 // SetModels returns the command that records the models backend id
@@ -350,11 +391,18 @@ func (c *Command) normalize() {
 	if len(c.Moves) == 0 {
 		c.Moves = nil
 	}
+	if len(c.Names) == 0 {
+		c.Names = nil
+	}
+	if len(c.Serials) == 0 {
+		c.Serials = nil
+	}
 }
 
 func knownOp(op Op) bool {
 	switch op {
-	case OpSeed, OpUpsertBackend, OpRemoveBackend, OpSetBackendState, OpSetRouting, OpSyncDiscovered, OpSetClusterID, OpSetSplits, OpSetMoves, OpSetModels:
+	case OpSeed, OpUpsertBackend, OpRemoveBackend, OpSetBackendState, OpSetRouting, OpSyncDiscovered, OpSetClusterID, OpSetSplits, OpSetMoves, OpSetModels,
+		OpRevoke, OpUnrevoke:
 		return true
 	}
 	return false
@@ -479,6 +527,17 @@ func apply(cur *State, cmd Command) (next State, changed bool, err error) {
 			next.Moves = slices.Clone(cmd.Moves)
 			ring.SortMoves(next.Moves)
 		}
+	case OpRevoke, OpUnrevoke:
+		names, serials, err := normRevocations(cmd.Names, cmd.Serials)
+		if err != nil {
+			return *cur, false, err
+		}
+		edit := mergeSorted
+		if cmd.Op == OpUnrevoke {
+			edit = subtractSorted
+		}
+		next.RevokedNames = edit(next.RevokedNames, names)
+		next.RevokedSerials = edit(next.RevokedSerials, serials)
 	case OpSyncDiscovered:
 		want := make(map[string]bool, len(cmd.Backends))
 		for _, d := range cmd.Backends {
@@ -628,7 +687,83 @@ func (s *State) validate() error {
 			return fmt.Errorf("%w: routing: %v", ErrInvalid, err)
 		}
 	}
+	return checkRevocations(s.RevokedNames, s.RevokedSerials)
+}
+
+// maxRevoked bounds each half of the revocation list (every TLS handshake
+// and signature check consults it; a map lookup each).
+const maxRevoked = 10000
+
+// normRevocations checks a revoke or unrevoke command's lists and returns
+// them in canonical form, sorted, without repeats. At least one entry is
+// needed.
+func normRevocations(names, serials []string) ([]string, []string, error) {
+	if len(names) == 0 && len(serials) == 0 {
+		return nil, nil, fmt.Errorf("%w: no router name or serial number to revoke", ErrInvalid)
+	}
+	if len(names) > maxRevoked || len(serials) > maxRevoked {
+		return nil, nil, fmt.Errorf("%w: at most %d names and %d serial numbers", ErrInvalid, maxRevoked, maxRevoked)
+	}
+	var outNames, outSerials []string
+	for _, n := range names {
+		if err := identity.CheckName(n); err != nil {
+			return nil, nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+		outNames = append(outNames, n)
+	}
+	for _, v := range serials {
+		c, err := identity.CanonicalSerial(v)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+		outSerials = append(outSerials, c)
+	}
+	slices.Sort(outNames)
+	slices.Sort(outSerials)
+	return slices.Compact(outNames), slices.Compact(outSerials), nil
+}
+
+// checkRevocations checks a state's revocation list: bounded, canonical,
+// sorted and without repeats.
+func checkRevocations(names, serials []string) error {
+	if len(names) > maxRevoked || len(serials) > maxRevoked {
+		return fmt.Errorf("%w: the revocation list holds more than %d names or serial numbers", ErrInvalid, maxRevoked)
+	}
+	for i, n := range names {
+		if err := identity.CheckName(n); err != nil || (i > 0 && names[i-1] >= n) {
+			return fmt.Errorf("%w: revoked names must be sorted, distinct router names (%q)", ErrInvalid, n)
+		}
+	}
+	for i, v := range serials {
+		if c, err := identity.CanonicalSerial(v); err != nil || c != v || (i > 0 && serials[i-1] >= v) {
+			return fmt.Errorf("%w: revoked serial numbers must be sorted, distinct and in canonical hex (%q)", ErrInvalid, v)
+		}
+	}
 	return nil
+}
+
+// mergeSorted returns the sorted union of two sorted lists without
+// repeats; nil when empty.
+func mergeSorted(a, b []string) []string {
+	out := slices.Concat(a, b)
+	slices.Sort(out)
+	out = slices.Compact(out)
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// subtractSorted returns a without the elements of b; nil when empty.
+func subtractSorted(a, b []string) []string {
+	out := slices.DeleteFunc(slices.Clone(a), func(v string) bool {
+		_, found := slices.BinarySearch(b, v)
+		return found
+	})
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 // CheckBackendID reports whether id can name a backend: 1-253 printable

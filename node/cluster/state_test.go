@@ -206,6 +206,8 @@ func FuzzApply(f *testing.F) {
 		SetRouting(ring.DefaultSettings()),
 		{Op: OpSyncDiscovered, Backends: []Backend{{ID: "d:1", URL: "http://d:1"}}},
 		SetClusterID("0123456789abcdef0123456789abcdef"),
+		Revoke([]string{"r2"}, []string{"0A:1b"}),
+		Unrevoke([]string{"r2"}, nil),
 	} {
 		b, _ := json.Marshal(cmd) // as written before checksums
 		f.Add(b)
@@ -351,5 +353,63 @@ func TestSetModels(t *testing.T) {
 	}
 	if c := SetModels("a", []string{"m"}); c.level() != 2 {
 		t.Fatalf("set_models at level %d", c.level())
+	}
+}
+
+// TestRevocationList: revoke and unrevoke keep the list sorted, canonical
+// and without repeats; a repeat changes nothing; bad names and serial
+// numbers are refused; the commands need level 3 (a router of level 2
+// would halt on them).
+func TestRevocationList(t *testing.T) {
+	s := seeded(t)
+	s = mustApply(t, s, Revoke([]string{"r3", "r1", "r3"}, []string{"0x00AB:CD", "1"}))
+	if !slices.Equal(s.RevokedNames, []string{"r1", "r3"}) || !slices.Equal(s.RevokedSerials, []string{"1", "abcd"}) {
+		t.Fatalf("list %v %v", s.RevokedNames, s.RevokedSerials)
+	}
+	if !s.Revoked("r1") || s.Revoked("r2") {
+		t.Fatal("Revoked disagrees with the list")
+	}
+	if _, changed, err := apply(&s, Revoke([]string{"r1"}, []string{"AB:CD"})); err != nil || changed {
+		t.Fatalf("revoking again: changed=%v err=%v", changed, err)
+	}
+	c := s.Clone()
+	c.RevokedNames[0] = "zz"
+	if s.RevokedNames[0] != "r1" {
+		t.Fatal("Clone shares the revocation list")
+	}
+	for _, bad := range []Command{
+		Revoke(nil, nil),
+		Revoke([]string{"bad name"}, nil),
+		Revoke([]string{""}, nil),
+		Revoke(nil, []string{"xyz"}),
+		Revoke(nil, []string{strings.Repeat("f", 41)}),
+		Unrevoke(nil, nil),
+	} {
+		if next, changed, err := apply(&s, bad); !errors.Is(err, ErrInvalid) || changed || !next.equal(&s) {
+			t.Errorf("%+v: changed=%v err=%v, want ErrInvalid and no change", bad, changed, err)
+		}
+	}
+	s = mustApply(t, s, Unrevoke([]string{"r1", "r9"}, []string{"abcd"}))
+	if !slices.Equal(s.RevokedNames, []string{"r3"}) || !slices.Equal(s.RevokedSerials, []string{"1"}) {
+		t.Fatalf("after unrevoke: %v %v", s.RevokedNames, s.RevokedSerials)
+	}
+	s = mustApply(t, s, Unrevoke([]string{"r3"}, []string{"1"}))
+	if s.RevokedNames != nil || s.RevokedSerials != nil {
+		t.Fatalf("an empty list is nil, got %#v %#v", s.RevokedNames, s.RevokedSerials)
+	}
+	for _, cmd := range []Command{Revoke([]string{"r1"}, nil), Unrevoke([]string{"r1"}, nil)} {
+		if cmd.level() != 3 {
+			t.Errorf("%s: level %d, want 3", cmd.Op, cmd.level())
+		}
+	}
+	if CommandLevel < 3 {
+		t.Fatalf("CommandLevel %d does not cover revocations", CommandLevel)
+	}
+	// A state with an unsorted or non-canonical list is invalid.
+	for _, st := range []State{{RevokedNames: []string{"b", "a"}}, {RevokedSerials: []string{"0a"}}, {RevokedSerials: []string{"AB"}}} {
+		st.Backends = []Backend{}
+		if err := st.validate(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%+v: %v, want ErrInvalid", st, err)
+		}
 	}
 }
