@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/node/admin"
 	"github.com/warmroute/warmroute/node/cluster"
 	"github.com/warmroute/warmroute/node/identity"
 	"github.com/warmroute/warmroute/node/limit"
@@ -181,6 +182,7 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 	}
 	n.admin = &http.Server{
 		Handler:           n.newAdmin().Handler(),
+		ConnContext:       admin.ConnContext, // authenticated connections leave the shared pool
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       2 * time.Minute,

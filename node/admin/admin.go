@@ -16,6 +16,7 @@ import (
 	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/node/cluster"
 	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/node/limit"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/ring"
 )
@@ -151,6 +152,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("PATCH /v1/config", s.guarded(true, s.handlePatchConfig))
 	mux.HandleFunc("PUT /v1/config", s.guarded(true, s.handlePutConfig))
 	mux.HandleFunc("GET /v1/cluster", s.guarded(false, s.handleCluster))
+	mux.HandleFunc("GET /v1/revocations", s.guarded(false, s.handleRevocations))
+	mux.HandleFunc("POST /v1/revocations", s.guarded(true, s.handleRevoke))
+	mux.HandleFunc("DELETE /v1/revocations", s.guarded(true, s.handleRevoke))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusNotFound, "not_found", "unknown admin route "+r.Method+" "+r.URL.Path)
 	})
@@ -168,10 +172,14 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, write bool) b
 			return false
 		}
 		if write && s.cfg.Identity != nil && by != "" {
+			promote(w, r, "router:"+by)
 			return true
 		}
 	}
 	loopback := isLoopbackRemote(r.RemoteAddr)
+	if loopback {
+		promote(w, r, "loopback")
+	}
 	if s.cfg.Token == "" {
 		if write && !loopback {
 			writeJSONError(w, http.StatusForbidden, "admin_token_required",
@@ -189,7 +197,30 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, write bool) b
 		writeJSONError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong admin bearer token")
 		return false
 	}
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		promote(w, r, "token:"+host)
+	}
 	return true
+}
+
+type connKey struct{}
+
+// ConnContext is the admin http.Server's ConnContext: it keeps each
+// request's connection, so that authorize can promote it (node/limit)
+// once a request proved who sent it: the token, loopback, or a router's
+// certificate. A promoted connection leaves the pool that idle
+// connections of neighbours without credentials contend for.
+func ConnContext(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, c)
+}
+
+// promote moves r's connection to the listener's proven pool under key;
+// when that pool is full the connection closes after this answer.
+func promote(w http.ResponseWriter, r *http.Request, key string) {
+	c, ok := r.Context().Value(connKey{}).(net.Conn)
+	if ok && !limit.Promote(c, key) {
+		w.Header().Set("Connection", "close")
+	}
 }
 
 func isLoopbackRemote(remote string) bool {

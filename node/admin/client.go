@@ -115,6 +115,26 @@ func (c *Client) PatchConfig(ctx context.Context, patch map[string]any) (WriteRe
 	return out, c.do(ctx, "PATCH", "/v1/config", patch, &out)
 }
 
+// Revocations is GET /v1/revocations.
+func (c *Client) Revocations(ctx context.Context) (Revocations, error) {
+	var out Revocations
+	return out, c.do(ctx, "GET", "/v1/revocations", nil, &out)
+}
+
+// Revoke adds router names and certificate serial numbers to the
+// cluster's revocation list.
+func (c *Client) Revoke(ctx context.Context, req RevocationRequest) (WriteResult, error) {
+	var out WriteResult
+	return out, c.do(ctx, "POST", "/v1/revocations", req, &out)
+}
+
+// Unrevoke takes router names and certificate serial numbers off the
+// cluster's revocation list.
+func (c *Client) Unrevoke(ctx context.Context, req RevocationRequest) (WriteResult, error) {
+	var out WriteResult
+	return out, c.do(ctx, "DELETE", "/v1/revocations", req, &out)
+}
+
 // do sends a request with body (JSON, when not nil) and decodes the answer
 // into out, or returns the API's error as an *APIError.
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {

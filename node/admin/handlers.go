@@ -28,11 +28,16 @@ func (s *Server) Status() Status {
 	for _, b := range s.cfg.Router.Status() {
 		st.Backends = append(st.Backends, BackendLiveView{BackendStatus: b, Engine: s.engine(b.ID)})
 	}
-	if s.cfg.Members != nil {
-		st.Members = s.cfg.Members.Members()
-	}
 	raft := s.cfg.Agreement.Status()
 	st.Raft = &raft
+	if s.cfg.Members != nil {
+		st.Members = s.cfg.Members.Members()
+		for i, m := range st.Members {
+			if _, ok := refusedAs(raft.Refused, m.Name, m.Meta.RaftAddr); ok {
+				st.Members[i].State = MemberRefused
+			}
+		}
+	}
 	if err := s.cfg.Agreement.Halted(); err != nil {
 		st.Halted = err.Error()
 	}
@@ -239,11 +244,59 @@ func (s *Server) Cluster() ClusterView {
 	v.Leader = v.Raft.LeaderID
 	if s.cfg.Members != nil {
 		for _, m := range s.cfg.Members.Members() {
-			v.Members = append(v.Members, MemberView{Name: m.Name, Addr: m.Addr, State: m.State, Zone: m.Meta.Zone,
-				AdminAddr: m.Meta.AdminAddr, RaftAddr: m.Meta.RaftAddr, Version: m.Meta.Version})
+			mv := MemberView{Name: m.Name, Addr: m.Addr, State: m.State, Zone: m.Meta.Zone,
+				AdminAddr: m.Meta.AdminAddr, RaftAddr: m.Meta.RaftAddr, Version: m.Meta.Version}
+			if reason, ok := refusedAs(v.Raft.Refused, m.Name, m.Meta.RaftAddr); ok {
+				mv.State, mv.Reason = MemberRefused, reason
+			}
+			v.Members = append(v.Members, mv)
 		}
 	}
 	return v
+}
+
+// refusedAs returns why this router's identity probe refuses member name
+// at Raft address addr, if it does.
+func refusedAs(refused []cluster.Refusal, name, addr string) (string, bool) {
+	for _, r := range refused {
+		if r.Name == name && r.Addr == addr {
+			return r.Reason, true
+		}
+	}
+	return "", false
+}
+
+func (s *Server) handleRevocations(w http.ResponseWriter, r *http.Request) {
+	st, epoch := s.cfg.Agreement.State()
+	writeJSON(w, http.StatusOK, Revocations{Epoch: epoch, Names: nonNil(st.RevokedNames), Serials: nonNil(st.RevokedSerials)})
+}
+
+// nonNil makes an empty list encode as [] (not null).
+func nonNil(v []string) []string {
+	if v == nil {
+		return []string{}
+	}
+	return v
+}
+
+// handleRevoke adds to the revocation list (POST) or takes off it
+// (DELETE). The names and serial numbers are checked by the state
+// machine (cluster.Revoke); a bad one answers 400.
+func (s *Server) handleRevoke(w http.ResponseWriter, r *http.Request) {
+	body, ok := readBody(w, r, maxBody)
+	if !ok {
+		return
+	}
+	var req RevocationRequest
+	if err := decodeStrict(body, &req); err != nil {
+		writeJSONError(w, http.StatusBadRequest, "invalid_revocation", err.Error())
+		return
+	}
+	cmd := cluster.Revoke(req.Names, req.Serials)
+	if r.Method == http.MethodDelete {
+		cmd = cluster.Unrevoke(req.Names, req.Serials)
+	}
+	s.write(w, r, body, cmd)
 }
 
 func (s *Server) handleCluster(w http.ResponseWriter, r *http.Request) {

@@ -142,11 +142,15 @@ type ClusterView struct {
 	Leader  string         `json:"leader,omitempty"`
 }
 
-// MemberView is one router as gossip shows it.
+// MemberView is one router as gossip shows it. State is "refused" when
+// this router's identity probe refuses the member (Reason says why): it
+// is in gossip, which any holder of the gossip key can join, but it did
+// not prove its name, and it gets no Raft seat, address or vote.
 type MemberView struct {
 	Name      string `json:"name"`
 	Addr      string `json:"addr"`
 	State     string `json:"state"`
+	Reason    string `json:"reason,omitempty"`
 	Zone      string `json:"zone,omitempty"`
 	AdminAddr string `json:"admin_addr,omitempty"`
 	RaftAddr  string `json:"raft_addr,omitempty"`
@@ -167,4 +171,23 @@ type Explanation struct {
 	// (empty: its prompt did).
 	KeySource string `json:"key_source,omitempty"`
 	ring.Explanation
+}
+
+// MemberRefused is the State of a member this router's identity probe
+// refuses.
+const MemberRefused = "refused"
+
+// Revocations is GET /v1/revocations: the agreed revocation list.
+type Revocations struct {
+	Epoch   uint64   `json:"epoch"`
+	Names   []string `json:"names"`
+	Serials []string `json:"serials"`
+}
+
+// RevocationRequest is the body of POST /v1/revocations (revoke) and
+// DELETE /v1/revocations (take off the list): router names and
+// certificate serial numbers (hex, as 'warmroute tls show' prints them).
+type RevocationRequest struct {
+	Names   []string `json:"names,omitempty"`
+	Serials []string `json:"serials,omitempty"`
 }

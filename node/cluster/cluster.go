@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -70,6 +71,11 @@ type Agreement struct {
 	fatal     chan error
 	fatalOnce sync.Once
 	verified  verified
+	// revokedNames and revokedSerials are the revocation list last
+	// handed to the identity.
+	revokedNames, revokedSerials []string
+	// rpcWarn rate-limits the warnings of refused RPCs.
+	rpcWarn warnLimiter
 	// verifyWake asks verifyLoop for a round of identity probes.
 	verifyWake chan struct{}
 
@@ -108,7 +114,8 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Agreem
 		ready:         make(chan struct{}),
 		peers:         map[string]peerRecord{},
 		fatal:         make(chan error, 1),
-		verified:      verified{at: map[string]time.Time{}},
+		verified:      newVerified(),
+		rpcWarn:       warnLimiter{interval: time.Minute},
 		verifyWake:    make(chan struct{}, 1),
 	}
 	c.health = newHealthTracker(cfg.HealthFailThreshold, cfg.HealthRiseThreshold, cfg.HealthReportTTL)
@@ -201,6 +208,8 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Agreem
 	}
 	c.fsm = newFSM(c.subs.Notify, persist, cached)
 	c.fsm.check, c.fsm.onHalt = c.checkState, c.onHalt
+	c.fsm.onPublish = c.applyRevocations
+	c.applyRevocations(c.fsm.view()) // the cached state's, until Raft replays past it
 	rc := cfg.raftConfig()
 	rc.Logger = hl
 	rc.NotifyCh = c.notifyCh
@@ -555,6 +564,12 @@ type Status struct {
 	Servers     []Server  `json:"servers"`
 	Seeded      bool      `json:"seeded"`
 	Backends    int       `json:"backends"`
+	// Refused are the members this node's identity probes refuse now
+	// (see Refusal).
+	Refused []Refusal `json:"refused,omitempty"`
+	// RevokedNames and RevokedSerials are the agreed revocation list.
+	RevokedNames   []string `json:"revoked_names,omitempty"`
+	RevokedSerials []string `json:"revoked_serials,omitempty"`
 }
 
 // Status returns this node's view of the group.
@@ -574,6 +589,10 @@ func (c *Agreement) Status() Status {
 		LastIndex:    c.raft.LastIndex(),
 		Seeded:       p.state.Seeded,
 		Backends:     len(p.state.Backends),
+		Refused:      c.Refused(),
+
+		RevokedNames:   slices.Clone(p.state.RevokedNames),
+		RevokedSerials: slices.Clone(p.state.RevokedSerials),
 	}
 	if c.raft.State() != raft.Leader {
 		st.LastContact = c.raft.LastContact()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/warmroute/warmroute/gossip"
@@ -79,17 +80,30 @@ func buildView(members []gossip.Member, selfID, selfAddr string) *memberView {
 
 // addrProvider implements raft.ServerAddressProvider: Raft dials a server
 // at the address gossip advertises for its ID now, so a node that restarted
-// on a new IP is reachable before the configuration is updated.
+// on a new IP is reachable before the configuration is updated, but only
+// once the router proved its name there (an identity probe): anyone with
+// the gossip key can advertise an address for any name. Until then, and
+// when gossip has none, Raft dials the configured address.
 type addrProvider struct{ c *Agreement }
 
 func (p addrProvider) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
-	v := p.c.view.Load()
-	if v != nil {
-		if s, ok := v.get(string(id)); ok && s.alive() {
+	c := p.c
+	if string(id) == c.cfg.NodeID {
+		return raft.ServerAddress(c.addr), nil
+	}
+	if v := c.view.Load(); v != nil {
+		if s, ok := v.get(string(id)); ok && s.alive() && (c.stream == nil || c.verified.ok(s.ID, s.Addr, time.Now())) {
 			return raft.ServerAddress(s.Addr), nil
 		}
 	}
-	return "", fmt.Errorf("cluster: no gossip address for %s", id)
+	if r := c.raftPtr.Load(); r != nil {
+		for _, s := range r.GetConfiguration().Configuration().Servers {
+			if s.ID == id {
+				return s.Address, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("cluster: no address for %s", id)
 }
 
 // watchMembers keeps c.view current and wakes the bootstrap and leader

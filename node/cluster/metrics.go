@@ -16,6 +16,8 @@ type metrics struct {
 	discoveryPolls   *prometheus.CounterVec
 	raftRefused      *prometheus.CounterVec
 	raftForeign      prometheus.Counter
+	probeRefused     prometheus.Counter
+	rpcRefused       *prometheus.CounterVec
 	fsmHalted        prometheus.Gauge
 	versionSkew      prometheus.Counter
 	all              []prometheus.Collector
@@ -39,6 +41,10 @@ func newMetrics(c *Agreement) *metrics {
 			"Inbound Raft connections closed before Raft saw them, by reason (limit, limit_per_ip, tls, identity, preamble, foreign_cluster).")), []string{"reason"}),
 		raftForeign: prometheus.NewCounter(prometheus.CounterOpts(opts("foreign_peers_total",
 			"Raft connections (either way) with a router whose data belong to another cluster."))),
+		probeRefused: prometheus.NewCounter(prometheus.CounterOpts(opts("probes_refused_total",
+			"Identity probes of gossip members (and configured Raft servers) that something answered without proving the member's name or cluster; the member gets no Raft seat, address or vote."))),
+		rpcRefused: prometheus.NewCounterVec(prometheus.CounterOpts(opts("rpcs_refused_total",
+			"Raft RPCs refused (and their connection closed) on an authenticated connection, by reason (rpc_id, rpc_addr, not_member, revoked, malformed).")), []string{"reason"}),
 		versionSkew: prometheus.NewCounter(prometheus.CounterOpts(opts("version_skew_refusals_total",
 			"Writes this node refused as leader because a router advertises an older command level than the write needs (upgrade every router; see the error)."))),
 		fsmHalted: prometheus.NewGauge(prometheus.GaugeOpts(opts("fsm_halted",
@@ -50,7 +56,7 @@ func newMetrics(c *Agreement) *metrics {
 	stateGauge := prometheus.NewGaugeVec(prometheus.GaugeOpts(opts("state", "1 for this node's current Raft state (leader, follower, candidate, shutdown).")), []string{"state"})
 	m.all = []prometheus.Collector{
 		m.commitSeconds, m.leaderChanges, m.reconcileActions, m.healthCommits, m.discoveryPolls,
-		m.raftRefused, m.raftForeign, m.fsmHalted, m.versionSkew,
+		m.raftRefused, m.raftForeign, m.probeRefused, m.rpcRefused, m.fsmHalted, m.versionSkew,
 		stateCollector{c: c, g: stateGauge},
 		gauge("epoch", "Index of the Raft entry that produced the applied state (the ring epoch).",
 			func() float64 { return float64(c.fsm.view().epoch) }),

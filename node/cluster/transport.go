@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -21,8 +22,11 @@ import (
 // identity, and the preamble (preamble.go) on every connection. Unlike
 // raft.TCPStreamLayer it defends its listener:
 //
-//   - at most MaxConns inbound connections at once, MaxConnsPerIP from one
-//     address (node/limit); more are closed at once;
+//   - at most MaxConns inbound connections that proved nothing yet,
+//     MaxConnsPerIP from one address (node/limit): a newcomer closes the
+//     oldest of the busiest address, so idle connections of a neighbour
+//     never keep a router out; a connection that proved a router (TLS
+//     and preamble) moves to a pool of its own, MaxConnsPerIP per router;
 //   - the TLS handshake and the preamble run in their own goroutine under
 //     HandshakeTimeout, before Raft sees the connection (and allocates its
 //     buffers for it), so connections that never prove anything cost a
@@ -64,6 +68,9 @@ type streamConfig struct {
 	// ("" without identities), address and cluster, whether the two
 	// clusters differ, and whether this node dialled.
 	peer func(name, addr, clusterID string, foreign, dialed bool)
+	// rpcCheck, with identities, returns the check of every RPC on an
+	// inbound connection whose certificate (leaf) proved name (rpcGate).
+	rpcCheck func(name string, leaf *x509.Certificate) func(rpcClaims) error
 
 	maxConns, maxPerIP int
 	handshakeTimeout   time.Duration
@@ -129,6 +136,14 @@ func (s *tcpStream) acceptLoop() {
 	}
 }
 
+// limitKey is the host of a remote address.
+func limitKey(a net.Addr) string {
+	if host, _, err := net.SplitHostPort(a.String()); err == nil {
+		return host
+	}
+	return a.String()
+}
+
 // forget drops sc from the connections Close closes.
 func (s *tcpStream) forget(sc *serverConn) {
 	s.mu.Lock()
@@ -148,6 +163,7 @@ func (s *tcpStream) handshake(sc *serverConn) {
 	}()
 	_ = sc.Conn.SetDeadline(time.Now().Add(s.cfg.handshakeTimeout))
 	name := ""
+	var leaf *x509.Certificate
 	if s.cfg.identity != nil {
 		tc := tls.Server(sc.Conn, s.cfg.identity.ServerConfig(false))
 		if err := tc.Handshake(); err != nil {
@@ -155,12 +171,13 @@ func (s *tcpStream) handshake(sc *serverConn) {
 			s.cfg.log.Debug("raft listener: TLS handshake failed", "remote", sc.RemoteAddr().String(), "err", err)
 			return
 		}
-		n, err := identity.PeerName(tc.ConnectionState())
+		cs := tc.ConnectionState()
+		n, err := identity.PeerName(cs)
 		if err != nil {
 			s.cfg.refusals("identity")
 			return
 		}
-		name = n
+		name, leaf = n, cs.PeerCertificates[0]
 		sc.c = tc
 	}
 	mode, theirs, err := readPreamble(sc.c)
@@ -185,6 +202,18 @@ func (s *tcpStream) handshake(sc *serverConn) {
 	}
 	if mode != modeRaft {
 		return // a probe: it has its answer
+	}
+	// Proven: the connection leaves the pending pool, which neighbours
+	// without credentials contend for (node/limit).
+	key := "router:" + name
+	if name == "" {
+		key = "addr:" + limitKey(sc.RemoteAddr())
+	}
+	if !limit.Promote(sc.Conn, key) {
+		return
+	}
+	if leaf != nil && s.cfg.rpcCheck != nil {
+		sc.gate = newRPCGate(readFunc(sc.readRaw), s.cfg.rpcCheck(name, leaf))
 	}
 	_ = sc.Conn.SetDeadline(time.Time{})
 	select {
@@ -265,6 +294,10 @@ func (s *tcpStream) expectAt(addr string) func(string) error {
 // errForeignCluster: the peer's data belong to another cluster.
 var errForeignCluster = errors.New("cluster: the peer belongs to another cluster")
 
+// errTLSHandshake: a dialled peer did not complete a TLS handshake that
+// proves a router this node expects.
+var errTLSHandshake = errors.New("cluster: raft TLS handshake failed")
+
 // dial connects, runs TLS (checking the peer's name with expect) and the
 // preamble in mode, all within timeout.
 func (s *tcpStream) dial(addr string, timeout time.Duration, mode byte, expect func(string) error) (net.Conn, error) {
@@ -288,7 +321,7 @@ func (s *tcpStream) dial(addr string, timeout time.Duration, mode byte, expect f
 	if s.cfg.identity != nil {
 		tc := tls.Client(c, s.cfg.identity.ClientConfig(expect))
 		if err := tc.Handshake(); err != nil {
-			return nil, fmt.Errorf("cluster: raft TLS to %s: %w", addr, err)
+			return nil, fmt.Errorf("%w with %s: %w", errTLSHandshake, addr, err)
 		}
 		name, _ = identity.PeerName(tc.ConnectionState())
 		c = tc
@@ -333,9 +366,24 @@ type serverConn struct {
 	s        *tcpStream
 	idle     time.Duration
 	once     sync.Once
+	// gate, with identities, checks every RPC before Raft reads it.
+	gate *rpcGate
 }
 
 func (c *serverConn) Read(p []byte) (int, error) {
+	if c.gate != nil {
+		return c.gate.Read(p)
+	}
+	return c.readRaw(p)
+}
+
+// readFunc is a function as an io.Reader.
+type readFunc func([]byte) (int, error)
+
+func (f readFunc) Read(p []byte) (int, error) { return f(p) }
+
+// readRaw reads what the peer sent, under the idle timeout.
+func (c *serverConn) readRaw(p []byte) (int, error) {
 	_ = c.Conn.SetReadDeadline(time.Now().Add(c.idle))
 	n, err := c.c.Read(p)
 	var ne net.Error
@@ -477,6 +525,7 @@ func (c *Agreement) tcpTransport(hl hclog.Logger) (*raft.NetworkTransport, *tcpS
 		clusterID:        c.currentClusterID,
 		expect:           c.expectedAt,
 		peer:             c.notePeer,
+		rpcCheck:         c.rpcCheck,
 		maxConns:         c.cfg.RaftMaxConns,
 		maxPerIP:         c.cfg.RaftMaxConnsPerIP,
 		handshakeTimeout: c.cfg.RaftHandshakeTimeout,

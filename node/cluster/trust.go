@@ -1,10 +1,12 @@
 package cluster
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -221,39 +223,154 @@ func (c *Agreement) Halted() error {
 	return nil
 }
 
-// verified is when each router last passed an identity probe: it proved
-// its name and its cluster over a fresh connection.
+// proof is a router name at a Raft address: what an identity probe
+// checks.
+type proof struct{ id, addr string }
+
+// verified is when each router last passed an identity probe at each
+// address (it proved its name, and its cluster, over a fresh connection
+// there), and the probes it failed.
 type verified struct {
-	mu sync.Mutex
-	at map[string]time.Time
+	mu      sync.Mutex
+	at      map[proof]time.Time
+	refused map[proof]*refusal
+}
+
+// refusal is a probe's failure at an address where something answered
+// but proved nothing.
+type refusal struct {
+	reason      string
+	since, last time.Time
+	warned      time.Time // when it was last logged
 }
 
 // verifyTTL is how long a passed probe counts; verifyEvery how often the
-// node re-probes.
+// node re-probes; refusalWarnEvery how often one refusal is logged again.
 const (
-	verifyTTL   = 2 * time.Minute
-	verifyEvery = 30 * time.Second
+	verifyTTL        = 2 * time.Minute
+	verifyEvery      = 30 * time.Second
+	refusalWarnEvery = 5 * time.Minute
 )
 
-func (v *verified) ok(id string, now time.Time) bool {
+func newVerified() verified {
+	return verified{at: map[proof]time.Time{}, refused: map[proof]*refusal{}}
+}
+
+// ok reports whether router id passed a probe at addr within verifyTTL
+// of now.
+func (v *verified) ok(id, addr string, now time.Time) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	t, ok := v.at[id]
+	t, ok := v.at[proof{id, addr}]
 	return ok && now.Sub(t) < verifyTTL
 }
 
-func (v *verified) set(id string, t time.Time) {
+// okAnywhere reports whether router id passed a probe at any address
+// within verifyTTL of now.
+func (v *verified) okAnywhere(id string, now time.Time) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	v.at[id] = t
+	for p, t := range v.at {
+		if p.id == id && now.Sub(t) < verifyTTL {
+			return true
+		}
+	}
+	return false
 }
 
-// verifyLoop probes every router gossip shows, when membership changes
-// and every verifyEvery: a probe proves the router's name (with
-// identities) and tells its cluster (the preamble), so a router whose
-// data belong to another cluster learns it even if nobody dials it for
-// Raft. The leader adds to the Raft configuration, and promotes, only
-// routers that passed a probe.
+// pass records a passed probe; any refusal at that address is over.
+func (v *verified) pass(id, addr string, t time.Time) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.at[proof{id, addr}] = t
+	delete(v.refused, proof{id, addr})
+}
+
+// refuse records a refused probe and reports whether to log it: the
+// first time, when the reason changes, and every refusalWarnEvery.
+func (v *verified) refuse(id, addr, reason string, now time.Time) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	p := proof{id, addr}
+	delete(v.at, p)
+	r := v.refused[p]
+	if r == nil || r.reason != reason {
+		r = &refusal{reason: reason, since: now}
+		v.refused[p] = r
+	}
+	r.last = now
+	if now.Sub(r.warned) < refusalWarnEvery {
+		return false
+	}
+	r.warned = now
+	return true
+}
+
+// forget drops what is known of the routers names (revoked: they prove
+// nothing any more).
+func (v *verified) forget(names []string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for p := range v.at {
+		if slices.Contains(names, p.id) {
+			delete(v.at, p)
+		}
+	}
+}
+
+// prune drops the records of addresses no longer probed, and passes
+// that expired, so the maps stay as small as the membership.
+func (v *verified) prune(keep map[proof]bool, now time.Time) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for p, t := range v.at {
+		if !keep[p] && now.Sub(t) >= verifyTTL {
+			delete(v.at, p)
+		}
+	}
+	for p := range v.refused {
+		if !keep[p] {
+			delete(v.refused, p)
+		}
+	}
+}
+
+// Refusal is a router this node's identity probe refused: something
+// answered at Addr, Raft address of member Name, but did not prove that
+// name (with cluster TLS: no certificate of the cluster CA that names
+// it, a revoked one, one issued for another use), or its data belong to
+// another cluster. Such a member gets no Raft seat, address or vote.
+type Refusal struct {
+	Name   string    `json:"name"`
+	Addr   string    `json:"addr"`
+	Reason string    `json:"reason"`
+	Since  time.Time `json:"since"`
+}
+
+// refusals lists the current refusals, sorted by name and address.
+func (v *verified) refusals() []Refusal {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := make([]Refusal, 0, len(v.refused))
+	for p, r := range v.refused {
+		out = append(out, Refusal{Name: p.id, Addr: p.addr, Reason: r.reason, Since: r.since})
+	}
+	slices.SortFunc(out, func(a, b Refusal) int {
+		return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(a.Addr, b.Addr))
+	})
+	return out
+}
+
+// Refused lists the members this node's identity probes refuse now.
+func (c *Agreement) Refused() []Refusal { return c.verified.refusals() }
+
+// verifyLoop probes every router gossip shows, and every address of the
+// Raft configuration, when membership changes and every verifyEvery: a
+// probe proves the router's name (with identities) and tells its cluster
+// (the preamble), so a router whose data belong to another cluster
+// learns it even if nobody dials it for Raft. The leader adds to the
+// Raft configuration, promotes, and moves to a new address only routers
+// that passed a probe there.
 func (c *Agreement) verifyLoop() {
 	defer c.wg.Done()
 	if c.stream == nil || c.members == nil {
@@ -286,16 +403,39 @@ func (c *Agreement) verifyLoop() {
 // maxProbes bounds the probes running at once.
 const maxProbes = 4
 
-// verifyAll probes the routers whose last pass is getting old, and
+// probeTargets are the router names and addresses to probe: every live
+// router gossip shows, at the address it advertises, and every server of
+// the Raft configuration at its configured address (gossip may place a
+// name elsewhere, by a move or by an impostor; a router restarted at its
+// configured address proves itself there).
+func (c *Agreement) probeTargets() map[proof]bool {
+	out := map[proof]bool{}
+	for _, s := range c.view.Load().servers {
+		if s.ID != c.cfg.NodeID && s.alive() && s.Addr != "" {
+			out[proof{s.ID, s.Addr}] = true
+		}
+	}
+	if r := c.raftPtr.Load(); r != nil {
+		for _, s := range r.GetConfiguration().Configuration().Servers {
+			if id := string(s.ID); id != c.cfg.NodeID && s.Address != "" && !c.isRevoked(id) {
+				out[proof{id, string(s.Address)}] = true
+			}
+		}
+	}
+	return out
+}
+
+// verifyAll probes the targets whose last pass is getting old, and
 // reports whether every probe passed.
 func (c *Agreement) verifyAll() bool {
-	v := c.view.Load()
 	now := time.Now()
+	targets := c.probeTargets()
+	c.verified.prune(targets, now)
 	sem := make(chan struct{}, maxProbes)
 	var wg sync.WaitGroup
 	var failed atomic.Bool
-	for _, s := range v.servers {
-		if s.ID == c.cfg.NodeID || !s.alive() || s.Addr == "" || c.verified.ok(s.ID, now.Add(verifyEvery)) {
+	for p := range targets {
+		if c.verified.ok(p.id, p.addr, now.Add(verifyEvery)) {
 			continue
 		}
 		select {
@@ -310,45 +450,131 @@ func (c *Agreement) verifyAll() bool {
 			defer func() { <-sem }()
 			var expect func(string) error
 			if c.cfg.Identity != nil {
-				expect = identity.ExpectName(s.ID)
+				expect = identity.ExpectName(p.id)
 			}
-			if err := c.stream.probe(s.Addr, expect); err != nil {
-				failed.Store(true)
-				c.log.Debug("raft: router did not pass its identity probe", "router", s.ID, "addr", s.Addr, "err", err)
+			err := c.stream.probe(p.addr, expect)
+			if err == nil {
+				c.verified.pass(p.id, p.addr, time.Now())
+				wake(c.leaderWake)
 				return
 			}
-			c.verified.set(s.ID, time.Now())
-			wake(c.leaderWake)
+			failed.Store(true)
+			reason, refused := refusalReason(err)
+			if !refused {
+				c.log.Debug("raft: router did not answer its identity probe", "router", p.id, "addr", p.addr, "err", err)
+				return
+			}
+			c.met.probeRefused.Inc()
+			if c.verified.refuse(p.id, p.addr, reason, time.Now()) {
+				c.log.Warn("raft: refusing a member that does not prove its name: it gets no Raft seat, address or vote",
+					"member", p.id, "addr", p.addr, "reason", reason)
+			}
 		}()
 	}
 	wg.Wait()
 	return !failed.Load()
 }
 
-// trusted filters a gossip view for the leader's reconcile: routers that
-// did not pass an identity probe are neither added to the Raft
-// configuration nor promoted (the configuration's own servers stay).
+// refusalReason tells whether a failed probe is a refusal (something
+// answered and proved nothing, or another cluster) and why, or the
+// router was not reachable (not listening yet, gone, or too slow).
+func refusalReason(err error) (string, bool) {
+	var ne net.Error
+	var op *net.OpError
+	switch {
+	case errors.As(err, &op) && op.Op == "dial":
+		return "", false
+	case errors.As(err, &ne) && ne.Timeout():
+		return "", false
+	case errors.Is(err, errForeignCluster):
+		return "its data belong to another cluster", true
+	case errors.Is(err, identity.ErrRevoked):
+		return "its certificate is revoked", true
+	case errors.Is(err, identity.ErrKeyUsage):
+		return "its certificate is not issued for TLS server authentication", true
+	case errors.Is(err, identity.ErrWrongPeer):
+		return "its certificate proves another router name", true
+	case errors.Is(err, identity.ErrNoName), errors.Is(err, identity.ErrBadName):
+		return "its certificate names no router", true
+	case errors.Is(err, identity.ErrUntrusted):
+		return "no certificate of the cluster CA", true
+	case errors.Is(err, errTLSHandshake):
+		return "no TLS handshake (a router without cluster TLS, or not a router)", true
+	case errors.Is(err, errPreamble):
+		return "no valid Raft preamble (not a warmroute router of this version)", true
+	}
+	return "", false
+}
+
+// trusted filters a gossip view for the leader's reconcile. A server
+// counts only where it proved its name: at the address gossip gives for
+// it (a seat, an address update, a vote), else, for a server of the Raft
+// configuration, at its configured address (it keeps that address,
+// whatever gossip says). A configured server that proved itself nowhere
+// counts as missing from gossip (the dead-server timeout runs), one that
+// is revoked as left (removed at once); an unproven one outside the
+// configuration gets nothing. Any holder of the gossip key can put a
+// member of any name and address in gossip: this is what keeps it out
+// of Raft.
 func (c *Agreement) trusted(v *memberView, cfg []raft.Server) *memberView {
 	if c.stream == nil {
 		return v // in-memory network: nothing to prove
 	}
-	inCfg := map[string]raft.ServerSuffrage{}
+	inCfg := map[string]raft.Server{}
 	for _, s := range cfg {
-		inCfg[string(s.ID)] = s.Suffrage
+		inCfg[string(s.ID)] = s
 	}
 	now := time.Now()
 	out := &memberView{key: v.key}
 	for _, s := range v.servers {
-		if s.ID != c.cfg.NodeID && !c.verified.ok(s.ID, now) {
-			suffrage, ok := inCfg[s.ID]
-			if !ok {
+		cs, configured := inCfg[s.ID]
+		switch {
+		case s.ID == c.cfg.NodeID:
+		case c.isRevoked(s.ID):
+			if !configured {
 				continue
 			}
-			if suffrage != raft.Voter {
-				s.Eligible = false
-			}
+			s.Addr, s.State = string(cs.Address), "left"
+		case c.verified.ok(s.ID, s.Addr, now):
+		case configured && c.verified.ok(s.ID, string(cs.Address), now):
+			s.Addr, s.State = string(cs.Address), "alive"
+		default:
+			continue
 		}
 		out.servers = append(out.servers, s)
 	}
 	return out
+}
+
+// isRevoked reports whether router id is revoked by name in the agreed
+// state.
+func (c *Agreement) isRevoked(id string) bool {
+	st := c.fsm.view().state
+	return st.Revoked(id)
+}
+
+// applyRevocations hands a published state's revocation list to this
+// router's identity, which every certificate check consults (the TLS
+// handshakes of Raft and the admin API, each Raft RPC, gossip
+// signatures), forgets what revoked routers proved, and wakes the leader
+// loop, which removes them from the Raft configuration.
+func (c *Agreement) applyRevocations(p *published) {
+	names, serials := p.state.RevokedNames, p.state.RevokedSerials
+	c.trustMu.Lock()
+	same := slices.Equal(names, c.revokedNames) && slices.Equal(serials, c.revokedSerials)
+	c.revokedNames, c.revokedSerials = names, serials
+	c.trustMu.Unlock()
+	if same {
+		return
+	}
+	if id := c.cfg.Identity; id != nil {
+		id.Revocations().Set(names, serials)
+		if err := id.Revocations().Check(id.Cert.Leaf, id.Name); err != nil {
+			c.log.Error("this router's own certificate is revoked: the other routers refuse it; give it a new name or certificate", "err", err)
+		}
+	}
+	c.verified.forget(names)
+	c.log.Info("revocation list changed", "names", len(names), "serials", len(serials))
+	wake(c.leaderWake)
+	wake(c.verifyWake)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/node/limit"
 )
 
 // testIdentity issues a router certificate for name from ca.
@@ -71,7 +72,7 @@ func TestTCPMutualTLS(t *testing.T) {
 	})
 	// What must not happen has had time to: reconcile runs every 200 ms.
 	time.Sleep(time.Second)
-	if _, in := raftServers(l.c)["d"]; in || l.c.verified.ok("d", time.Now()) {
+	if _, in := raftServers(l.c)["d"]; in || l.c.verified.okAnywhere("d", time.Now()) {
 		t.Fatalf("a router of another CA passed its probe or entered the Raft configuration: %v", raftServers(l.c))
 	}
 
@@ -195,6 +196,59 @@ func TestRaftListenerBounds(t *testing.T) {
 	if !closedBy(c, 5*time.Second) {
 		t.Fatal("an idle Raft connection was not closed")
 	}
+}
+
+// TestRaftSlotsNotHeldByNeighbours: idle connections from addresses
+// that proved nothing fill every slot of the Raft listener (before, a
+// router was then refused until they timed out); a router dialling now
+// still completes its handshake, its connection moves to the proven pool,
+// and the neighbours' oldest connections are the ones closed.
+func TestRaftSlotsNotHeldByNeighbours(t *testing.T) {
+	ca := testCA(t)
+	tn := newTestNet(t, false)
+	n := tn.start("a", func(c *Config) {
+		c.BootstrapExpect = 1
+		c.Identity = testIdentity(t, ca, "a")
+		c.RaftMaxConns, c.RaftMaxConnsPerIP = 8, 4
+		c.RaftHandshakeTimeout = 5 * time.Second
+	})
+	leader(t, []*tnode{n})
+	addr := n.c.Addr()
+	var flood []net.Conn
+	defer func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	}()
+	for _, ip := range []string{"127.0.0.2", "127.0.0.3", "127.0.0.4"} {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		for range 4 {
+			c, err := d.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			flood = append(flood, c)
+		}
+	}
+	waitFor(t, 5*time.Second, "the flood to fill the pending pool", func() bool {
+		return n.c.stream.ln.(*limit.Listener).Pending() == 8
+	})
+	other := testIdentity(t, ca, "b")
+	for i := range 3 {
+		start := time.Now()
+		c, err := n.c.stream.dialFor(t, addr, other)
+		if err != nil {
+			t.Fatalf("router connection %d with every slot held by neighbours: %v", i, err)
+		}
+		defer c.Close()
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("router connection %d took %v", i, d)
+		}
+	}
+	// The listener promotes after answering the preamble.
+	waitFor(t, 5*time.Second, "three proven connections", func() bool {
+		return n.c.stream.ln.(*limit.Listener).Proven() == 3
+	})
 }
 
 // TestForeignClusterRefused: two clusters' routers never exchange Raft
@@ -323,4 +377,25 @@ func TestCommitLatency(t *testing.T) {
 		t.Logf("mutual TLS %-5v: %d commits, p50 %v, p90 %v, p99 %v", secure, len(ds),
 			ds[len(ds)/2], ds[len(ds)*9/10], ds[len(ds)*99/100])
 	}
+}
+
+// dialFor dials the Raft listener at addr as the router of id: TLS and
+// the Raft preamble, as another router's stream does.
+func (s *tcpStream) dialFor(t *testing.T, addr string, id *identity.Bundle) (net.Conn, error) {
+	t.Helper()
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, id.ClientConfig(nil))
+	if err != nil {
+		return nil, err
+	}
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write(appendPreamble(nil, modeRaft, s.cfg.clusterID())); err != nil {
+		c.Close()
+		return nil, err
+	}
+	if _, _, err := readPreamble(c); err != nil {
+		c.Close()
+		return nil, err
+	}
+	_ = c.SetDeadline(time.Time{})
+	return c, nil
 }
