@@ -149,7 +149,11 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		tw := newTable(stdout)
 		fmt.Fprintln(tw, "MEMBER\tSTATE\tZONE\tADMIN")
 		for _, m := range cl.Members {
-			fmt.Fprintf(tw, "%v\t%v\t%v\t%v\n", m.Name, m.State, orDash(m.Zone), m.AdminAddr)
+			state := m.State
+			if m.Reason != "" {
+				state += " (" + m.Reason + ")" // refused: why
+			}
+			fmt.Fprintf(tw, "%v\t%v\t%v\t%v\n", m.Name, state, orDash(m.Zone), m.AdminAddr)
 		}
 		tw.Flush()
 	}

@@ -18,6 +18,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/warmroute/warmroute/node/admin"
 	"github.com/warmroute/warmroute/node/identity"
 )
 
@@ -26,9 +27,8 @@ import (
 // Validity defaults: the CA lives 10 years because replacing it means
 // issuing every router a new certificate and restarting the whole cluster,
 // while its key is kept offline and used only to sign. A router certificate
-// lives 1 year: routers do not check revocation, so expiry is what ends a
-// stolen router key, and replacing one certificate is a restart of one
-// router.
+// lives 1 year: replacing one is a restart of one router, and expiry ends
+// a stolen key that nobody revoked ('warmroute tls revoke').
 const (
 	caFileName      = "warmroute-ca.pem"
 	caKeyFileName   = "warmroute-ca-key.pem"
@@ -43,12 +43,13 @@ const (
 	namePlaceholder = "{name}"
 )
 
-// cmdTLS creates the cluster CA and router certificates, and shows what a
-// certificate proves: 'warmroute tls ca create', 'cert create' and 'show'.
-func cmdTLS(_ context.Context, args []string, stdout, stderr io.Writer) error {
+// cmdTLS creates the cluster CA and router certificates, shows what a
+// certificate proves, and keeps the cluster's revocation list: 'warmroute
+// tls ca create', 'cert create', 'show', 'revoke' and 'unrevoke'.
+func cmdTLS(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		tlsUsage(stderr)
-		return errors.New("missing subcommand: ca create, cert create or show")
+		return errors.New("missing subcommand: ca create, cert create, show, revoke or unrevoke")
 	}
 	sub := args[0]
 	if len(args) > 1 && (sub == "ca" || sub == "cert") {
@@ -76,12 +77,14 @@ func cmdTLS(_ context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		return tlsShow(o, stdout)
+	case "revoke", "unrevoke":
+		return tlsRevoke(ctx, sub == "unrevoke", args[1:], stdout, stderr)
 	case "ca", "cert":
 		tlsUsage(stderr)
 		return fmt.Errorf("%s: missing action (want '%s create')", sub, sub)
 	}
 	tlsUsage(stderr)
-	return fmt.Errorf("unknown subcommand %q (want ca create, cert create or show)", strings.Join(args[:min(2, len(args))], " "))
+	return fmt.Errorf("unknown subcommand %q (want ca create, cert create, show, revoke or unrevoke)", strings.Join(args[:min(2, len(args))], " "))
 }
 
 func tlsUsage(w io.Writer) {
@@ -90,21 +93,32 @@ func tlsUsage(w io.Writer) {
                                  [--dns NAME]... [--ip IP]... [--dir DIR]
                                  [--ca FILE] [--ca-key FILE] [--days N]
        warmroute tls show [--ca FILE] [--name ROUTER] FILE
+       warmroute tls revoke|unrevoke [--name ROUTER]... [--serial HEX]... [--cert FILE]...
+                                 [--admin URL] [--ca-file FILE] [--token-file FILE]
+       warmroute tls revoke --list [--admin URL] [--ca-file FILE] [--token-file FILE]
 
 Routers talk to each other (Raft, forwarded admin writes) over mutual TLS.
 Each router proves its name with a certificate signed by the cluster's own
-CA that carries the URI SAN %s<name>; its --node-name must be
-that name. These commands make the CA and the router certificates:
+CA that carries the URI SAN %[1]s<name>; its --node-name must be
+that name. These commands make the CA (in a directory of its own, kept
+offline) and the router certificates (in another, whose files go to the
+routers):
 
-  warmroute tls ca create --dir tls
-  warmroute tls cert create --dir tls --names r1,r2,r3
+  warmroute tls ca create --dir ca
+  warmroute tls cert create --ca ca/%[2]s --dir tls --names r1,r2,r3
   warmroute serve --node-name r1 --cluster-tls-cert-file tls/r1.pem \
-    --cluster-tls-key-file tls/r1-key.pem --cluster-tls-ca-file tls/%s ...
+    --cluster-tls-key-file tls/r1-key.pem --cluster-tls-ca-file ca/%[2]s ...
 
-Files are never overwritten. Keep %s offline: whoever holds it
-can make a certificate for any router name.
+Files are never overwritten. Keep %[3]s offline: whoever holds it
+can make a certificate for any router name. Each router needs its own
+certificate and key, and a copy of %[2]s (the certificate alone).
 
-Run 'warmroute tls ca create --help' (or 'cert create', 'show') for the flags.
+A router retired, or whose key leaked, is revoked through any router's
+admin API: 'warmroute tls revoke --name r2' (or --serial, as 'tls show'
+prints it). The list is agreed through Raft; every router then refuses
+that certificate.
+
+Run 'warmroute tls ca create --help' (or 'cert create', 'show', 'revoke') for the flags.
 `, identity.URNPrefix, caFileName, caKeyFileName)
 }
 
@@ -209,8 +223,23 @@ func tlsCACreate(o caCreateOpts, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "wrote %s  (the CA certificate, %q, valid until %s: every router's --cluster-tls-ca-file)\n",
 		o.certFile(), o.name, ca.Cert.NotAfter.UTC().Format(time.DateOnly))
 	fmt.Fprintf(stdout, "wrote %s  (its private key, mode 0600: keep it offline; it signs router certificates)\n\n", o.keyFile())
-	fmt.Fprintf(stdout, "next: a certificate for each router, named as its --node-name:\n  warmroute tls cert create --dir %s --name <router>\n", shellQuote(o.dir))
+	// The router keys go to another directory: this one holds the CA
+	// key, which stays offline while the router files are shipped.
+	out := routerDirFor(o.dir)
+	fmt.Fprintf(stdout, "next: a certificate for each router, named as its --node-name, in a directory of its own (%s keeps the CA key, offline):\n  warmroute tls cert create --ca %s --dir %s --name <router>\n",
+		shellQuote(o.dir), shellQuote(o.certFile()), shellQuote(out))
+	fmt.Fprintf(stdout, "then give each router its two files from %s and a copy of %s (the certificate, never the key).\n", shellQuote(out), shellQuote(o.certFile()))
 	return nil
+}
+
+// routerDirFor is the directory the hints suggest for router files: a
+// sibling of the CA's directory.
+func routerDirFor(caDir string) string {
+	parent := filepath.Dir(filepath.Clean(caDir))
+	if filepath.Clean(caDir) == "." {
+		return "router-tls"
+	}
+	return filepath.Join(parent, "router-tls")
 }
 
 // certCreateOpts are the settings of 'tls cert create'.
@@ -245,10 +274,11 @@ Create a router's key (ECDSA P-256, ROUTER-key.pem, mode 0600) and its
 certificate (ROUTER.pem) signed by the cluster CA, naming the router in the
 URI SAN %s<ROUTER>. ROUTER must be the router's --node-name.
 Routers do not check host names, so --dns and --ip are only for other clients
-(Prometheus scraping the HTTPS admin API). The default validity is 1 year:
-routers do not check revocation, so expiry is what ends a stolen key.
-Existing files are never overwritten; with several names either all are
-written or none.
+(Prometheus scraping the HTTPS admin API). The default validity is 1 year;
+'warmroute tls revoke' ends a certificate sooner. Write router files to a
+directory other than the CA key's (--ca names the CA): the CA key stays
+offline. Existing files are never overwritten; with several names either all
+are written or none.
 
 `, identity.URNPrefix)
 		fs.PrintDefaults()
@@ -424,6 +454,10 @@ func tlsCertCreate(o certCreateOpts, stdout io.Writer) error {
 			until.UTC().Format(time.DateOnly), strings.Join(sans, ", "))
 		fmt.Fprintf(stdout, "wrote %s  (its private key, mode 0600: only router %s needs it)\n", o.keyFile(r.Name), r.Name)
 	}
+	if sameDir(o.dir, filepath.Dir(o.caKeyFile)) {
+		notes = append(notes, fmt.Sprintf("note: %s also holds the CA key %s: copy only the router files out of it, and keep the CA key offline "+
+			"(next time write router files elsewhere: --ca %s --dir <other directory>)", shellQuote(o.dir), shellQuote(o.caKeyFile), shellQuote(o.caFile)))
+	}
 	for _, n := range notes {
 		fmt.Fprintln(stdout, n)
 	}
@@ -433,6 +467,16 @@ func tlsCertCreate(o certCreateOpts, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "(or WARMROUTE_NODE_NAME, WARMROUTE_CLUSTER_TLS_CERT_FILE, _KEY_FILE and _CA_FILE); check a file with: warmroute tls show %s\n",
 		shellQuote(o.certFile(n)))
 	return nil
+}
+
+// sameDir reports whether a and b name the same directory.
+func sameDir(a, b string) bool {
+	if filepath.Clean(a) == filepath.Clean(b) {
+		return true
+	}
+	sa, err1 := os.Stat(a)
+	sb, err2 := os.Stat(b)
+	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
 }
 
 // newFile is a file to create; it must not exist yet.
@@ -743,4 +787,138 @@ func clean(s string) string {
 	}
 	q := strconv.QuoteToGraphic(s)
 	return q[1 : len(q)-1]
+}
+
+// revokeOpts are the settings of 'tls revoke' and 'tls unrevoke'.
+type revokeOpts struct {
+	names, serials, certs []string
+	list                  bool
+	output                string
+}
+
+// maxRevokeArgs bounds the names, serial numbers and files of one
+// 'tls revoke'.
+const maxRevokeArgs = 1000
+
+func parseRevoke(args []string, unrevoke bool, stderr io.Writer) (revokeOpts, adminOpts, error) {
+	var o revokeOpts
+	verb := "revoke"
+	if unrevoke {
+		verb = "unrevoke"
+	}
+	fs := flag.NewFlagSet("warmroute tls "+verb, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	ao := adminFlags(fs)
+	fs.Var(multiFlag{&o.names}, "name", "router name whose every certificate is "+verb+"d (repeat, or a comma-separated list)")
+	fs.Var(multiFlag{&o.serials}, "serial", "certificate serial number, hex as 'warmroute tls show' prints it (repeatable)")
+	fs.Var(multiFlag{&o.certs}, "cert", "certificate file whose serial number is "+verb+"d (repeatable)")
+	if !unrevoke {
+		fs.BoolVar(&o.list, "list", false, "print the cluster's revocation list instead")
+	}
+	output := outputFlag(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, `usage: warmroute tls %[1]s [--name ROUTER]... [--serial HEX]... [--cert FILE]... [admin flags]
+       warmroute tls revoke --list [admin flags]
+
+%[2]s the cluster's revocation list through any router's admin API (the
+write needs the admin token from another host; it is forwarded to the Raft
+leader). The list is agreed through Raft: once committed, every router
+refuses a certificate that names a revoked router or carries a revoked serial
+number, in every TLS handshake (Raft, admin forwarding), every Raft request
+on a connection opened before, and every gossip signature, and the leader
+removes a revoked router from the Raft configuration. Revoke by --name to
+retire a router for good, by --serial (or --cert) to end one certificate
+while the router gets a new one. Every router must run a version that knows
+revocations.
+
+`, verb, map[bool]string{false: "Add router names and certificate serial numbers to", true: "Take router names and certificate serial numbers off"}[unrevoke])
+		fs.PrintDefaults()
+	}
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return o, ao, err
+	}
+	o.output = *output
+	if len(pos) > 0 {
+		return o, ao, usageErrorf("tls %s: unexpected arguments %q (names go in --name)", verb, pos)
+	}
+	if err := checkOutput(o.output); err != nil {
+		return o, ao, err
+	}
+	n := len(o.names) + len(o.serials) + len(o.certs)
+	switch {
+	case o.list && n > 0:
+		return o, ao, usageErrorf("tls revoke --list takes no --name, --serial or --cert")
+	case !o.list && n == 0:
+		return o, ao, usageErrorf("tls %s: give --name, --serial or --cert (or --list to see the list)", verb)
+	case n > maxRevokeArgs:
+		return o, ao, usageErrorf("tls %s: at most %d names, serial numbers and files at once", verb, maxRevokeArgs)
+	}
+	for _, name := range o.names {
+		if err := identity.CheckName(name); err != nil {
+			return o, ao, usageErrorf("--name: %w", err)
+		}
+	}
+	for i, v := range o.serials {
+		c, err := identity.CanonicalSerial(v)
+		if err != nil {
+			return o, ao, usageErrorf("--serial: %w", err)
+		}
+		o.serials[i] = c
+	}
+	return o, ao, nil
+}
+
+// tlsRevoke runs 'tls revoke' and 'tls unrevoke'.
+func tlsRevoke(ctx context.Context, unrevoke bool, args []string, stdout, stderr io.Writer) error {
+	o, ao, err := parseRevoke(args, unrevoke, stderr)
+	if err != nil {
+		return err
+	}
+	// The serial numbers of --cert files, read before anything is sent.
+	for _, f := range o.certs {
+		data, err := readBounded(f)
+		if err != nil {
+			return err
+		}
+		certs, _, err := parseCertsPEM(data)
+		if err != nil || len(certs) == 0 {
+			return fmt.Errorf("--cert %s: no PEM certificate (%v)", f, err)
+		}
+		o.serials = append(o.serials, identity.Serial(certs[0]))
+	}
+	c, err := newAdminClient(ao)
+	if err != nil {
+		return err
+	}
+	if o.list {
+		list, err := c.Revocations(ctx)
+		if err != nil {
+			return err
+		}
+		if o.output == "json" {
+			return printJSON(stdout, list)
+		}
+		fmt.Fprintf(stdout, "epoch %d\n\n", list.Epoch)
+		tw := newTable(stdout)
+		fmt.Fprintln(tw, "REVOKED\tVALUE")
+		for _, n := range list.Names {
+			fmt.Fprintf(tw, "name\t%s\n", n)
+		}
+		for _, s := range list.Serials {
+			fmt.Fprintf(tw, "serial\t%s\n", s)
+		}
+		return tw.Flush()
+	}
+	req := admin.RevocationRequest{Names: o.names, Serials: o.serials}
+	var res admin.WriteResult
+	if unrevoke {
+		res, err = c.Unrevoke(ctx, req)
+	} else {
+		res, err = c.Revoke(ctx, req)
+	}
+	if err != nil {
+		return err
+	}
+	return printJSON(stdout, res)
 }
