@@ -512,8 +512,8 @@ func refusalReason(err error) (string, bool) {
 // configuration, at its configured address (it keeps that address,
 // whatever gossip says). A configured server that proved itself nowhere
 // counts as missing from gossip (the dead-server timeout runs), one that
-// is revoked as left (removed at once); an unproven one outside the
-// configuration gets nothing. Any holder of the gossip key can put a
+// is revoked or left gracefully as left (removed at once); an unproven
+// one outside the configuration gets nothing. Any holder of the gossip key can put a
 // member of any name and address in gossip: this is what keeps it out
 // of Raft.
 func (c *Agreement) trusted(v *memberView, cfg []raft.Server) *memberView {
@@ -535,6 +535,13 @@ func (c *Agreement) trusted(v *memberView, cfg []raft.Server) *memberView {
 				continue
 			}
 			s.Addr, s.State = string(cs.Address), "left"
+		case s.State == "left":
+			// A departure only frees the seat (at once, as before
+			// identities): it moves no address and gives no vote.
+			if !configured {
+				continue
+			}
+			s.Addr = string(cs.Address)
 		case c.verified.ok(s.ID, s.Addr, now):
 		case configured && c.verified.ok(s.ID, string(cs.Address), now):
 			s.Addr, s.State = string(cs.Address), "alive"
