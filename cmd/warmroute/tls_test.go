@@ -172,6 +172,47 @@ func TestTLSParseShow(t *testing.T) {
 	})
 }
 
+func TestTLSParseRevoke(t *testing.T) {
+	for _, tc := range []struct {
+		args     []string
+		unrevoke bool
+		names    []string
+		serials  []string
+		list     bool
+		wantErr  string
+	}{
+		{args: []string{"--name", "r2"}, names: []string{"r2"}},
+		{args: []string{"--name", "r2,r3", "--serial", "0A:1B", "--serial", "0x00ff"}, names: []string{"r2", "r3"}, serials: []string{"a1b", "ff"}},
+		{args: []string{"--list"}, list: true},
+		{args: []string{"--name", "r2"}, unrevoke: true, names: []string{"r2"}},
+		{args: nil, wantErr: "give --name, --serial or --cert"},
+		{args: []string{"--list", "--name", "r2"}, wantErr: "--list takes no"},
+		{args: []string{"--list"}, unrevoke: true, wantErr: "not defined"},
+		{args: []string{"--name", "bad name"}, wantErr: "invalid router name"},
+		{args: []string{"--serial", "xyz"}, wantErr: "hex digits only"},
+		{args: []string{"r2"}, wantErr: "names go in --name"},
+		{args: []string{"--name", "r2", "-o", "yaml"}, wantErr: "want table or json"},
+		{args: []string{"--names", strings.TrimSuffix(strings.Repeat("r,", maxRevokeArgs+1), ",")}, wantErr: "not defined"},
+		{args: []string{"--name", strings.TrimSuffix(strings.Repeat("r,", maxRevokeArgs+1), ",")}, wantErr: "at most 1000"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			o, _, err := parseRevoke(tc.args, tc.unrevoke, io.Discard)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				}
+				if exitCode(err) != 2 {
+					t.Errorf("exit code %d for a usage error", exitCode(err))
+				}
+				return
+			}
+			if err != nil || !slices.Equal(o.names, tc.names) || !slices.Equal(o.serials, tc.serials) || o.list != tc.list {
+				t.Fatalf("got %+v, %v", o, err)
+			}
+		})
+	}
+}
+
 func TestTLSCommandDispatch(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -187,6 +228,8 @@ func TestTLSCommandDispatch(t *testing.T) {
 		{args: []string{"cert"}, wantErr: "missing action"},
 		{args: []string{"ca", "delete"}, wantErr: `unknown subcommand "ca delete"`},
 		{args: []string{"rotate"}, wantErr: `unknown subcommand "rotate"`},
+		{args: []string{"revoke", "--help"}},
+		{args: []string{"unrevoke", "-h"}},
 	} {
 		var out, errOut bytes.Buffer
 		err := cmdTLS(ctx, tc.args, &out, &errOut)
@@ -226,10 +269,15 @@ func TestTLSCreateCAAndCertificates(t *testing.T) {
 		t.Fatal(err)
 	}
 	caFile, caKey := filepath.Join(dir, "warmroute-ca.pem"), filepath.Join(dir, "warmroute-ca-key.pem")
-	for _, want := range []string{"wrote " + caFile, "wrote " + caKey, "keep it offline", "next: ", "tls cert create --dir " + dir} {
+	routerDir := filepath.Join(filepath.Dir(dir), "router-tls")
+	for _, want := range []string{"wrote " + caFile, "wrote " + caKey, "keep it offline", "next: ",
+		"tls cert create --ca " + caFile + " --dir " + routerDir, "never the key"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("ca create output lacks %q:\n%s", want, out)
 		}
+	}
+	if strings.Contains(out, "--dir "+dir+" ") {
+		t.Errorf("ca create suggests writing router files into the CA directory:\n%s", out)
 	}
 	if m := mode(t, caKey); m != 0o600 {
 		t.Errorf("CA key mode %o, want 600", m)
@@ -253,7 +301,8 @@ func TestTLSCreateCAAndCertificates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"wrote " + filepath.Join(dir, "r3.pem"), "--node-name r1 --cluster-tls-cert-file " + filepath.Join(dir, "r1.pem"), "warmroute tls show"} {
+	for _, want := range []string{"wrote " + filepath.Join(dir, "r3.pem"), "--node-name r1 --cluster-tls-cert-file " + filepath.Join(dir, "r1.pem"), "warmroute tls show",
+		"also holds the CA key"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("cert create output lacks %q:\n%s", want, out)
 		}
@@ -288,10 +337,11 @@ func TestTLSCreateCAAndCertificates(t *testing.T) {
 	if err != nil || !strings.Contains(out, "the CA expires on") {
 		t.Fatalf("capped certificate: %v\n%s", err, out)
 	}
-	// The CA elsewhere, named with --ca (its key found beside it).
+	// The CA elsewhere, named with --ca (its key found beside it): no
+	// note about the CA key.
 	other := t.TempDir()
-	if _, err := tlsRun(t, "cert", "create", "--dir", other, "--name", "r6", "--ca", caFile); err != nil {
-		t.Fatal(err)
+	if out, err := tlsRun(t, "cert", "create", "--dir", other, "--name", "r6", "--ca", caFile); err != nil || strings.Contains(out, "CA key") {
+		t.Fatalf("%v\n%s", err, out)
 	}
 	if _, err := identity.Load(filepath.Join(other, "r6.pem"), filepath.Join(other, "r6-key.pem"), caFile); err != nil {
 		t.Fatal(err)

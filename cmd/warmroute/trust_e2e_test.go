@@ -98,10 +98,11 @@ type raftStatus struct {
 	} `json:"raft"`
 }
 
-// attackStream is a Raft stream layer that only dials, in plaintext or
-// with the given TLS configuration.
+// attackStream is a Raft stream layer that only dials: with dial when
+// set, else in plaintext or with the given TLS configuration.
 type attackStream struct {
 	tls  *tls.Config
+	dial func(addr string) (net.Conn, error)
 	done chan struct{}
 }
 
@@ -118,6 +119,9 @@ func (s *attackStream) Addr() net.Addr {
 	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}
 }
 func (s *attackStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	if s.dial != nil {
+		return s.dial(string(addr))
+	}
 	d := &net.Dialer{Timeout: timeout}
 	if s.tls != nil {
 		return tls.DialWithDialer(d, "tcp", string(addr), s.tls)
