@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/node/cluster"
 	"github.com/warmroute/warmroute/node/identity"
 	"github.com/warmroute/warmroute/proxy"
@@ -51,6 +52,11 @@ func (f *fakeAgreement) Apply(_ context.Context, cmd cluster.Command) (uint64, e
 		f.st.Backends = slices.Delete(f.st.Backends, i, i+1)
 	case cluster.OpSetRouting:
 		f.st.Routing = *cmd.Routing
+	case cluster.OpRevoke:
+		f.st.RevokedNames = append(f.st.RevokedNames, cmd.Names...)
+		f.st.RevokedSerials = append(f.st.RevokedSerials, cmd.Serials...)
+	case cluster.OpUnrevoke:
+		f.st.RevokedNames = slices.DeleteFunc(f.st.RevokedNames, func(n string) bool { return slices.Contains(cmd.Names, n) })
 	}
 	f.epoch++
 	return f.epoch, nil
@@ -58,7 +64,8 @@ func (f *fakeAgreement) Apply(_ context.Context, cmd cluster.Command) (uint64, e
 
 func (f *fakeAgreement) Leader() (string, string) { return "r0", "127.0.0.1:1" }
 func (f *fakeAgreement) Status() cluster.Status {
-	return cluster.Status{ID: "r0", RaftState: "Leader", LeaderID: "r0", Term: 3}
+	return cluster.Status{ID: "r0", RaftState: "Leader", LeaderID: "r0", Term: 3,
+		Refused: []cluster.Refusal{{Name: "r9", Addr: "127.0.0.1:7009", Reason: "no certificate of the cluster CA"}}}
 }
 func (f *fakeAgreement) Halted() error { return nil }
 
@@ -302,4 +309,70 @@ func FuzzParseRoutingPatch(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// fakeMembers is gossip's view: r0 (this router), r1, and r9 at the
+// address the agreement's probes refuse, and r9's name at another.
+type fakeMembers struct{}
+
+func (fakeMembers) Members() []gossip.Member {
+	return []gossip.Member{
+		{Name: "r0", State: "alive", Self: true, Meta: gossip.Meta{RaftAddr: "127.0.0.1:7000"}},
+		{Name: "r1", State: "alive", Meta: gossip.Meta{RaftAddr: "127.0.0.1:7001"}},
+		{Name: "r9", State: "alive", Meta: gossip.Meta{RaftAddr: "127.0.0.1:7009"}},
+	}
+}
+func (fakeMembers) Failing(string) []string { return nil }
+
+// TestRefusedMembersAndRevocations: a member this router's probes refuse
+// shows as refused, with the reason, in /v1/cluster and /status; the
+// revocation list is read and changed through /v1/revocations (a write:
+// it needs the token), and a body with unknown fields is refused.
+func TestRefusedMembersAndRevocations(t *testing.T) {
+	srv, a := newTestServer(t, "tok")
+	s := New(Config{Name: "r0", Token: "tok", Metrics: prometheus.NewRegistry(), Agreement: a, Router: fakeRouter{nil, a}, Members: fakeMembers{}})
+	cl := s.Cluster()
+	for _, m := range cl.Members {
+		want, reason := "alive", ""
+		if m.Name == "r9" {
+			want, reason = MemberRefused, "no certificate of the cluster CA"
+		}
+		if m.State != want || m.Reason != reason {
+			t.Errorf("member %s: %q %q, want %q %q", m.Name, m.State, m.Reason, want, reason)
+		}
+	}
+
+	ctx := context.Background()
+	c, _ := NewClient(srv.URL, "tok", nil, 5*time.Second)
+	if _, err := c.Revoke(ctx, RevocationRequest{Names: []string{"r2"}, Serials: []string{"ab"}}); err != nil {
+		t.Fatal(err)
+	}
+	list, err := c.Revocations(ctx)
+	if err != nil || !slices.Equal(list.Names, []string{"r2"}) || !slices.Equal(list.Serials, []string{"ab"}) {
+		t.Fatalf("Revocations: %+v %v", list, err)
+	}
+	if _, err := c.Unrevoke(ctx, RevocationRequest{Names: []string{"r2"}}); err != nil {
+		t.Fatal(err)
+	}
+	if list, err = c.Revocations(ctx); err != nil || len(list.Names) != 0 || list.Names == nil {
+		t.Fatalf("after unrevoke: %+v %v", list, err)
+	}
+	if ops := []cluster.Op{a.cmds[0].Op, a.cmds[1].Op}; ops[0] != cluster.OpRevoke || ops[1] != cluster.OpUnrevoke {
+		t.Fatalf("commands %v", ops)
+	}
+	noToken, _ := NewClient(srv.URL, "", nil, 5*time.Second)
+	var ae *APIError
+	if _, err := noToken.Revoke(ctx, RevocationRequest{Names: []string{"r1"}}); !errors.As(err, &ae) || ae.Status != 401 {
+		t.Fatalf("a revocation without the token: %v", err)
+	}
+	req, _ := http.NewRequest("POST", srv.URL+"/v1/revocations", strings.NewReader(`{"name":["r1"]}`))
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 400 {
+		t.Fatalf("a body with an unknown field: %d, want 400", resp.StatusCode)
+	}
 }
