@@ -1,7 +1,9 @@
 // Package admin is a router's admin API, on its own listener (not the
 // traffic port): /metrics, /healthz, /status, the route explainer
 // (/debug/route), the agreed backends and routing config (/v1/backends,
-// /v1/config) and the cluster view (/v1/cluster), and Client, the typed
+// /v1/config), the cluster view (/v1/cluster, where members this router's
+// identity probes refuse show as refused, with the reason) and the
+// certificate revocation list (/v1/revocations), and Client, the typed
 // client the CLI uses.
 //
 // The Server reads the router through small interfaces declared here
@@ -15,5 +17,8 @@
 // need it from other hosts; without one, writes are accepted from
 // loopback only. A write another router forwarded is authorized by the
 // router that forwarded it, when that router proves its name with its
-// cluster certificate.
+// cluster certificate (checked against the revocation list at every
+// request). A request that proved who sent it (the token, loopback, a
+// router's certificate) promotes its connection out of the listener's
+// pool of unproven connections (ConnContext, node/limit).
 package admin

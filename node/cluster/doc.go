@@ -27,6 +27,19 @@
 // (ReportHealth, with thresholds and hysteresis), seeds the state from the
 // config file once, and polls DNS discovery.
 //
+// Trust: gossip can be joined by any holder of the gossip key, under any
+// name and address, so it is never taken at its word. Every node probes
+// the routers gossip shows, and the configuration's addresses, over a
+// fresh connection (TLS proving the name, and the preamble's cluster ID):
+// the leader gives a seat, an address and a vote only where a router
+// proved its name, Raft dials a gossip address only once it did, and a
+// member that answers without proving it is refused (Refused, logged,
+// counted). On every authenticated Raft connection an rpcGate checks each
+// RPC before Raft reads it: its header must name the router the
+// certificate proves, and only a member of the configuration leads. The
+// state holds the cluster's revocation list (Revoke, Unrevoke), which
+// every published state hands to the node's identity.
+//
 // Raft state persists in raft-wal with file snapshots; an Agreement reopens
 // from the same DataDir in the same process. InmemNetwork runs many nodes
 // in one test process with partitions.

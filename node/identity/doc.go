@@ -8,6 +8,12 @@
 // proves: peers accept Raft connections, forwarded admin writes and
 // gossiped figures from a router only under that name.
 //
+// A certificate proves a router only when issued for what it is used for
+// (its extended key usage: TLS server authentication to serve, client
+// authentication to dial, both to sign gossip) and not revoked: every
+// check consults the Bundle's Revocations, router names and serial
+// numbers the cluster agreed on through Raft.
+//
 // The package loads a router's certificate, key and CA (Load), builds the
 // mutual-TLS configurations for both directions of a connection, signs and
 // verifies messages with the router's key (gossip figures), and creates a
