@@ -106,8 +106,9 @@ routers):
 
   warmroute tls ca create --dir ca
   warmroute tls cert create --ca ca/%[2]s --dir tls --names r1,r2,r3
+  cp ca/%[2]s tls/     # the CA certificate only: ca/ stays offline
   warmroute serve --node-name r1 --cluster-tls-cert-file tls/r1.pem \
-    --cluster-tls-key-file tls/r1-key.pem --cluster-tls-ca-file ca/%[2]s ...
+    --cluster-tls-key-file tls/r1-key.pem --cluster-tls-ca-file tls/%[2]s ...
 
 Files are never overwritten. Keep %[3]s offline: whoever holds it
 can make a certificate for any router name. Each router needs its own
@@ -820,8 +821,9 @@ func parseRevoke(args []string, unrevoke bool, stderr io.Writer) (revokeOpts, ad
 		fmt.Fprintf(stderr, `usage: warmroute tls %[1]s [--name ROUTER]... [--serial HEX]... [--cert FILE]... [admin flags]
        warmroute tls revoke --list [admin flags]
 
-%[2]s the cluster's revocation list through any router's admin API (the
-write needs the admin token from another host; it is forwarded to the Raft
+%[2]s
+the cluster's revocation list, through any router's admin API (the write
+needs the admin token from another host; it is forwarded to the Raft
 leader). The list is agreed through Raft: once committed, every router
 refuses a certificate that names a revoked router or carries a revoked serial
 number, in every TLS handshake (Raft, admin forwarding), every Raft request
