@@ -39,9 +39,12 @@ type Config struct {
 	// and trusted networks only.
 	Identity *identity.Bundle
 
-	// RaftMaxConns bounds the inbound Raft connections held at once,
-	// handshaking or serving; RaftMaxConnsPerIP those from one address.
-	// Connections over either are closed at once.
+	// RaftMaxConns bounds the inbound Raft connections that have not
+	// proved a router yet (handshaking), RaftMaxConnsPerIP those from one
+	// address: a newcomer over either closes the oldest of its address,
+	// or of the busiest one (node/limit). Connections that proved a
+	// router are held apart: RaftMaxConns in all, RaftMaxConnsPerIP per
+	// router.
 	RaftMaxConns      int
 	RaftMaxConnsPerIP int
 	// RaftHandshakeTimeout bounds an inbound connection's TLS handshake
