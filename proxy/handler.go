@@ -31,6 +31,8 @@ type reqState struct {
 	// clientClose: the client asked to close its connection after this
 	// request (read before the hop-by-hop fields are removed).
 	clientClose bool
+	// body is the request's body in memory (body.go).
+	body reqBody
 }
 
 var _ ring.Loads = (*reqState)(nil)
@@ -207,13 +209,17 @@ func (p *Proxy) routeLLM(ctx *fasthttp.RequestCtx, rt route, api ring.API) {
 	}
 	st := p.states.Get().(*reqState)
 	defer p.states.Put(st)
+	defer p.dropBody(ctx, &st.body)
+	if !p.readBody(ctx, rt, &st.body) {
+		return
+	}
 	t := p.tab.Load()
 	start := time.Now()
 	st.reset(t, start)
 	if p.observing {
 		p.observeStart(ctx, st, rt, start)
 	}
-	body, tenant := ctx.PostBody(), ctx.Request.Header.Peek(HeaderTenant)
+	body, tenant := ctx.Request.Body(), ctx.Request.Header.Peek(HeaderTenant)
 	var session []byte
 	if h := t.ring.Config().SessionHeader; h != "" {
 		session = ctx.Request.Header.Peek(string(h))
@@ -314,6 +320,10 @@ func (p *Proxy) readKey(t *table, api ring.API, body, tenant, session []byte, st
 func (p *Proxy) routeAny(ctx *fasthttp.RequestCtx, rt route, stream bool) {
 	st := p.states.Get().(*reqState)
 	defer p.states.Put(st)
+	defer p.dropBody(ctx, &st.body)
+	if !p.readBody(ctx, rt, &st.body) {
+		return
+	}
 	now := time.Now()
 	st.reset(p.tab.Load(), now)
 	st.info = ring.KeyInfo{Key: uint64(st.now)}

@@ -71,6 +71,9 @@ type Proxy struct {
 	servedVersion uint64
 	subRings      subRingCache
 
+	// bodies bounds the request bodies held in memory (body.go).
+	bodies *bodyBudget
+
 	states   sync.Pool // *reqState
 	streams  sync.Pool // *trackedStream
 	observed sync.Pool // *observedStream
@@ -123,6 +126,7 @@ func New(cfg Config) (*Proxy, error) {
 		backends: map[string]*backend{},
 		stop:     make(chan struct{}),
 		hot:      hot.New(),
+		bodies:   newBodyBudget(cfg.MaxBodyMemory),
 		splitsGauge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "warmroute_prefix_splits",
 			Help: "Prompt prefixes in use as split (ADAPTIVE keys route one block past them): those carrying more traffic than one backend should take.",
@@ -137,6 +141,12 @@ func New(cfg Config) (*Proxy, error) {
 				return 0
 			}
 			return float64(p.relay.Active())
+		}), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "warmroute_request_body_bytes",
+			Help: "Bytes of request bodies held in memory, against max-body-memory.",
+		}, func() float64 {
+			used, _ := p.bodies.held()
+			return float64(used)
 		}))
 	}
 	p.states.New = func() any { return new(reqState) }
@@ -166,8 +176,11 @@ func New(cfg Config) (*Proxy, error) {
 		// The listener refuses connections over MaxConns (with JSON);
 		// fasthttp's own limit, with headroom for workers between two
 		// connections, never applies.
-		Concurrency:                   cfg.MaxConns + cfg.MaxConns/4 + 16,
-		MaxRequestBodySize:            cfg.MaxBodySize,
+		Concurrency:        cfg.MaxConns + cfg.MaxConns/4 + 16,
+		MaxRequestBodySize: cfg.MaxBodySize,
+		// The handler reads each body itself, against the body budget
+		// (readBody), instead of fasthttp reading it whole first.
+		StreamRequestBody:             true,
 		ReadBufferSize:                cfg.MaxHeaderSize,
 		ReadTimeout:                   cfg.ReadTimeout,
 		IdleTimeout:                   cfg.IdleTimeout,
