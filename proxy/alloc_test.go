@@ -60,7 +60,7 @@ func TestStreamPathAllocations(t *testing.T) {
 	})
 	want := 4.0 + bodyDiscardAllocs
 	if raceEnabled {
-		want = 10 + bodyDiscardAllocs // about 10.5 with pools refilled
+		want = 12 + bodyDiscardAllocs // 12 to 13 with pools refilled, the body buffers' included
 	}
 	t.Logf("a streamed request allocates %.2f times", n)
 	if n > want {
