@@ -183,8 +183,10 @@ func TestE2ECrashRestart(t *testing.T) {
 		cleared += strings.Count(p.Logs(), "clearing log suffix")
 	}
 	acked, uncertain := w.counts()
-	t.Logf("%d rounds in %v: %d writes acknowledged and kept, %d unanswered or refused (in flight at a kill, or no leader); log suffixes cleared %d times",
-		crashRounds, time.Since(start).Round(time.Millisecond), acked, uncertain, cleared)
+	present, absent := w.settled()
+	t.Logf("%d rounds in %v: %d writes acknowledged and kept, %d unanswered or refused (in flight at a kill, or no leader); "+
+		"at the end %d backends must be there and %d must not; log suffixes cleared %d times",
+		crashRounds, time.Since(start).Round(time.Millisecond), acked, uncertain, present, absent, cleared)
 	if acked == 0 {
 		t.Error("no write was acknowledged: the test checked nothing")
 	}
@@ -478,6 +480,22 @@ func (w *crashWriters) patchConfig(rng *rand.Rand) bool {
 }
 
 func (w *crashWriters) counts() (acked, uncertain int64) { return w.acked.Load(), w.uncertain.Load() }
+
+// settled counts the backends check requires to be there (an add
+// acknowledged, no remove tried) and not to be (a remove acknowledged).
+func (w *crashWriters) settled() (present, absent int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, r := range w.ids {
+		switch {
+		case r.removeAcked:
+			absent++
+		case r.addAcked && !r.removeTried:
+			present++
+		}
+	}
+	return present, absent
+}
 
 // check compares what router p serves with the ledger: every backend whose
 // add was acknowledged (and never removed) is there, none whose remove was
