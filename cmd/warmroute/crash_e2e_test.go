@@ -20,19 +20,20 @@ import (
 // The crash test: three clustered routers with data directories of their
 // own take admin writes (backend adds and removes, routing config
 // changes: every one a Raft commit) from concurrent writers, and are
-// killed with SIGKILL at a random point of them: all three, the leader
-// alone or a follower alone. They restart on the same ports and data
-// directories. After every round each router must start, become ready and
-// agree with the others, and every write a writer saw acknowledged (2xx)
-// must be in the state each router serves through its admin API.
+// killed with SIGKILL at a random point of them: the followers and then
+// the leader, all three, the leader alone or a follower alone. They
+// restart on the same ports and data directories. After every round each
+// router must start, become ready and agree with the others, and every
+// write a writer saw acknowledged (2xx) must be in the state each router
+// serves through its admin API.
 //
 // A killed leader's log may end in entries the others never had; when it
 // rejoins, the new leader's entries replace them and raft-wal truncates the
 // log's tail ("clearing log suffix"). raft-wal v0.4.0 recorded the cut
 // segment as sealed without writing its index, so the router's next start
-// panicked in raft.NewRaft, and every start after it (issue 29). The
-// leader kills make that path likely; the kills of all three restart
-// every router on whatever its log holds.
+// panicked in raft.NewRaft, and every start after it. A leader left alone
+// with writes arriving takes that path almost surely; the kills of all
+// three then restart every router on whatever its log holds.
 //
 // `make test` runs crashRounds rounds (3); `make integ` builds the tests
 // with the integ tag, which makes it 20 (crash_integ_test.go). The
@@ -123,6 +124,7 @@ func TestE2ECrashRestart(t *testing.T) {
 		kind := crashSchedule[(round-1)%len(crashSchedule)]
 		cl.round = round
 		stop := w.run(rng.Uint64())
+		t.Cleanup(stop)
 		time.Sleep(randDur(rng, 300*time.Millisecond, 1500*time.Millisecond))
 
 		var killed []int
@@ -142,6 +144,7 @@ func TestE2ECrashRestart(t *testing.T) {
 			cl.waitLeader(killed)
 			// The new leader commits on before the old one is back.
 			stop = w.run(rng.Uint64())
+			t.Cleanup(stop)
 			time.Sleep(randDur(rng, 200*time.Millisecond, 600*time.Millisecond))
 			stop()
 			cl.restart(rng, leader)
@@ -292,10 +295,12 @@ func restartRouter(t *testing.T, a proc.ServeArgs) *router {
 	}
 }
 
+// randDur returns a duration in [lo, hi].
 func randDur(rng *rand.Rand, lo, hi time.Duration) time.Duration {
 	return lo + time.Duration(rng.Int64N(int64(hi-lo)+1))
 }
 
+// names lists the names of the routers idx.
 func names(ps []*router, idx []int) string {
 	var out []string
 	for _, i := range idx {
@@ -359,7 +364,9 @@ func newCrashWriters(ps []*router, backends []string) *crashWriters {
 }
 
 // run starts the writers and returns a function that stops them and waits
-// for their last requests to be answered or to fail.
+// for their last requests to be answered or to fail. It may be called more
+// than once; the test also calls the last one at its end, so no writer
+// outlives a test that failed while they ran.
 func (w *crashWriters) run(seed uint64) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -386,7 +393,7 @@ func (w *crashWriters) run(seed uint64) (stop func()) {
 			}
 		}()
 	}
-	return func() { close(done); wg.Wait() }
+	return sync.OnceFunc(func() { close(done); wg.Wait() })
 }
 
 // target picks a router at random; a killed one refuses the connection.
