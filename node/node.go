@@ -46,6 +46,8 @@ type Node struct {
 	agree   *cluster.Agreement // Raft agreement on backends and routing
 	scraper *engine.Scraper    // nil when engine scraping is off
 	engines *engineState       // engine figures scraped alone (no gossip)
+	// modelsMet count the leader's polls of backends' model lists.
+	modelsMet *modelsMetrics
 
 	// reqs writes the access log and the trace recording, tracer exports
 	// spans; each nil when off. Both stop after the proxy.
@@ -106,6 +108,7 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 		}
 	}()
 	n.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	n.modelsMet = newModelsMetrics(n.reg)
 
 	pc := cfg.ProxyConfig()
 	pc.Logger = log.With("component", "proxy")
