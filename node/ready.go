@@ -23,9 +23,10 @@ import (
 // and the router says what it waits for: at once at INFO, then as a WARN
 // after waitWarnAfter and every waitWarnEvery. Once ready it stays ready:
 // a router that loses its leader keeps routing on the last agreed ring
-// (docs/cluster.md, "Routing never waits on Raft"), so an election never
-// takes the fleet out of service. A router alone (no gossip) runs a Raft
-// group of its own in memory and is never held.
+// (docs/cluster.md, "Ready once agreed; then routing never waits on
+// Raft"), so an election never takes the fleet out of service. A router
+// alone (no gossip) runs a Raft group of its own in memory and is never
+// held.
 const (
 	// readyCheckEvery is how often a waiting router looks again (besides
 	// every applied change).
