@@ -118,7 +118,7 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 		}
 		if !p.Ready() {
 			code := "no_healthy_backend"
-			if p.unready.Load() != nil {
+			if p.unready.Load() != nil || p.held.Load() != nil {
 				code = "not_ready"
 			}
 			writeError(ctx, fasthttp.StatusServiceUnavailable, code, p.unreadyReason())
@@ -351,9 +351,15 @@ func badRequestCode(err error) string {
 }
 
 // dispatch readies the request for the backends (prepareUpstream) and
-// sends it. The client's Connection: close outlives the hop-by-hop fields
-// removed on the way: the server reads it after the handler.
+// sends it; a held router (Hold) answers 503 not_ready instead. The
+// client's Connection: close outlives the hop-by-hop fields removed on
+// the way: the server reads it after the handler.
 func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, st *reqState, rt route, start time.Time, stream bool) {
+	if r := p.held.Load(); r != nil {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "not_ready", *r)
+		p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusServiceUnavailable)
+		return
+	}
 	st.clientClose = ctx.Request.Header.ConnectionClose()
 	if p.prepareUpstream(ctx, st, rt) {
 		p.send(ctx, st, rt, start, stream)

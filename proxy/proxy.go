@@ -102,6 +102,7 @@ type Proxy struct {
 	listeners     []clientListener // guarded by mu: what Serve serves on
 
 	unready   atomic.Pointer[string] // SetUnready's reason, or nil
+	held      atomic.Pointer[string] // Hold's reason, or nil
 	open      atomic.Int64           // client connections open
 	lingering atomic.Int64           // refused connections being drained
 
@@ -368,7 +369,7 @@ func (p *Proxy) Status() []BackendStatus {
 
 // Ready reports whether at least one backend can take a request.
 func (p *Proxy) Ready() bool {
-	if p.unready.Load() != nil {
+	if p.unready.Load() != nil || p.held.Load() != nil {
 		return false
 	}
 	t := p.tab.Load()
@@ -392,10 +393,26 @@ func (p *Proxy) SetUnready(reason string) {
 	p.unready.Store(&reason)
 }
 
-// unreadyReason is why Ready is false: the reason SetUnready gave, or that
-// no backend is healthy.
+// Hold makes the router refuse every request bound for a backend with
+// 503 not_ready and reason, and report not ready with it, until Hold("").
+// The node holds a cluster router until it has applied a state agreed
+// under a leader: the ring it would route on before that is only its own
+// config file's.
+func (p *Proxy) Hold(reason string) {
+	if reason == "" {
+		p.held.Store(nil)
+		return
+	}
+	p.held.Store(&reason)
+}
+
+// unreadyReason is why Ready is false: the reason SetUnready or Hold gave,
+// or that no backend is healthy.
 func (p *Proxy) unreadyReason() string {
 	if r := p.unready.Load(); r != nil {
+		return *r
+	}
+	if r := p.held.Load(); r != nil {
 		return *r
 	}
 	return "no healthy backend"
