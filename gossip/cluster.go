@@ -61,6 +61,7 @@ type Mesh struct {
 	skewWarned atomic.Int64  // unix ns of the last clock skew warning
 	seedWarned atomic.Bool
 	joinFailed time.Time // start of the current run of failed joins; joinSeeds only
+	joinWarned time.Time // last warning of that run; joinSeeds only
 
 	stopPub   chan struct{}
 	pubDone   chan struct{}
@@ -734,11 +735,16 @@ func (c *Mesh) mergeState(b []byte) {
 }
 
 // joinWarnAfter is how long joining the seeds may fail before it is
-// logged as a warning.
-const joinWarnAfter = 10 * time.Second
+// logged as a warning; joinWarnEvery how often it is warned about again
+// while it keeps failing (each attempt is logged at debug).
+const (
+	joinWarnAfter = 10 * time.Second
+	joinWarnEvery = 30 * time.Second
+)
 
 // joinSeeds resolves the seeds and joins them. It reports whether another
-// node is now a member.
+// node is now a member. When none could be joined it logs each seed's
+// failure, with what it usually means.
 func (c *Mesh) joinSeeds() bool {
 	addrs := c.resolveSeeds()
 	if len(addrs) == 0 {
@@ -753,16 +759,44 @@ func (c *Mesh) joinSeeds() bool {
 		// Routers started together try each other before all listen: a
 		// join that succeeds within joinWarnAfter is no problem.
 		lv := slog.LevelDebug
-		if now.Sub(c.joinFailed) >= joinWarnAfter {
-			lv = slog.LevelWarn
+		if now.Sub(c.joinFailed) >= joinWarnAfter && now.Sub(c.joinWarned) >= joinWarnEvery {
+			lv, c.joinWarned = slog.LevelWarn, now
 		}
-		c.log.Log(context.Background(), lv, "gossip join failed; retrying in the background",
-			"seeds", c.cfg.Join, "failing_for", now.Sub(c.joinFailed).Round(time.Millisecond), "err", err)
+		// memberlist joins the seeds one by one and gathers their errors.
+		errs := []error{err}
+		if me, ok := err.(interface{ WrappedErrors() []error }); ok && len(me.WrappedErrors()) > 0 {
+			errs = me.WrappedErrors()
+		}
+		for _, e := range errs {
+			attrs := []any{"failing_for", now.Sub(c.joinFailed).Round(time.Millisecond), "err", e}
+			if h := joinHint(e); h != "" {
+				attrs = append(attrs, "hint", h)
+			}
+			c.log.Log(context.Background(), lv, "gossip join failed; retrying in the background", attrs...)
+		}
 		return false
 	}
-	c.joinFailed = time.Time{}
-	c.log.Info("gossip joined", "contacted", n, "members", c.ml.NumMembers())
+	attrs := []any{"contacted", n, "members", c.ml.NumMembers()}
+	if !c.joinFailed.IsZero() {
+		attrs = append(attrs, "after_failing_for", time.Since(c.joinFailed).Round(time.Millisecond))
+	}
+	c.joinFailed, c.joinWarned = time.Time{}, time.Time{}
+	c.log.Info("gossip joined", attrs...)
 	return c.ml.NumMembers() > 1
+}
+
+// joinHint says what a seed's join error usually means, or "".
+func joinHint(err error) string {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "decrypt"), strings.Contains(msg, "not encrypted"), strings.Contains(msg, "Encryption"):
+		return "the seed and this router do not share a gossip key: give every router the same --gossip-key-file (or WARMROUTE_GOSSIP_KEY)"
+	case strings.Contains(msg, "connection refused"):
+		return "nothing listens there: check that the seed router runs and that the address is its --gossip-listen (or --gossip-advertise)"
+	case strings.Contains(msg, "i/o timeout"), strings.Contains(msg, "no route to host"):
+		return "no answer from the seed: check the address and that a firewall lets gossip (TCP and UDP) through"
+	}
+	return ""
 }
 
 // resolveSeeds turns the Join list into ip:port addresses, every A/AAAA

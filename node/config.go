@@ -63,10 +63,15 @@ type SageMakerRouting struct {
 
 // Limits bound what clients may send.
 type Limits struct {
-	MaxBodySize   Size          `yaml:"max_body_size"`
-	MaxHeaderSize Size          `yaml:"max_header_size"`
-	ReadTimeout   time.Duration `yaml:"read_timeout"`
-	IdleTimeout   time.Duration `yaml:"idle_timeout"`
+	MaxBodySize Size `yaml:"max_body_size"`
+	// MaxBodyMemory bounds the request bodies held in memory at once,
+	// across all connections; BodyMemoryWait is how long a body waits for
+	// room before 503 body_memory_full.
+	MaxBodyMemory  Size          `yaml:"max_body_memory"`
+	BodyMemoryWait time.Duration `yaml:"body_memory_wait"`
+	MaxHeaderSize  Size          `yaml:"max_header_size"`
+	ReadTimeout    time.Duration `yaml:"read_timeout"`
+	IdleTimeout    time.Duration `yaml:"idle_timeout"`
 	// WriteTimeout bounds how long one write to a client may make no
 	// progress (a client that stopped reading); a stream the client keeps
 	// reading is never cut.
@@ -351,12 +356,14 @@ func DefaultConfig() Config {
 		AdminListen: "127.0.0.1:9090",
 		Routing:     ring.DefaultSettings(),
 		Limits: Limits{
-			MaxBodySize:   Size(pc.MaxBodySize),
-			MaxHeaderSize: Size(pc.MaxHeaderSize),
-			ReadTimeout:   pc.ReadTimeout,
-			IdleTimeout:   pc.IdleTimeout,
-			WriteTimeout:  pc.WriteTimeout,
-			MaxConns:      pc.MaxConns,
+			MaxBodySize:    Size(pc.MaxBodySize),
+			MaxBodyMemory:  Size(pc.MaxBodyMemory),
+			BodyMemoryWait: pc.BodyMemoryWait,
+			MaxHeaderSize:  Size(pc.MaxHeaderSize),
+			ReadTimeout:    pc.ReadTimeout,
+			IdleTimeout:    pc.IdleTimeout,
+			WriteTimeout:   pc.WriteTimeout,
+			MaxConns:       pc.MaxConns,
 		},
 		Upstream: Upstream{
 			ConnectTimeout:      pc.ConnectTimeout,
@@ -441,6 +448,8 @@ func (c *Config) RingConfig() ring.Config {
 func (c *Config) ProxyConfig() proxy.Config {
 	pc := proxy.DefaultConfig()
 	pc.MaxBodySize = int(c.Limits.MaxBodySize)
+	pc.MaxBodyMemory = int64(c.Limits.MaxBodyMemory)
+	pc.BodyMemoryWait = c.Limits.BodyMemoryWait
 	pc.MaxHeaderSize = int(c.Limits.MaxHeaderSize)
 	pc.ReadTimeout = c.Limits.ReadTimeout
 	pc.IdleTimeout = c.Limits.IdleTimeout

@@ -180,3 +180,74 @@ func TestModelsDeclared(t *testing.T) {
 		t.Fatal("an over-long model accepted")
 	}
 }
+
+// TestModelsChurnBounded: a backend's first list commits at once; a
+// change commits only once two polls in a row agree, and at most once per
+// modelsCommitGap; a list that changes at every poll never commits again.
+func TestModelsChurnBounded(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	var w modelWatch
+	a, b, c := []string{"a"}, []string{"a", "b"}, []string{"c"}
+	steps := []struct {
+		agreed, got []string
+		at          time.Duration
+		want        modelsVerdict
+	}{
+		{nil, a, 0, modelsCommit}, // first knowledge
+		{a, a, 10 * time.Second, modelsSame},
+		{a, b, 20 * time.Second, modelsUnstable},
+		{a, b, 30 * time.Second, modelsCommit}, // stable over two polls
+		{b, c, 40 * time.Second, modelsUnstable},
+		{b, c, 50 * time.Second, modelsRateLimited}, // stable, but 20 s after the last change
+		{b, c, 80 * time.Second, modelsRateLimited},
+		{b, c, 95 * time.Second, modelsCommit}, // a minute after it
+		{c, c, 105 * time.Second, modelsSame},
+		{c, a, 115 * time.Second, modelsUnstable},
+		{c, c, 125 * time.Second, modelsSame}, // it flipped back: nothing to commit
+	}
+	for i, s := range steps {
+		now := t0.Add(s.at)
+		got := w.consider(s.agreed, s.got, now)
+		if got != s.want {
+			t.Fatalf("step %d (%v -> %v at %v): verdict %d, want %d", i, s.agreed, s.got, s.at, got, s.want)
+		}
+		if got == modelsCommit && len(s.agreed) > 0 {
+			w.committed = now // as considerModels does after a commit
+		}
+	}
+
+	// Every poll a new list: after the first, nothing commits.
+	var churn modelWatch
+	agreed := []string(nil)
+	commits := 0
+	for i := range 100 {
+		got := []string{fmt.Sprintf("m%d", i)}
+		if churn.consider(agreed, got, t0.Add(time.Duration(i)*modelsPeriod)) == modelsCommit {
+			commits++
+			agreed = got
+			churn.committed = t0.Add(time.Duration(i) * modelsPeriod)
+		}
+	}
+	if commits != 1 {
+		t.Errorf("a list that changes at every poll committed %d times in 100 polls, want 1 (its first)", commits)
+	}
+}
+
+// TestParseModelsSizeBounded: a list whose ids total more than
+// maxModelsBytes is refused, whatever the count.
+func TestParseModelsSizeBounded(t *testing.T) {
+	list := func(n, size int) []byte {
+		var data []string
+		for i := range n {
+			id := fmt.Sprintf("%0*d", size, i)
+			data = append(data, fmt.Sprintf(`{"id":%q}`, id))
+		}
+		return []byte(`{"data":[` + strings.Join(data, ",") + `]}`)
+	}
+	if ms, err := parseModels(list(256, 256)); err != nil || len(ms) != 256 {
+		t.Fatalf("64 KiB of ids: %d %v", len(ms), err)
+	}
+	if _, err := parseModels(list(257, 256)); err == nil || !strings.Contains(err.Error(), "at most 65536") {
+		t.Fatalf("over 64 KiB of ids: %v", err)
+	}
+}

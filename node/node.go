@@ -47,6 +47,8 @@ type Node struct {
 	agree   *cluster.Agreement // Raft agreement on backends and routing
 	scraper *engine.Scraper    // nil when engine scraping is off
 	engines *engineState       // engine figures scraped alone (no gossip)
+	// modelsMet count the leader's polls of backends' model lists.
+	modelsMet *modelsMetrics
 
 	// reqs writes the access log and the trace recording, tracer exports
 	// spans; each nil when off. Both stop after the proxy.
@@ -72,6 +74,9 @@ type Node struct {
 	// started is set by the first Run or Close: each releases what New
 	// took, once.
 	started atomic.Bool
+	// agreed is set once a cluster router has applied the agreed state
+	// and routes (awaitAgreement).
+	agreed atomic.Bool
 }
 
 // Options are what the binary passes besides the config.
@@ -104,6 +109,7 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 		}
 	}()
 	n.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	n.modelsMet = newModelsMetrics(n.reg)
 
 	pc := cfg.ProxyConfig()
 	pc.Logger = log.With("component", "proxy")
@@ -137,12 +143,18 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 		return nil, err
 	}
 	n.proxy = p
+	if cfg.Cluster.Enabled() {
+		// Held from the first request on: the config file's ring is this
+		// router's alone (awaitAgreement).
+		p.Hold(notReadyPrefix + "starting: this router has not applied the state agreed under a Raft leader yet")
+	}
 	backends, err := cfg.RingBackends()
 	if err != nil {
 		return nil, err
 	}
-	// Epoch 0: the config file's ring, routed on until the agreed state
-	// arrives (and reused then when the agreed state is the same).
+	// Epoch 0: the config file's ring, reused when the agreed state is
+	// the same. A router alone routes on it until its own Raft group has
+	// seeded; a cluster router is held until the agreed state arrives.
 	if _, err := n.installRing(cfg.RingConfig(), backends, nil, 0); err != nil {
 		return nil, fmt.Errorf("routing: %w", err)
 	}
@@ -334,10 +346,14 @@ func (n *Node) Run(ctx context.Context) error {
 		}()
 	}
 	if n.gossip != nil {
-		wg.Add(1)
+		wg.Add(2)
 		go func() {
 			defer wg.Done()
 			n.followGossip(bg)
+		}()
+		go func() {
+			defer wg.Done()
+			n.awaitAgreement(bg)
 		}()
 	}
 	wg.Add(4)

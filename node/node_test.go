@@ -132,6 +132,16 @@ func startClusterRaft(t *testing.T, size int, raftTimeout time.Duration, mutate 
 		}
 		return true
 	})
+	// A cluster router refuses requests until it routes on the agreed
+	// state.
+	waitFor(t, 10*time.Second, "every node to apply the agreed state", func() bool {
+		for _, n := range nodes {
+			if !n.agreed.Load() {
+				return false
+			}
+		}
+		return true
+	})
 	return nodes
 }
 

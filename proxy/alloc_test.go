@@ -49,17 +49,18 @@ func TestRequestPathAllocations(t *testing.T) {
 }
 
 // TestStreamPathAllocations bounds a streamed (SSE) answer's allocations
-// on the goroutine path (StreamRelay off). fasthttp's streamed client body allocates a small wrapper and its
-// closures per response (4 objects); the proxy's own part allocates
-// nothing.
+// on the goroutine path (StreamRelay off). fasthttp's streamed client body
+// allocates a small wrapper and its closures per response (4 objects), its
+// server one more for the request body (bodyDiscardAllocs); the proxy's
+// own part allocates nothing.
 func TestStreamPathAllocations(t *testing.T) {
 	c := newRawClient(t, allocProxy(t, 1))
 	n := allocsPerRequest(t, c, chatRequest(4<<10, true), func(head, body []byte) bool {
 		return bytes.HasPrefix(head, []byte("HTTP/1.1 200")) && bytes.Count(body, []byte("data: ")) == 3
 	})
-	want := 4.0
+	want := 4.0 + bodyDiscardAllocs
 	if raceEnabled {
-		want = 10 // about 10.5 with pools refilled
+		want = 12 + bodyDiscardAllocs // 12 to 13 with pools refilled, the body buffers' included
 	}
 	t.Logf("a streamed request allocates %.2f times", n)
 	if n > want {

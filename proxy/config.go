@@ -16,6 +16,13 @@ type Config struct {
 	// MaxBodySize bounds a request body; larger ones get 413.
 	// Long-context prompts need more than fasthttp's 4 MiB default.
 	MaxBodySize int
+	// MaxBodyMemory bounds the request bodies held in memory at once,
+	// across all client connections (see body.go). Bodies over 1 MiB may
+	// together take half of it.
+	MaxBodyMemory int64
+	// BodyMemoryWait is how long a request waits for room in
+	// MaxBodyMemory before it is answered 503 body_memory_full.
+	BodyMemoryWait time.Duration
 	// MaxHeaderSize bounds the request line and headers; larger ones get
 	// 431.
 	MaxHeaderSize int
@@ -111,12 +118,14 @@ type Config struct {
 // DefaultConfig returns the defaults documented in the README.
 func DefaultConfig() Config {
 	return Config{
-		MaxBodySize:   32 << 20,
-		MaxHeaderSize: 16 << 10,
-		ReadTimeout:   30 * time.Second,
-		IdleTimeout:   120 * time.Second,
-		MaxConns:      16384,
-		WriteTimeout:  60 * time.Second,
+		MaxBodySize:    32 << 20,
+		MaxBodyMemory:  128 << 20,
+		BodyMemoryWait: time.Second,
+		MaxHeaderSize:  16 << 10,
+		ReadTimeout:    30 * time.Second,
+		IdleTimeout:    120 * time.Second,
+		MaxConns:       16384,
+		WriteTimeout:   60 * time.Second,
 
 		ConnectTimeout:     2 * time.Second,
 		FirstByteTimeout:   300 * time.Second,
@@ -151,6 +160,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBodySize < 1<<10 {
 		errs = append(errs, fmt.Errorf("max request body size must be at least 1KiB, got %d", c.MaxBodySize))
+	}
+	if c.MaxBodyMemory < 2*int64(c.MaxBodySize) {
+		errs = append(errs, fmt.Errorf("max body memory must be at least twice the max request body size (%d bytes; bodies over 1 MiB share half of it), got %d", c.MaxBodySize, c.MaxBodyMemory))
+	}
+	if c.BodyMemoryWait < 0 {
+		errs = append(errs, fmt.Errorf("body memory wait must not be negative, got %s", c.BodyMemoryWait))
 	}
 	if c.MaxHeaderSize < 4<<10 {
 		errs = append(errs, fmt.Errorf("max header bytes must be at least 4KiB, got %d", c.MaxHeaderSize))

@@ -31,6 +31,8 @@ type reqState struct {
 	// clientClose: the client asked to close its connection after this
 	// request (read before the hop-by-hop fields are removed).
 	clientClose bool
+	// body is the request's body in memory (body.go).
+	body reqBody
 }
 
 var _ ring.Loads = (*reqState)(nil)
@@ -116,7 +118,7 @@ func (p *Proxy) handle(ctx *fasthttp.RequestCtx) {
 		}
 		if !p.Ready() {
 			code := "no_healthy_backend"
-			if p.unready.Load() != nil {
+			if p.unready.Load() != nil || p.held.Load() != nil {
 				code = "not_ready"
 			}
 			writeError(ctx, fasthttp.StatusServiceUnavailable, code, p.unreadyReason())
@@ -207,13 +209,17 @@ func (p *Proxy) routeLLM(ctx *fasthttp.RequestCtx, rt route, api ring.API) {
 	}
 	st := p.states.Get().(*reqState)
 	defer p.states.Put(st)
+	defer p.dropBody(ctx, &st.body)
+	if !p.readBody(ctx, rt, &st.body) {
+		return
+	}
 	t := p.tab.Load()
 	start := time.Now()
 	st.reset(t, start)
 	if p.observing {
 		p.observeStart(ctx, st, rt, start)
 	}
-	body, tenant := ctx.PostBody(), ctx.Request.Header.Peek(HeaderTenant)
+	body, tenant := ctx.Request.Body(), ctx.Request.Header.Peek(HeaderTenant)
 	var session []byte
 	if h := t.ring.Config().SessionHeader; h != "" {
 		session = ctx.Request.Header.Peek(string(h))
@@ -314,6 +320,10 @@ func (p *Proxy) readKey(t *table, api ring.API, body, tenant, session []byte, st
 func (p *Proxy) routeAny(ctx *fasthttp.RequestCtx, rt route, stream bool) {
 	st := p.states.Get().(*reqState)
 	defer p.states.Put(st)
+	defer p.dropBody(ctx, &st.body)
+	if !p.readBody(ctx, rt, &st.body) {
+		return
+	}
 	now := time.Now()
 	st.reset(p.tab.Load(), now)
 	st.info = ring.KeyInfo{Key: uint64(st.now)}
@@ -341,9 +351,15 @@ func badRequestCode(err error) string {
 }
 
 // dispatch readies the request for the backends (prepareUpstream) and
-// sends it. The client's Connection: close outlives the hop-by-hop fields
-// removed on the way: the server reads it after the handler.
+// sends it; a held router (Hold) answers 503 not_ready instead. The
+// client's Connection: close outlives the hop-by-hop fields removed on
+// the way: the server reads it after the handler.
 func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, st *reqState, rt route, start time.Time, stream bool) {
+	if r := p.held.Load(); r != nil {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "not_ready", *r)
+		p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusServiceUnavailable)
+		return
+	}
 	st.clientClose = ctx.Request.Header.ConnectionClose()
 	if p.prepareUpstream(ctx, st, rt) {
 		p.send(ctx, st, rt, start, stream)

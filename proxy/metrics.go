@@ -55,6 +55,9 @@ type metrics struct {
 	upErrors  *prometheus.CounterVec
 	// connsRejected counts client connections refused over MaxConns.
 	connsRejected prometheus.Counter
+	// bodiesRefused counts requests refused because their body found no
+	// room in MaxBodyMemory.
+	bodiesRefused prometheus.Counter
 	// memReturns counts the memory returns after a burst (trim.go).
 	memReturns prometheus.Counter
 	none       *backendMetrics // requests that reached no backend
@@ -115,6 +118,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "warmroute_client_connections_rejected_total",
 			Help: "Client connections refused with 503 because MaxConns were open.",
 		}),
+		bodiesRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warmroute_request_bodies_refused_total",
+			Help: "Requests answered 503 body_memory_full: their body found no room in max-body-memory within max-body-memory-wait.",
+		}),
 		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmroute_backend_prompt_tokens_total",
 			Help: "Prompt tokens in the valid usage reports (usage.prompt_tokens) of the backend's 2xx answers, streamed (the last report of a stream) or not.",
@@ -129,7 +136,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"backend", "result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.decision, m.ttfb, m.retries, m.aborts, m.ejections, m.upErrors, m.connsRejected, m.memReturns,
+		reg.MustRegister(m.requests, m.decision, m.ttfb, m.retries, m.aborts, m.ejections, m.upErrors, m.connsRejected, m.bodiesRefused, m.memReturns,
 			m.promptTokens, m.cachedTokens, m.usageReports)
 	}
 	m.none = &backendMetrics{}

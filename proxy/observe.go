@@ -65,7 +65,7 @@ func (p *Proxy) observeStart(ctx *fasthttp.RequestCtx, st *reqState, rt route, s
 	o.start = start
 	if o.rec = p.cfg.Requests.Begin(start); o.rec != nil {
 		o.rec.Route = routePaths[rt]
-		o.rec.BytesIn = int64(len(ctx.Request.Body()))
+		o.rec.BytesIn = bytesIn(&ctx.Request)
 		if rt == routeModels || rt == routeOther {
 			o.rec.SkipTrace()
 		}
@@ -151,6 +151,10 @@ func (p *Proxy) observeSend(req *fasthttp.Request, st *reqState, b *backend, d r
 			attribute.String("server.address", b.target.HostPort))
 	}
 	o.up = span
+	// The request carries this router's trace context, and only it: a
+	// client's traceparent and tracestate, each possibly sent twice, go.
+	req.Header.Del("Traceparent")
+	req.Header.Del("Tracestate")
 	p.prop.Inject(uctx, headerCarrier{&req.Header})
 }
 
@@ -248,17 +252,32 @@ func (p *Proxy) observeEnd(ctx *fasthttp.RequestCtx, st *reqState, start time.Ti
 // observeBare records a request answered without routing (404, 405, a
 // request fasthttp could not read).
 func (p *Proxy) observeBare(ctx *fasthttp.RequestCtx, rt route) {
-	rec := p.cfg.Requests.Begin(ctx.Time())
+	// A request fasthttp could not read never got a start time.
+	start := ctx.Time()
+	if start.IsZero() {
+		start = time.Now()
+	}
+	rec := p.cfg.Requests.Begin(start)
 	if rec == nil {
 		return
 	}
 	rec.SkipTrace()
 	rec.Route = routePaths[rt]
 	rec.Status = ctx.Response.StatusCode()
-	rec.BytesIn = int64(len(ctx.Request.Body()))
+	rec.BytesIn = bytesIn(&ctx.Request)
 	rec.BytesOut = int64(len(ctx.Response.Body()))
-	rec.Duration = time.Since(ctx.Time())
+	rec.Duration = time.Since(start)
 	p.cfg.Requests.Submit(rec)
+}
+
+// bytesIn is the size of req's body: its declared length while the body
+// is still unread on the connection (it is never read just to be
+// counted).
+func bytesIn(req *fasthttp.Request) int64 {
+	if req.IsBodyStream() {
+		return int64(max(req.Header.ContentLength(), 0))
+	}
+	return int64(len(req.Body()))
 }
 
 // streamObs is a stream's access-log record and upstream span, completed

@@ -71,6 +71,9 @@ type Proxy struct {
 	servedVersion uint64
 	subRings      subRingCache
 
+	// bodies bounds the request bodies held in memory (body.go).
+	bodies *bodyBudget
+
 	states   sync.Pool // *reqState
 	streams  sync.Pool // *trackedStream
 	observed sync.Pool // *observedStream
@@ -99,6 +102,7 @@ type Proxy struct {
 	listeners     []clientListener // guarded by mu: what Serve serves on
 
 	unready   atomic.Pointer[string] // SetUnready's reason, or nil
+	held      atomic.Pointer[string] // Hold's reason, or nil
 	open      atomic.Int64           // client connections open
 	lingering atomic.Int64           // refused connections being drained
 
@@ -123,6 +127,7 @@ func New(cfg Config) (*Proxy, error) {
 		backends: map[string]*backend{},
 		stop:     make(chan struct{}),
 		hot:      hot.New(),
+		bodies:   newBodyBudget(cfg.MaxBodyMemory),
 		splitsGauge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "warmroute_prefix_splits",
 			Help: "Prompt prefixes in use as split (ADAPTIVE keys route one block past them): those carrying more traffic than one backend should take.",
@@ -137,6 +142,12 @@ func New(cfg Config) (*Proxy, error) {
 				return 0
 			}
 			return float64(p.relay.Active())
+		}), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "warmroute_request_body_bytes",
+			Help: "Bytes of request bodies held in memory, against max-body-memory.",
+		}, func() float64 {
+			used, _ := p.bodies.held()
+			return float64(used)
 		}))
 	}
 	p.states.New = func() any { return new(reqState) }
@@ -166,8 +177,11 @@ func New(cfg Config) (*Proxy, error) {
 		// The listener refuses connections over MaxConns (with JSON);
 		// fasthttp's own limit, with headroom for workers between two
 		// connections, never applies.
-		Concurrency:                   cfg.MaxConns + cfg.MaxConns/4 + 16,
-		MaxRequestBodySize:            cfg.MaxBodySize,
+		Concurrency:        cfg.MaxConns + cfg.MaxConns/4 + 16,
+		MaxRequestBodySize: cfg.MaxBodySize,
+		// The handler reads each body itself, against the body budget
+		// (readBody), instead of fasthttp reading it whole first.
+		StreamRequestBody:             true,
 		ReadBufferSize:                cfg.MaxHeaderSize,
 		ReadTimeout:                   cfg.ReadTimeout,
 		IdleTimeout:                   cfg.IdleTimeout,
@@ -355,7 +369,7 @@ func (p *Proxy) Status() []BackendStatus {
 
 // Ready reports whether at least one backend can take a request.
 func (p *Proxy) Ready() bool {
-	if p.unready.Load() != nil {
+	if p.unready.Load() != nil || p.held.Load() != nil {
 		return false
 	}
 	t := p.tab.Load()
@@ -379,10 +393,26 @@ func (p *Proxy) SetUnready(reason string) {
 	p.unready.Store(&reason)
 }
 
-// unreadyReason is why Ready is false: the reason SetUnready gave, or that
-// no backend is healthy.
+// Hold makes the router refuse every request bound for a backend with
+// 503 not_ready and reason, and report not ready with it, until Hold("").
+// The node holds a cluster router until it has applied a state agreed
+// under a leader: the ring it would route on before that is only its own
+// config file's.
+func (p *Proxy) Hold(reason string) {
+	if reason == "" {
+		p.held.Store(nil)
+		return
+	}
+	p.held.Store(&reason)
+}
+
+// unreadyReason is why Ready is false: the reason SetUnready or Hold gave,
+// or that no backend is healthy.
 func (p *Proxy) unreadyReason() string {
 	if r := p.unready.Load(); r != nil {
+		return *r
+	}
+	if r := p.held.Load(); r != nil {
 		return *r
 	}
 	return "no healthy backend"

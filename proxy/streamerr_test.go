@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"bufio"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -83,5 +85,54 @@ func TestStreamCutByUpstream(t *testing.T) {
 			}
 			waitFor(t, func() bool { return h.p.Status()[0].InFlight == 0 }, "in-flight back to 0")
 		})
+	}
+}
+
+// TestStreamBadFramingBetweenEvents: an engine whose chunked framing breaks
+// after two whole events (an endless chunk extension, an endless trailer
+// after the last chunk, a chunk size that is not hex) gets the same answer
+// as one that fails there: the client has the events, an error event and a
+// clean end of the body; on the relay and on the goroutine path.
+func TestStreamBadFramingBetweenEvents(t *testing.T) {
+	events := "data: {\"n\":1}\n\ndata: {\"n\":2}\n\n"
+	cases := []struct{ name, after string }{
+		{"endless chunk extension", "5;ext=" + strings.Repeat("x", 64<<10)},
+		{"endless trailer", "0\r\nX-Trailer: " + strings.Repeat("y", 64<<10)},
+		{"too many trailers", "0\r\n" + strings.Repeat("X-T: 1234567890\r\n", 4<<10)},
+		{"chunk size not hex", "zz\r\n"},
+	}
+	for _, relayOn := range []bool{true, false} {
+		for _, tc := range cases {
+			t.Run(fmt.Sprintf("%s/relay=%v", tc.name, relayOn), func(t *testing.T) {
+				ln := serveConns(t, func(c net.Conn) {
+					br := bufio.NewReader(c)
+					for {
+						req, err := http.ReadRequest(br)
+						if err != nil {
+							return
+						}
+						io.Copy(io.Discard, req.Body)
+						if req.URL.Path == "/health" {
+							io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+							continue
+						}
+						fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n%s", len(events), events, tc.after)
+						time.Sleep(200 * time.Millisecond)
+						return
+					}
+				})
+				cfg := testProxyConfig()
+				cfg.StreamRelay = relayOn
+				h := startProxyBackends(t, cfg, ring.DefaultConfig(), []ring.Backend{{ID: "raw/", Addr: "http://" + ln.Addr().String()}})
+				resp, body := exchange(t, h.dial(t), chatRaw("", chatReq("framing", `,"stream":true`)))
+				if resp.StatusCode != 200 {
+					t.Fatalf("status %d", resp.StatusCode)
+				}
+				if !strings.HasPrefix(string(body), events) || !strings.HasSuffix(string(body), `"code":"upstream_stream_failed"}}`+"\n\n") {
+					t.Fatalf("want the events, an error event and a clean end; got %q", body)
+				}
+				waitFor(t, func() bool { return h.p.Status()[0].InFlight == 0 }, "in-flight back to 0")
+			})
+		}
 	}
 }

@@ -17,11 +17,17 @@ import (
 // caches. It does so again trimAgain intervals later, for what was still
 // held then (idle server workers exit after 10 s). Only after a burst, and
 // at most once per trimInterval.
+//
+// Large request bodies (body.go) are left to the garbage collector too: when
+// at least trimMinBodies of them were held in an interval and a quarter or
+// less is held now, the memory is returned the same way.
 
 const (
 	trimInterval = 5 * time.Second
 	trimMinPeak  = 256
 	trimAgain    = 3
+
+	trimMinBodies = 16 << 20
 )
 
 // trimmer decides when to return memory, from connection counts sampled
@@ -53,7 +59,9 @@ func (t *trimmer) sample(open int64) bool {
 func (p *Proxy) startTrimmer() {
 	var t trimmer
 	p.every(&p.trimStarted, trimInterval, func() {
-		if t.sample(p.open.Load()) {
+		_, large := p.bodies.held()
+		peak := max(p.bodies.peakLarge.Swap(large), large)
+		if t.sample(p.open.Load()) || (peak >= trimMinBodies && large <= peak/4) {
 			debug.FreeOSMemory()
 			debug.FreeOSMemory()
 			p.m.memReturns.Inc()

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -36,6 +37,39 @@ func adminFlags(fs *flag.FlagSet) adminOpts {
 	o.addr = fs.String("admin", def, "a router's admin URL (any router: writes are forwarded to the Raft leader); or WARMROUTE_ADMIN_URL")
 	o.tokenFile = fs.String("token-file", os.Getenv("WARMROUTE_ADMIN_TOKEN_FILE"), "file holding the admin bearer token; or WARMROUTE_ADMIN_TOKEN")
 	return o
+}
+
+// caHint names where the cluster CA certificate comes from, for hints.
+const caHint = "--ca-file set to the cluster CA certificate (the file every router has as --cluster-tls-ca-file; or WARMROUTE_ADMIN_CA_FILE)"
+
+// adminHint adds to an admin API error what to do about it, in the
+// flags' words: a router with cluster TLS serves its admin API over
+// https:// only, verified with --ca-file; a 401 wants the token. Other
+// errors pass unchanged.
+func adminHint(err error) error {
+	var ce *admin.ConnError
+	var ae *admin.APIError
+	switch {
+	case errors.Is(err, admin.ErrCAOverHTTP):
+		return usageError{fmt.Errorf("--ca-file: %w", err)}
+	case errors.As(err, &ce):
+		host := ce.URL[strings.Index(ce.URL, "://")+3:]
+		switch ce.Kind {
+		case admin.ConnNeedsHTTPS:
+			return fmt.Errorf("%w: its router has cluster TLS, so use --admin https://%s and %s", err, host, caHint)
+		case admin.ConnNeedsHTTP:
+			return fmt.Errorf("%w: its router has no cluster TLS, so use --admin http://%s without --ca-file (https:// and --ca-file are for routers with cluster TLS)", err, host)
+		case admin.ConnUnverified:
+			if ce.CA {
+				return fmt.Errorf("%w: the certificate is not of the CA in --ca-file; keep https:// and give %s", err, caHint)
+			}
+			return fmt.Errorf("%w: a router's cluster certificate names the router, not a host or IP address (it needs no IP SAN), and is verified against the cluster CA alone: keep https:// and add %s", err, caHint)
+		}
+		return fmt.Errorf("%w: check --admin (or WARMROUTE_ADMIN_URL), the router's --admin-listen address: http://host:port, or https://host:port with %s for routers with cluster TLS", err, caHint)
+	case errors.As(err, &ae) && ae.Status == http.StatusUnauthorized:
+		return fmt.Errorf("%w: pass the admin token with --token-file (or WARMROUTE_ADMIN_TOKEN_FILE, or WARMROUTE_ADMIN_TOKEN); routers with cluster TLS take it over https:// with %s, so it never crosses the network in clear", err, caHint)
+	}
+	return err
 }
 
 // newAdminClient builds the admin API client the flags describe.
@@ -98,7 +132,8 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	defer func() { err = adminHint(err) }()
 	fs := flag.NewFlagSet("warmroute status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	opts := adminFlags(fs)
@@ -250,7 +285,8 @@ func orDash(v string) string {
 	return v
 }
 
-func cmdBackends(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func cmdBackends(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	defer func() { err = adminHint(err) }()
 	fs := flag.NewFlagSet("warmroute backends", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	opts := adminFlags(fs)
@@ -323,7 +359,8 @@ or JSON with -o json; the other actions print the JSON answer.
 	return printJSON(stdout, out)
 }
 
-func cmdConfig(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func cmdConfig(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	defer func() { err = adminHint(err) }()
 	fs := flag.NewFlagSet("warmroute config", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	opts := adminFlags(fs)

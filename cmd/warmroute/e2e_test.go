@@ -413,7 +413,13 @@ func TestE2EThreeProcessCluster(t *testing.T) {
 		if i > 0 {
 			a.Join = gossipAddrs[:1]
 		}
-		routers = append(routers, startRouter(t, a))
+		// None is ready before all three have formed the cluster.
+		routers = append(routers, launch(t, a))
+	}
+	for _, r := range routers {
+		if err := r.waitReady(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// A leader is elected and every router routes on the agreed ring.
 	waitAgreed(t, &http.Client{Timeout: 5 * time.Second}, routers, 20*time.Second)

@@ -28,6 +28,7 @@ func commands() map[string]command {
 		"status":   {"show a cluster's members, leader, epoch and backends", cmdStatus},
 		"backends": {"list, add, remove or drain backends", cmdBackends},
 		"config":   {"read or change the routing config", cmdConfig},
+		"route":    {"explain where a request would be routed and why, on one router or several", cmdRoute},
 		"tls":      {"create the cluster CA and router certificates; show one; revoke one", cmdTLS},
 		"version":  {"print the version and build information (also --version)", cmdVersion},
 	}

@@ -60,6 +60,8 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config) (configPath *string) {
 
 	l := &cfg.Limits
 	fs.TextVar(&l.MaxBodySize, "max-body-size", l.MaxBodySize, "largest request body accepted (413 above)")
+	fs.TextVar(&l.MaxBodyMemory, "max-body-memory", l.MaxBodyMemory, "request bodies held in memory at once, all connections together (at least twice max-body-size; bodies over 1MiB share half of it)")
+	fs.DurationVar(&l.BodyMemoryWait, "body-memory-wait", l.BodyMemoryWait, "how long a request body waits for room in max-body-memory before 503 body_memory_full")
 	fs.TextVar(&l.MaxHeaderSize, "max-header-size", l.MaxHeaderSize, "largest request header block accepted (431 above)")
 	fs.DurationVar(&l.ReadTimeout, "read-timeout", l.ReadTimeout, "time allowed to read a request's headers and body")
 	fs.DurationVar(&l.IdleTimeout, "idle-timeout", l.IdleTimeout, "close client keep-alive connections idle this long")

@@ -112,17 +112,6 @@ func FuzzParseEventTime(f *testing.F) {
 	})
 }
 
-func FuzzParseVmRSS(f *testing.F) {
-	f.Add([]byte("Name:\tx\nVmRSS:\t   1234 kB\n"))
-	f.Add([]byte("VmRSS:\t99999999999999999999 kB\n"))
-	f.Add([]byte("VmRSS:"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		if v, err := parseVmRSS(b); err == nil && (v < 0 || v > maxMemBytes) {
-			t.Fatalf("%q read as %d", b, v)
-		}
-	})
-}
-
 func FuzzParseGauge(f *testing.F) {
 	f.Add([]byte("# TYPE go_goroutines gauge\ngo_goroutines 25\n"), "go_goroutines")
 	f.Add([]byte("go_memstats_heap_inuse_bytes 3.293184e+06 1700000000\n"), "go_memstats_heap_inuse_bytes")

@@ -403,7 +403,7 @@ func runOpen(ctx context.Context, env openEnv, o options, target string, n int) 
 		if err := sleepCtx(ctx, openIdleWait); err != nil {
 			return r, err
 		}
-		if r.IdleRSS, err = rssBytes(px.p.Pid()); err != nil {
+		if r.IdleRSS, err = proc.RSS(px.p.Pid()); err != nil {
 			return r, err
 		}
 		if px.metrics != "" {
@@ -502,7 +502,7 @@ func measureWindow(ctx context.Context, r *openRun, c *openClient, px openProxy,
 	t0 := time.Now()
 	for {
 		if px.p != nil {
-			if rss, err := rssBytes(px.p.Pid()); err == nil {
+			if rss, err := proc.RSS(px.p.Pid()); err == nil {
 				r.PeakRSS = max(r.PeakRSS, rss)
 			}
 		}
@@ -559,7 +559,7 @@ func settle(ctx context.Context, r *openRun, px openProxy, d time.Duration) erro
 	ended := time.Now()
 	near := int64(openSettleNear * float64(r.IdleRSS))
 	for {
-		rss, err := rssBytes(px.p.Pid())
+		rss, err := proc.RSS(px.p.Pid())
 		if err != nil {
 			return fmt.Errorf("the proxy's RSS after the streams: %w", err)
 		}

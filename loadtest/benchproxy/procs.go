@@ -158,40 +158,9 @@ func listenAddrs(ctx context.Context, stubs *proc.Process, n int, timeout time.D
 	return addrs[:n], nil
 }
 
-// rssBytes is a process's resident set size (VmRSS in /proc/<pid>/status).
-func rssBytes(pid int) (int64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return 0, err
-	}
-	return parseVmRSS(b)
-}
-
-// maxMemBytes bounds the memory figures read from /proc and /metrics (1
-// PiB): more is a misreading.
-const maxMemBytes = 1 << 50
-
-// parseVmRSS reads the "VmRSS:   1234 kB" line of /proc/<pid>/status.
-func parseVmRSS(b []byte) (int64, error) {
-	for len(b) > 0 {
-		var line []byte
-		line, b, _ = bytes.Cut(b, []byte("\n"))
-		v, ok := bytes.CutPrefix(line, []byte("VmRSS:"))
-		if !ok {
-			continue
-		}
-		f := strings.Fields(string(v))
-		if len(f) != 2 || f[1] != "kB" {
-			return 0, fmt.Errorf("proc status: bad VmRSS line %q", line)
-		}
-		kb, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil || kb < 0 || kb > maxMemBytes>>10 {
-			return 0, fmt.Errorf("proc status: bad VmRSS line %q", line)
-		}
-		return kb << 10, nil
-	}
-	return 0, errors.New("proc status: no VmRSS line (a kernel thread, or the process exited)")
-}
+// maxMemBytes bounds the memory figures read from /metrics: more is a
+// misreading.
+const maxMemBytes = proc.MaxMemBytes
 
 // goStats are a Go process's figures from its Prometheus /metrics.
 type goStats struct {

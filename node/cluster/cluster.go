@@ -151,15 +151,23 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Agreem
 			return nil, fmt.Errorf("cluster: data dir: %w", err)
 		}
 		c.meta = &metadb.BoltMetaDB{}
+		if _, err := repairUnindexed(walDir, c.meta, lg); err != nil {
+			_ = c.meta.Close()
+			return nil, c.damaged(err)
+		}
 		c.wal, err = wal.Open(walDir, wal.WithMetaStore(c.meta), wal.WithLogger(newHclog(libLogger(&cfg), "raft-wal")))
 		if err != nil {
 			_ = c.meta.Close()
-			return nil, fmt.Errorf("cluster: open raft log: %w", err)
+			return nil, c.damaged(err)
 		}
 		cleanup = append(cleanup, c.closeStores)
 		fs, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotRetain, hl.Named("snapshot"))
 		if err != nil {
 			return nil, fmt.Errorf("cluster: snapshot store: %w", err)
+		}
+		// raft.NewRaft panics on an entry it cannot read.
+		if err := checkLog(c.wal, fs); err != nil {
+			return nil, c.damaged(err)
 		}
 		logs, stable, snaps = c.wal, c.wal, fs
 	}
@@ -213,8 +221,11 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Agreem
 	rc := cfg.raftConfig()
 	rc.Logger = hl
 	rc.NotifyCh = c.notifyCh
-	c.raft, err = raft.NewRaft(rc, c.fsm, logs, stable, snaps, c.trans)
-	if err != nil {
+	c.raft, err = newRaft(rc, c.fsm, logs, stable, snaps, c.trans)
+	switch {
+	case errors.Is(err, errRaftPanic) && cfg.DataDir != "":
+		return nil, c.damaged(err)
+	case err != nil:
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
 	}
 	c.raftPtr.Store(c.raft)

@@ -41,6 +41,10 @@
 // every published state hands to the node's identity.
 //
 // Raft state persists in raft-wal with file snapshots; an Agreement reopens
-// from the same DataDir in the same process. InmemNetwork runs many nodes
-// in one test process with partitions.
+// from the same DataDir in the same process. Before Raft starts, Open reads
+// every log entry Raft will read (raft.NewRaft panics on one it cannot) and
+// returns ErrDamagedLog, naming the directory and the recovery, when one
+// cannot be read; it first repairs the segments raft-wal v0.4.0 sealed
+// without an index block when it cut the log's tail. InmemNetwork runs many
+// nodes in one test process with partitions.
 package cluster

@@ -23,6 +23,10 @@ var (
 	ErrInvalidConfig = errors.New("cluster: invalid config")
 	// ErrDataDir: the data directory holds another node's Raft state.
 	ErrDataDir = errors.New("cluster: data directory belongs to another node")
+	// ErrDamagedLog: the Raft log in the data directory cannot be read
+	// where Raft reads it at start. Open returns it with the directory,
+	// the entry and the way to recover, instead of letting Raft panic.
+	ErrDamagedLog = errors.New("cluster: the Raft log cannot be read")
 	// ErrForeignData: this node's data directory holds another cluster's
 	// state than the routers it joined (see Agreement.Fatal).
 	ErrForeignData = errors.New("cluster: the data directory belongs to another cluster")

@@ -644,13 +644,16 @@ func (l *loop) clientEvent(s *stream, events uint32) {
 
 // upstreamFailed ends a stream whose upstream failed before the body's
 // end: between two events of an SSE body (or before the first) with the
-// error event and a clean end, otherwise by closing the client.
+// error event and a clean end, otherwise by closing the client. Every body
+// byte decoded went to the client at once, so what the client has ends
+// where tail says, whatever the decoder was reading when the framing broke
+// (a chunk's size line or extension, its CRLF, the trailers).
 func (l *loop) upstreamFailed(s *stream, err error, timedOut bool) {
 	res := Result{Outcome: UpstreamFailed, Client: -1, Err: err, TimedOut: timedOut}
 	if s.final {
 		return // ending already
 	}
-	if !s.spec.SSE || (s.sawData && s.tail != [2]byte{'\n', '\n'}) || len(l.r.cfg.ErrorEvent) == 0 || s.dec.state != stSize {
+	if !s.spec.SSE || (s.sawData && s.tail != [2]byte{'\n', '\n'}) || len(l.r.cfg.ErrorEvent) == 0 {
 		l.finish(s, res)
 		return
 	}
