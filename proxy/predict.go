@@ -288,6 +288,26 @@ func (f *CacheFigures) rates() {
 // CacheKinds are the decision kinds, in the order CacheFigures lists them.
 func CacheKinds() []string { return append([]string(nil), kindNames[1:]...) }
 
+// SumCache sums lists of figures (several backends', say) per kind, in
+// the kinds' order, leaving out the kinds without answers.
+func SumCache(lists ...[]CacheFigures) []CacheFigures {
+	var out []CacheFigures
+	for _, k := range kindNames[1:] {
+		sum := CacheFigures{Kind: k}
+		for _, l := range lists {
+			for _, f := range l {
+				if f.Kind == k {
+					sum.Add(f)
+				}
+			}
+		}
+		if sum.Answers > 0 {
+			out = append(out, sum)
+		}
+	}
+	return out
+}
+
 // figures returns c's figures for the kinds that had answers, in kind
 // order.
 func (c *cacheCounts) figures() []CacheFigures {
