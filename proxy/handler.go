@@ -400,7 +400,7 @@ func (p *Proxy) send(ctx *fasthttp.RequestCtx, st *reqState, rt route, start tim
 			return
 		}
 		b := t.bs[d.Backend]
-		st.pred = p.predict(st, b, d)
+		st.pred = p.predict(st, b, d, len(ctx.Request.Body()))
 		retry, err := p.forward(ctx, st, b, d, rt, stream, decided)
 		if !retry {
 			return

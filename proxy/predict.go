@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -18,16 +19,21 @@ import (
 // sent there. The engine's answer says what was delivered: its
 // usage.prompt_tokens_details.cached_tokens (usage.go).
 //
-// The key's prefix is what the router knows two requests share (the
-// bytes of prompt text in the key, PrefixBytes: one block of 1 KiB under
-// ADAPTIVE keys, more past a split, up to PrefixLength under FIXED ones),
-// estimated at bytesPerToken bytes a token. An answer is delivered warm
-// when its cached tokens cover at least half of that estimate (at least
-// one token): a shared chat template or a few blocks of a common opening
-// do not pass for a warm prefix, while the estimate's error (a tokenizer
-// is not 4 bytes a token) does not turn a hit into a miss. A session's
-// key names no prompt text: it predicts no tokens, and its answers are
-// delivered warm when anything was cached.
+// The key's prefix is what the router knows two requests share: the
+// bytes of prompt text in the key (PrefixBytes: one block of 1 KiB under
+// ADAPTIVE keys, a block more per split prefix it was routed past, up to
+// PrefixLength under FIXED ones). The answer's usage turns bytes into
+// tokens: the prefix counts prompt_tokens x its bytes / the body's bytes
+// (whatever the tokenizer and the language). An answer is delivered warm
+// when its cached tokens cover half of the key's last block, beyond the
+// split prefixes before it: half of the key for a key not split (a chat
+// template or a few blocks of a common opening do not pass for a warm
+// prefix, nor does a tokenizer that cuts coarser than the body suggests
+// turn a hit into a miss), and for a key routed past a split, more than
+// the split prefix, which every backend that took a share of it holds,
+// so that what is checked is the continuation the split's owner should
+// hold. A session's key names no prompt text: its answers are delivered
+// warm when anything was cached.
 //
 // Everything is counted per backend and kind, when the answer ends, with
 // atomics: the request path allocates nothing for it, and the figures are
@@ -65,10 +71,16 @@ const (
 // kindNames are the kind label values (kindNone is not counted).
 var kindNames = [numKinds]string{"", "affinity", "split", "session", "overflow", "fallback", "other"}
 
-// kindOf classifies decision d for the request keyed by info; adaptive
-// says the ring routes on ADAPTIVE keys, whose routing key is deeper than
-// the first block only when it was routed past a split (ring.Splits.Route).
-func kindOf(d ring.Decision, info *ring.KeyInfo, adaptive bool) kind {
+// pastSplit reports whether info's key was routed past a split prefix:
+// under ADAPTIVE keys (adaptive), the routing key is deeper than the first
+// block only then (ring.Splits.Route).
+func pastSplit(info *ring.KeyInfo, adaptive bool) bool {
+	return adaptive && !info.Session && info.Key != info.KeyAt(0)
+}
+
+// kindOf classifies decision d for a request keyed by a session (session)
+// or by a key routed past a split (split).
+func kindOf(d ring.Decision, session, split bool) kind {
 	switch d.Reason {
 	case ring.ReasonAffinity:
 	case ring.ReasonConsistentHash:
@@ -86,41 +98,62 @@ func kindOf(d ring.Decision, info *ring.KeyInfo, adaptive bool) kind {
 		return kindOther
 	}
 	switch {
-	case info.Session:
+	case session:
 		return kindSession
-	case adaptive && info.Key != info.KeyAt(0):
+	case split:
 		return kindSplit
 	}
 	return kindAffinity
 }
-
-// bytesPerToken is the estimate of prompt text per token (English prose
-// with the tokenizers of current models; gpusim cuts tokens so).
-const bytesPerToken = 4
 
 // prediction is what the router expected of one request's answer.
 type prediction struct {
 	kind kind
 	// warm: the backend was sent the request's key within recentWindow.
 	warm bool
-	// tokens is the key's prefix in tokens (estimated): what a warm
-	// backend holds at least.
-	tokens int32
+	// prefix is the key's prefix in bytes of prompt text, before the
+	// part of it that split prefixes cover (0 when not split); body is
+	// the request body's size, the measure the answer's prompt tokens
+	// are shared over.
+	prefix, before, body int32
 }
 
-// predict records that st's request goes to b by decision d and returns
-// what the router expects of the answer. A request without a key is not
-// predicted.
-func (p *Proxy) predict(st *reqState, b *backend, d ring.Decision) prediction {
+// predict records that st's request, of bodyBytes bytes, goes to b by
+// decision d and returns what the router expects of the answer. A request
+// without a key is not predicted.
+func (p *Proxy) predict(st *reqState, b *backend, d ring.Decision, bodyBytes int) prediction {
 	if !st.keyed {
 		return prediction{}
 	}
 	info := &st.info
-	return prediction{
-		kind:   kindOf(d, info, st.t.ring.Config().Adaptive()),
+	split := pastSplit(info, st.t.ring.Config().Adaptive())
+	pr := prediction{
+		kind:   kindOf(d, info.Session, split),
 		warm:   b.recent.seen(info.Key, st.now),
-		tokens: int32(min((info.PrefixBytes+bytesPerToken-1)/bytesPerToken, 1<<30)),
+		prefix: int32(min(info.PrefixBytes, math.MaxInt32)),
+		body:   int32(min(bodyBytes, math.MaxInt32)),
 	}
+	if split {
+		pr.before = max(0, pr.prefix-ring.ChainBlockBytes)
+	}
+	return pr
+}
+
+// tokensOf converts n bytes of the request into tokens of an answer that
+// reported prompt tokens: in proportion to the body's bytes, at most all.
+func (pr *prediction) tokensOf(n int32, prompt int64) int64 {
+	if pr.body <= 0 {
+		return 0
+	}
+	return min(int64(n)*prompt/int64(pr.body), prompt)
+}
+
+// needed is the cached tokens that make an answer reporting prompt
+// tokens warm: more than the split prefixes, and half of the rest of the
+// key (at least one token).
+func (pr *prediction) needed(prompt int64) int64 {
+	before := pr.tokensOf(pr.before, prompt)
+	return max(1, before+(pr.tokensOf(pr.prefix, prompt)-before)/2)
 }
 
 // The table of recent keys, per backend: recentSlots slots, each holding
@@ -167,7 +200,7 @@ func (r *recentKeys) seen(key uint64, now int64) bool {
 
 // What an answer delivered, against the prediction.
 const (
-	deliveredCold    = iota // a usage report with fewer cached tokens than half the key's prefix
+	deliveredCold    = iota // a usage report with fewer cached tokens than needed
 	deliveredWarm           // a usage report with at least as many
 	deliveredUnknown        // no valid usage report (not asked for, an error answer, invalid)
 	numDelivered
@@ -209,14 +242,14 @@ func (c *cacheCounts) count(pr prediction, r usageReport) {
 		return
 	}
 	d := deliveredCold
-	if r.cached >= max(1, int64(pr.tokens)/2) {
+	if r.cached >= pr.needed(r.prompt) {
 		d = deliveredWarm
 	}
 	k.answers[w][d].Add(1)
 	k.prompt[w].Add(r.prompt)
 	k.cached[w].Add(r.cached)
 	if pr.warm {
-		k.predicted.Add(min(int64(pr.tokens), r.prompt))
+		k.predicted.Add(pr.tokensOf(pr.prefix, r.prompt))
 	}
 }
 
@@ -240,8 +273,8 @@ type CacheFigures struct {
 	Reported int64 `json:"reported"`
 	// PredictedWarm is the answers the router expected warm (it had sent
 	// their key to the backend lately), DeliveredWarm those whose cached
-	// tokens covered at least half the key's prefix, BothWarm those that
-	// were both.
+	// tokens covered the key's prefix (half of it, or past a split more
+	// than the split prefix), BothWarm those that were both.
 	PredictedWarm int64 `json:"predicted_warm"`
 	DeliveredWarm int64 `json:"delivered_warm"`
 	BothWarm      int64 `json:"both_warm"`
@@ -346,7 +379,7 @@ type cacheCollector struct{ p *Proxy }
 
 var (
 	descCacheAnswers = prometheus.NewDesc("warmroute_cache_answers_total",
-		"Answers to requests routed on a key, by decision kind (affinity, split, session, overflow, fallback, other), by what the router predicted of the backend's prefix cache (warm: it sent the key there within the last 10 minutes) and by what the answer's usage delivered (warm: cached tokens covering at least half the key's prefix, estimated at 4 bytes a token; unknown: no usage report).",
+		"Answers to requests routed on a key, by decision kind (affinity, split, session, overflow, fallback, other), by what the router predicted of the backend's prefix cache (warm: it sent the key there within the last 10 minutes) and by what the answer's usage delivered (warm: cached tokens covering half the key's prefix, and past a split more than the split prefix; unknown: no usage report).",
 		[]string{"backend", "kind", "predicted", "delivered"}, nil)
 	descCachePrompt = prometheus.NewDesc("warmroute_cache_prompt_tokens_total",
 		"Prompt tokens of the answers counted in warmroute_cache_answers_total with a usage report, by decision kind and prediction.",
@@ -355,7 +388,7 @@ var (
 		"Cached prompt tokens (usage.prompt_tokens_details.cached_tokens) of the answers counted in warmroute_cache_answers_total with a usage report, by decision kind and prediction. Over warmroute_cache_prompt_tokens_total: the hit rate each kind delivered.",
 		[]string{"backend", "kind", "predicted"}, nil)
 	descCachePredicted = prometheus.NewDesc("warmroute_cache_predicted_tokens_total",
-		"Tokens the router counted on finding cached: the key's prefix (estimated at 4 bytes a token, at most the prompt) of the answers predicted warm with a usage report, by decision kind.",
+		"Tokens the router counted on finding cached: the key's prefix (its share of the body's bytes times the prompt tokens) of the answers predicted warm with a usage report, by decision kind.",
 		[]string{"backend", "kind"}, nil)
 )
 

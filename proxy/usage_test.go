@@ -274,7 +274,9 @@ func TestUsageScanAllocations(t *testing.T) {
 	defer fasthttp.ReleaseResponse(resp)
 	resp.Header.SetContentType("application/json")
 	resp.SetBodyString(usageJSONCases[0].doc)
-	pr := prediction{kind: kindAffinity, warm: true, tokens: 100}
+	// 120 prompt tokens over a body of 480 bytes: the key's 400 bytes
+	// are 100 tokens.
+	pr := prediction{kind: kindAffinity, warm: true, prefix: 400, body: 480}
 	if n := testing.AllocsPerRun(100, func() { b.countBodyUsage(resp, pr) }); n != 0 {
 		t.Errorf("counting a complete answer's usage allocates %v times", n)
 	}

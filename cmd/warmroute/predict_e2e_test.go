@@ -217,7 +217,8 @@ func TestE2EPredictedAgainstDelivered(t *testing.T) {
 		t.Fatalf("/status cache %+v, want %+v (%v)", st.Cache, want, err)
 	}
 	aff := st.Cache[0]
-	if aff.Kind != "affinity" || aff.PredictedHitRate != 6.0/9 || aff.DeliveredHitRate != 6.0/9 || aff.PredictedTokens != 6*256 {
+	if aff.Kind != "affinity" || aff.PredictedHitRate != 6.0/9 || aff.DeliveredHitRate != 6.0/9 ||
+		aff.PredictedTokens < 6*240 || aff.PredictedTokens > 6*256 { // the key's 1,024 bytes, in the answers' tokens
 		t.Errorf("affinity figures %+v", aff)
 	}
 	perBackend := 0
@@ -253,8 +254,8 @@ func TestE2EPredictedAgainstDelivered(t *testing.T) {
 	if warmCached != float64(aff.CachedTokens) || coldCached != 0 || warmCached < 0.9*warmPrompt {
 		t.Errorf("affinity tokens: %v of %v cached where predicted warm, %v where predicted cold; /status %+v", warmCached, warmPrompt, coldCached, aff)
 	}
-	if got := metricSum(t, r.admin, "warmroute_cache_predicted_tokens_total", map[string]string{"kind": "affinity"}); got != 6*256 {
-		t.Errorf("affinity predicted tokens %v, want %v", got, 6*256)
+	if got := metricSum(t, r.admin, "warmroute_cache_predicted_tokens_total", map[string]string{"kind": "affinity"}); got != float64(aff.PredictedTokens) {
+		t.Errorf("affinity predicted tokens %v, want %v", got, aff.PredictedTokens)
 	}
 
 	out, code := runCLIExit(t, nil, "status", "--admin", r.admin)
