@@ -286,7 +286,7 @@ func predictionRows(runs []stats.Summary) []predictionRow {
 }
 
 // predictionNote explains the predictions table.
-const predictionNote = "predicted warm: the router had sent the request's key to that backend in the last 10 minutes; delivered warm: the engine's cached_tokens covered at least half the key's prefix (4 bytes a token); shares of the answers with a usage report; token hit: cached over prompt tokens of those answers. Counted by the routers over the measured window (docs/loadtest.md)"
+const predictionNote = "predicted warm: the router had sent the request's key to that backend in the last 10 minutes; delivered warm: the engine's cached_tokens covered the key's prefix (half of it; past a split, the split prefix and half a block more); shares of the answers with a usage report; token hit: cached over prompt tokens of those answers. Counted by the routers over the measured window (docs/loadtest.md)"
 
 // writePredictions writes the routers' cache predictions against what was
 // delivered, per run and decision kind, when any run has them.
