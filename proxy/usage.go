@@ -68,19 +68,17 @@ var (
 	strJSON      = []byte("application/json")
 )
 
-// countBodyUsage counts the usage in the complete answer resp from b.
-func (b *backend) countBodyUsage(resp *fasthttp.Response) {
+// countBodyUsage counts the usage in the complete answer resp from b,
+// to a request predicted pr (predict.go).
+func (b *backend) countBodyUsage(resp *fasthttp.Response, pr prediction) {
 	var s usageScan
 	s.begin(&resp.Header)
-	if s.mode == scanOff {
-		return
+	if s.mode != scanOff {
+		if body := resp.Body(); bytes.Contains(body, strUsageTail) {
+			s.feed(body)
+		}
 	}
-	body := resp.Body()
-	if !bytes.Contains(body, strUsageTail) {
-		return
-	}
-	s.feed(body)
-	b.m.countUsage(s.report())
+	b.countUsage(pr, s.report())
 }
 
 // Scan modes.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -273,11 +274,21 @@ func TestUsageScanAllocations(t *testing.T) {
 	defer fasthttp.ReleaseResponse(resp)
 	resp.Header.SetContentType("application/json")
 	resp.SetBodyString(usageJSONCases[0].doc)
-	if n := testing.AllocsPerRun(100, func() { b.countBodyUsage(resp) }); n != 0 {
+	// 120 prompt tokens over a body of 480 bytes: the key's 400 bytes
+	// are 100 tokens.
+	pr := prediction{kind: kindAffinity, warm: true, prefix: 400, body: 480}
+	if n := testing.AllocsPerRun(100, func() { b.countBodyUsage(resp, pr) }); n != 0 {
 		t.Errorf("counting a complete answer's usage allocates %v times", n)
 	}
 	if got := testutil.ToFloat64(m.cachedTokens.WithLabelValues("b/")); got != 101*96 {
 		t.Errorf("cached tokens %v, want %v", got, 101*96)
+	}
+	// The answer (120 prompt tokens, 96 cached) covers more than half the
+	// 100 tokens predicted: 101 answers predicted and delivered warm.
+	want := []CacheFigures{{Kind: "affinity", Answers: 101, Reported: 101, PredictedWarm: 101, DeliveredWarm: 101, BothWarm: 101,
+		PromptTokens: 101 * 120, CachedTokens: 101 * 96, PredictedTokens: 101 * 100, PredictedHitRate: 1, DeliveredHitRate: 1, TokenHitRate: 0.8}}
+	if got := b.cache.figures(); !reflect.DeepEqual(got, want) {
+		t.Errorf("cache figures %+v, want %+v", got, want)
 	}
 }
 
