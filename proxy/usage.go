@@ -219,12 +219,12 @@ const (
 
 // Keys on the usage path.
 const (
-	keyOther   uint8 = iota
-	keyUsage         // "usage" in the top-level object
-	keyPrompt        // "prompt_tokens" in usage
-	keyDetails       // "prompt_tokens_details" in usage
-	keyCached        // "cached_tokens" in prompt_tokens_details
-	keyResponse      // "response" in the top-level object (Responses API events)
+	keyOther    uint8 = iota
+	keyUsage          // "usage" in the top-level object
+	keyPrompt         // "prompt_tokens" in usage
+	keyDetails        // "prompt_tokens_details" in usage
+	keyCached         // "cached_tokens" in prompt_tokens_details
+	keyResponse       // "response" in the top-level object (Responses API events)
 )
 
 // usageJSON follows one JSON document fed in pieces, far enough to read
