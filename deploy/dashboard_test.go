@@ -20,7 +20,11 @@ import (
 //   - count no 4xx answer in the affinity share (a refused request was
 //     never routed);
 //   - keep messages and bytes apart: a panel plots one kind, in its unit;
-//   - never paint a lone router red: one member is a valid cluster.
+//   - never paint a lone router red: one member is a valid cluster;
+//   - show predicted against delivered per decision kind (the share of
+//     answers predicted warm and delivered warm, and the tokens cached),
+//     counting no answer without a usage report in a hit rate: its
+//     delivery is unknown.
 func (d *dashboard) validate() []error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
@@ -66,6 +70,25 @@ func (d *dashboard) validate() []error {
 	}
 	if affinity == 0 {
 		bad("no panel shows the affinity share")
+	}
+
+	cacheAnswers := regexp.MustCompile(`warmroute_cache_answers_total(\{[^}]*\})?`)
+	checked := regexp.MustCompile(`delivered(!="unknown"|="warm"|="cold")`)
+	var predicted, delivered, tokens bool
+	for _, e := range d.exprs() {
+		sels := cacheAnswers.FindAllString(e, -1)
+		for _, sel := range sels {
+			if !checked.MatchString(sel) {
+				bad("a hit rate counts answers without a usage report: %s in %s", sel, e)
+			}
+		}
+		byKind := strings.Contains(e, "by (kind)")
+		predicted = predicted || (byKind && len(sels) > 0 && strings.Contains(e, `predicted="warm"`))
+		delivered = delivered || (byKind && len(sels) > 0 && strings.Contains(e, `delivered="warm"`))
+		tokens = tokens || (byKind && strings.Contains(e, "warmroute_cache_cached_tokens_total") && strings.Contains(e, "warmroute_cache_prompt_tokens_total"))
+	}
+	if !predicted || !delivered || !tokens {
+		bad("no panel shows per decision kind what was predicted warm (%v), delivered warm (%v) and the tokens cached (%v)", predicted, delivered, tokens)
 	}
 
 	bytesUnits := []string{"bytes", "decbytes", "Bps", "binBps", "KBs", "MBs"}
@@ -173,6 +196,20 @@ func TestDashboardChecksCatchDefects(t *testing.T) {
 			p, _ := find(d, "warmroute_gossip_messages_sent_total")
 			b, j := find(d, "warmroute_gossip_bytes_sent_total")
 			p.Targets = append(p.Targets, b.Targets[j])
+		},
+		"unknown deliveries in a hit rate": func(d *dashboard) {
+			p, j := find(d, `delivered!="unknown"`)
+			p.Targets[j].Expr = strings.ReplaceAll(p.Targets[j].Expr, `,delivered!="unknown"`, "")
+		},
+		"predictions not per kind": func(d *dashboard) {
+			for i := range d.Panels {
+				for j := range d.Panels[i].Targets {
+					e := &d.Panels[i].Targets[j].Expr
+					if strings.Contains(*e, "warmroute_cache_answers_total") {
+						*e = strings.ReplaceAll(*e, "by (kind) ", "")
+					}
+				}
+			}
 		},
 		"one router red": func(d *dashboard) {
 			// The thresholds it had: red below 2 members, orange below 3.

@@ -167,6 +167,7 @@ func TestDashboardShape(t *testing.T) {
 	for _, want := range []string{
 		"warmroute_requests_total", `decision="affinity"`, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
 		"warmroute_backend_in_flight", "warmroute_ring_epoch", "warmroute_gossip_members", "warmroute_raft_state",
+		"warmroute_cache_answers_total",
 	} {
 		if !strings.Contains(all, want) {
 			t.Errorf("no panel queries %s", want)

@@ -83,6 +83,11 @@ type Config struct {
 	MetricsURLs []string
 	// MetricsInterval is the period of the hit-rate-over-time samples.
 	MetricsInterval time.Duration
+	// RouterMetricsURLs are the warmroute routers' admin /metrics
+	// endpoints; their cache prediction counters, read at the start and
+	// the end of the measured window, give Summary.Predictions. Empty:
+	// none.
+	RouterMetricsURLs []string
 
 	// Progress receives a status line every ProgressInterval once the run
 	// is longer than that (nil: silent).
@@ -167,6 +172,11 @@ func (c Config) Validate() error {
 	for _, m := range c.MetricsURLs {
 		if err := checkURL(m, c.AllowRemote); err != nil {
 			return fmt.Errorf("metrics URL %q: %w", m, err)
+		}
+	}
+	for _, m := range c.RouterMetricsURLs {
+		if err := checkURL(m, c.AllowRemote); err != nil {
+			return fmt.Errorf("router metrics URL %q: %w", m, err)
 		}
 	}
 	switch c.Mode {

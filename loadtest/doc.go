@@ -15,7 +15,10 @@
 // The KV-cache hit rate is hit tokens / queried tokens between the start and
 // the end of the run, from the backends' vLLM counters; the traffic share
 // comes from the router's X-Warmroute-Backend response header (falling back
-// to gpusim's X-Gpusim-Instance when a backend is driven directly).
+// to gpusim's X-Gpusim-Instance when a backend is driven directly). With
+// the routers' admin /metrics (RouterMetricsURLs), their own count of the
+// cache predictions they made against what the answers delivered, per
+// decision kind, over the measured window (Summary.Predictions).
 //
 // Subpackages: workload (request generators), stats (arithmetic), kvmetrics
 // (counter parsing), report (table, JSON, HTML), fleet (a local fleet as

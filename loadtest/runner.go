@@ -126,6 +126,11 @@ func Run(ctx context.Context, cfg Config, gen workload.Generator) (stats.Summary
 		}
 		r.client.aliases = r.scraper.aliasMap()
 	}
+	if len(cfg.RouterMetricsURLs) > 0 {
+		r.pred = newPredictions(cfg.RouterMetricsURLs)
+		defer r.pred.close()
+		r.pred.begin(ctx)
+	}
 	return r.execute(ctx)
 }
 
@@ -136,7 +141,8 @@ type run struct {
 	rec     *stats.Recorder
 	client  *client
 	scraper *scraper
-	bounds  *boundsFeed // nil when off
+	pred    *predictions // nil without RouterMetricsURLs
+	bounds  *boundsFeed  // nil when off
 
 	start    time.Time
 	measure  time.Time // start + Warmup: outcomes before it are not recorded
@@ -185,6 +191,10 @@ func (r *run) execute(ctx context.Context) (stats.Summary, error) {
 			bg.Add(1)
 			go func() { defer bg.Done(); r.warmupScrape(bgCtx) }()
 		}
+	}
+	if r.pred != nil && r.cfg.Warmup > 0 {
+		bg.Add(1)
+		go func() { defer bg.Done(); r.predictionsFromMeasure(bgCtx) }()
 	}
 	if r.cfg.Progress != nil {
 		bg.Add(1)
@@ -246,6 +256,11 @@ func (r *run) execute(ctx context.Context) (stats.Summary, error) {
 		r.kvMu.Unlock()
 		s.KV = &kv
 		s.KVSeries = r.kvSeries
+	}
+	if r.pred != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		s.Predictions = r.pred.end(sctx)
+		cancel()
 	}
 	s.Bounds = bounds
 	if interrupted {
@@ -413,6 +428,19 @@ func (r *run) warmupScrape(ctx context.Context) {
 	for k, v := range cur {
 		r.kvStart[k] = v
 	}
+}
+
+// predictionsFromMeasure takes the routers' prediction counters again at
+// the end of the warm-up, so that the figures cover the measured window.
+func (r *run) predictionsFromMeasure(ctx context.Context) {
+	t := time.NewTimer(time.Until(r.measure))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-t.C:
+	}
+	r.pred.begin(ctx)
 }
 
 // sample scrapes the backends every MetricsInterval for the hit rate over

@@ -110,6 +110,11 @@ type backend struct {
 	totals   atomic.Pointer[totalsList]
 	totalsMu sync.Mutex
 
+	// recent remembers the keys lately routed here, cache counts the
+	// answers against what was predicted of them (predict.go).
+	recent recentKeys
+	cache  cacheCounts
+
 	probing    atomic.Bool  // a probe of this backend is in flight
 	lastProbe  atomic.Int64 // unix nanos of the last probe's start
 	probeMu    sync.Mutex   // serialises probes of this backend

@@ -33,6 +33,11 @@ type reqState struct {
 	clientClose bool
 	// body is the request's body in memory (body.go).
 	body reqBody
+	// keyed: the request is routed on its key (routeLLM), so its answer
+	// is predicted and counted (predict.go); pred is the prediction for
+	// the backend it is sent to.
+	keyed bool
+	pred  prediction
 }
 
 var _ ring.Loads = (*reqState)(nil)
@@ -42,6 +47,7 @@ func (s *reqState) reset(t *table, now time.Time) {
 	s.t = t
 	s.now = now.UnixNano()
 	s.clientClose = false
+	s.keyed = false
 	n := (len(t.bs) + 63) / 64
 	if cap(s.tried) < n {
 		s.tried = make([]uint64, n)
@@ -249,6 +255,7 @@ func (p *Proxy) routeLLM(ctx *fasthttp.RequestCtx, rt route, api ring.API) {
 	if p.observing {
 		p.observeKey(t, api, body, tenant, st)
 	}
+	st.keyed = true
 	// Streamed answers (SSE) are passed through as they come; others are
 	// read whole and sent in one write. /invocations is opaque: always
 	// streamed.
@@ -399,6 +406,7 @@ func (p *Proxy) send(ctx *fasthttp.RequestCtx, st *reqState, rt route, start tim
 			return
 		}
 		b := t.bs[d.Backend]
+		st.pred = p.predict(st, b, d, len(ctx.Request.Body()))
 		retry, err := p.forward(ctx, st, b, d, rt, stream, decided)
 		if !retry {
 			return
@@ -505,7 +513,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ri
 		}
 		p.setHeaders(resp, st.t, b, d)
 		p.m.countRequest(b.m, rt, d.Reason, resp.StatusCode())
-		b.countBodyUsage(resp)
+		b.countBodyUsage(resp, st.pred)
 		return false, nil
 	}
 
@@ -546,7 +554,7 @@ func (p *Proxy) passStream(ctx *fasthttp.RequestCtx, st *reqState, b *backend, u
 		// The whole body came with the headers.
 		b.m.ttfb.Observe(time.Since(sent).Seconds())
 		resp.SetBody(up.Body())
-		b.countBodyUsage(resp)
+		b.countBodyUsage(resp, st.pred)
 		if p.observing {
 			p.observeAnswer(st, resp, sent)
 		}
@@ -555,7 +563,7 @@ func (p *Proxy) passStream(ctx *fasthttp.RequestCtx, st *reqState, b *backend, u
 		return false, nil
 	}
 	ts := p.streams.Get().(*trackedStream)
-	*ts = trackedStream{p: p, b: b, up: up, src: bs, sent: sent,
+	*ts = trackedStream{p: p, b: b, up: up, src: bs, sent: sent, pred: st.pred,
 		client: holdStreamHeaders(ctx.Conn(), up.LocalAddr()),
 		sse:    up.Header.ContentLength() < 0 && bytes.HasPrefix(up.Header.ContentType(), strEventStream)}
 	ts.usage.begin(&up.Header)

@@ -168,7 +168,7 @@ func New(cfg Config) (*Proxy, error) {
 	empty, _ := ring.New(ring.DefaultConfig(), nil)
 	p.tab.Store(&table{ring: empty, epochHdr: []byte("0")})
 	if cfg.Registry != nil {
-		cfg.Registry.MustRegister(&backendCollector{p: p})
+		cfg.Registry.MustRegister(&backendCollector{p: p}, &cacheCollector{p: p})
 	}
 	p.server = &fasthttp.Server{
 		Handler:      p.handle,
@@ -347,6 +347,9 @@ type BackendStatus struct {
 	InFlight       int64  `json:"in_flight"`
 	RemoteInFlight int64  `json:"remote_in_flight"`
 	Limit          int64  `json:"limit"`
+	// Cache is this router's cache predictions for the backend and what
+	// its answers delivered, per decision kind that had answers.
+	Cache []CacheFigures `json:"cache,omitempty"`
 }
 
 // Status reports every backend of the current snapshot.
@@ -361,7 +364,7 @@ func (p *Proxy) Status() []BackendStatus {
 			Healthy:   rb.State == ring.Active && b.available(now),
 			ProbeDown: b.probeDown.Load(), Ejected: b.ejectedUntil.Load() > now,
 			Busy: b.busy(), InFlight: b.inflight.Load(), RemoteInFlight: b.remote.Load(),
-			Limit: t.ring.Limit(i),
+			Limit: t.ring.Limit(i), Cache: b.cache.figures(),
 		}
 	}
 	return out

@@ -56,6 +56,7 @@ type relayStream struct {
 	pipelined []byte // what the client sent after the request
 
 	usage    usageScan
+	pred     prediction // what the router predicted of the answer (predict.go)
 	gotFirst bool
 
 	// obs: the request's access-log record and upstream span, when
@@ -103,7 +104,7 @@ func (p *Proxy) forwardRelayed(ctx *fasthttp.RequestCtx, st *reqState, b *backen
 
 	identity := !ctx.Request.Header.IsHTTP11()
 	rs := p.relayed.Get().(*relayStream)
-	*rs = relayStream{p: p, b: b, sent: sent, client: rc, up: uc, br: br, head: rs.head[:0],
+	*rs = relayStream{p: p, b: b, sent: sent, client: rc, up: uc, br: br, head: rs.head[:0], pred: st.pred,
 		sse:       bytes.HasPrefix(up.Header.ContentType(), strEventStream),
 		identity:  identity,
 		keepUp:    up.Header.IsHTTP11() && !up.Header.ConnectionClose() && !uc.noReuse.Load(),
@@ -371,7 +372,7 @@ func (rs *relayStream) End(r relay.Result) {
 	}
 	b.inflight.Add(-1)
 	u := rs.usage.report()
-	b.m.countUsage(u)
+	b.countUsage(rs.pred, u)
 	if rs.obs.active() {
 		var cerr error // how the client's side ended: nil when it got a whole answer
 		if r.Client < 0 {

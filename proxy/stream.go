@@ -31,8 +31,10 @@ type trackedStream struct {
 	tail [2]byte
 	// pending is what is left of the error event to pass on.
 	pending []byte
-	// usage reads the usage the backend reports as the body passes.
+	// usage reads the usage the backend reports as the body passes;
+	// pred is what the router predicted of it (predict.go).
 	usage usageScan
+	pred  prediction
 
 	gotFirst bool
 	readErr  bool // the upstream read failed (not EOF)
@@ -103,7 +105,7 @@ func (s *trackedStream) CloseWithError(err error) error {
 	s.b.inflight.Add(-1)
 	// What the backend reported counts even when the client left: the
 	// prompt was computed.
-	s.b.m.countUsage(s.usage.report())
+	s.b.countUsage(s.pred, s.usage.report())
 	fasthttp.ReleaseResponse(s.up)
 	p := s.p
 	*s = trackedStream{}

@@ -13,6 +13,11 @@ import (
 //	"usage":{"prompt_tokens":P,"total_tokens":T,"completion_tokens":C,
 //	         "prompt_tokens_details":{"cached_tokens":K}}
 //
+// The Responses API (/v1/responses) names the same figures input_tokens
+// and input_tokens_details.cached_tokens, in a top-level "usage" of a
+// complete answer and, streamed, in the "response" object of its
+// response.completed event: both are read.
+//
 // K is the prompt tokens whose KV blocks the engine found in its prefix
 // cache, so summed per backend K/P is the KV hit rate users' requests saw.
 // A complete (not streamed) answer carries it in its JSON body; a stream
@@ -68,19 +73,17 @@ var (
 	strJSON      = []byte("application/json")
 )
 
-// countBodyUsage counts the usage in the complete answer resp from b.
-func (b *backend) countBodyUsage(resp *fasthttp.Response) {
+// countBodyUsage counts the usage in the complete answer resp from b,
+// to a request predicted pr (predict.go).
+func (b *backend) countBodyUsage(resp *fasthttp.Response, pr prediction) {
 	var s usageScan
 	s.begin(&resp.Header)
-	if s.mode == scanOff {
-		return
+	if s.mode != scanOff {
+		if body := resp.Body(); bytes.Contains(body, strUsageTail) {
+			s.feed(body)
+		}
 	}
-	body := resp.Body()
-	if !bytes.Contains(body, strUsageTail) {
-		return
-	}
-	s.feed(body)
-	b.m.countUsage(s.report())
+	b.countUsage(pr, s.report())
 }
 
 // Scan modes.
@@ -216,18 +219,21 @@ const (
 
 // Keys on the usage path.
 const (
-	keyOther   uint8 = iota
-	keyUsage         // "usage" in the top-level object
-	keyPrompt        // "prompt_tokens" in usage
-	keyDetails       // "prompt_tokens_details" in usage
-	keyCached        // "cached_tokens" in prompt_tokens_details
+	keyOther    uint8 = iota
+	keyUsage          // "usage" in the top-level object
+	keyPrompt         // "prompt_tokens" in usage
+	keyDetails        // "prompt_tokens_details" in usage
+	keyCached         // "cached_tokens" in prompt_tokens_details
+	keyResponse       // "response" in the top-level object (Responses API events)
 )
 
 // usageJSON follows one JSON document fed in pieces, far enough to read
 // usage.prompt_tokens and usage.prompt_tokens_details.cached_tokens of its
-// top-level object. It keeps the objects on that path (on: 1 the top
-// level, 2 usage, 3 prompt_tokens_details) and only counts the depth of
-// anything else. String contents are skipped with bytes.IndexByte. Keys
+// top-level object (or of its "response" object, and under the Responses
+// API's names). It keeps the objects on that path (on: 1 the top level, 2
+// usage, 3 prompt_tokens_details; one more when the path goes through
+// "response", which wrap notes) and only counts the depth of anything
+// else. String contents are skipped with bytes.IndexByte. Keys
 // written with escapes are not recognised. It stops at the first byte
 // that cannot continue a JSON document, keeping what it found.
 type usageJSON struct {
@@ -235,6 +241,7 @@ type usageJSON struct {
 	str   uint8 // the string being read
 	esc   bool  // the string's last byte so far is an escaping backslash
 	on    uint8 // objects open on the usage path
+	wrap  uint8 // 1 when the path goes through a top-level "response" object
 	depth int32 // containers open
 	key   uint8 // the key whose value comes next, on the path
 	kesc  bool  // the key has an escape
@@ -310,9 +317,14 @@ func (j *usageJSON) feed(p []byte) {
 				if !j.push() {
 					continue
 				}
-				if (j.on == 1 && j.key == keyUsage) || (j.on == 2 && j.key == keyDetails) {
+				if j.on == 1 && j.wrap == 0 && j.key == keyResponse {
+					j.on, j.wrap = 2, 1
+					j.state = jsKey
+					continue
+				}
+				if lvl := j.on - j.wrap; (lvl == 1 && j.key == keyUsage) || (lvl == 2 && j.key == keyDetails) {
 					j.on++
-					if j.on == 2 {
+					if lvl == 1 {
 						j.cur = usageAcc{}
 					}
 					j.state = jsKey
@@ -348,7 +360,8 @@ func (j *usageJSON) feed(p []byte) {
 
 // wantsCount reports whether the value about to be read is a count.
 func (j *usageJSON) wantsCount() bool {
-	return (j.on == 2 && j.key == keyPrompt) || (j.on == 3 && j.key == keyCached)
+	lvl := j.on - j.wrap
+	return (lvl == 2 && j.key == keyPrompt) || (lvl == 3 && j.key == keyCached)
 }
 
 // push opens a container; past maxUsageDepth the scan stops.
@@ -365,11 +378,13 @@ func (j *usageJSON) push() bool {
 func (j *usageJSON) closeObject() {
 	j.depth--
 	j.on--
-	switch j.on {
-	case 0:
+	switch {
+	case j.on == 0:
 		j.state = jsDone
 		return
-	case 1:
+	case j.wrap == 1 && j.on == 1:
+		j.wrap = 0 // the "response" object closed
+	case j.on-j.wrap == 1:
 		j.rep = j.cur.report()
 	}
 	j.state = jsNext
@@ -502,7 +517,7 @@ func (j *usageJSON) endString() {
 	if j.str == strKey {
 		j.key = keyOther
 		if !j.kesc && j.kn <= len(j.kbuf) {
-			j.key = usageKey(j.on, j.kbuf[:j.kn])
+			j.key = usageKey(j.on-j.wrap, j.kbuf[:j.kn])
 		}
 		j.state = jsColon
 	}
@@ -540,18 +555,21 @@ func oddBackslashes(b []byte) bool {
 	return n&1 == 1
 }
 
-// usageKey names key k of an object at level on of the usage path.
-func usageKey(on uint8, k []byte) uint8 {
-	switch on {
+// usageKey names key k of an object at level lvl of the usage path.
+func usageKey(lvl uint8, k []byte) uint8 {
+	switch lvl {
 	case 1:
-		if string(k) == "usage" {
+		switch string(k) {
+		case "usage":
 			return keyUsage
+		case "response":
+			return keyResponse
 		}
 	case 2:
 		switch string(k) {
-		case "prompt_tokens":
+		case "prompt_tokens", "input_tokens":
 			return keyPrompt
-		case "prompt_tokens_details":
+		case "prompt_tokens_details", "input_tokens_details":
 			return keyDetails
 		}
 	case 3:

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -63,6 +64,11 @@ var usageJSONCases = []struct {
 	{"vLLM chat answer", `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi","tool_calls":[]},"logprobs":null,"finish_reason":"stop","stop_reason":null}],"usage":{"prompt_tokens":120,"total_tokens":130,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":96}},"prompt_logprobs":null,"kv_transfer_params":null}`, ok(120, 96)},
 	{"vLLM completions answer", `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" a b","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_logprobs":null}],"usage":{"prompt_tokens":33,"total_tokens":35,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":32}}}`, ok(33, 32)},
 	{"usage first", `{"usage":` + usageObj("5", "4") + `,"choices":[]}`, ok(5, 4)},
+	{"Responses API answer", `{"id":"resp_1","object":"response","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"hi"}]}],"usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":32},"output_tokens":5,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":45}}`, ok(40, 32)},
+	{"Responses API, nothing cached", `{"object":"response","usage":{"input_tokens":40,"output_tokens":5}}`, noDetails(40)},
+	{"Responses API event", `{"type":"response.completed","sequence_number":9,"response":{"id":"resp_1","object":"response","output":[],"usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":16},"output_tokens":5}}}`, ok(40, 16)},
+	{"usage in a response in a response", `{"response":{"response":{"usage":` + usageObj("5", "4") + `}}}`, noReport()},
+	{"usage beside a response", `{"response":{"id":"r","usage":null},"usage":` + usageObj("7", "1") + `}`, ok(7, 1)},
 	{"no details (vLLM with nothing cached)", usageDoc(`{"prompt_tokens":120,"total_tokens":130,"completion_tokens":10}`), noDetails(120)},
 	{"details null", usageDoc(`{"prompt_tokens":120,"prompt_tokens_details":null}`), noDetails(120)},
 	{"details empty", usageDoc(`{"prompt_tokens":120,"prompt_tokens_details":{}}`), noDetails(120)},
@@ -147,6 +153,9 @@ var usageSSECases = []struct {
 	{"usage text in a token", streamOf(chunkEvent(`\"usage\":{\"prompt_tokens\":5}`)), noReport()},
 	{"an unfinished last line", usageEvent(usageDoc(usageObj("3", "1"))) + "data: " + `{"usage":` + usageObj("6", "2"), ok(6, 2)},
 	{"an error event", "data: " + `{"error":{"message":"x","code":500}}` + "\n\n", noReport()},
+	{"Responses API stream", "event: response.created\n" + usageEvent(`{"type":"response.created","response":{"id":"r","status":"in_progress","usage":null}}`) +
+		"event: response.output_text.delta\n" + usageEvent(`{"type":"response.output_text.delta","delta":"hi"}`) +
+		"event: response.completed\n" + usageEvent(`{"type":"response.completed","response":{"id":"r","status":"completed","usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":32},"output_tokens":2}}}`), ok(40, 32)},
 }
 
 func TestUsageScanJSON(t *testing.T) {
@@ -273,11 +282,21 @@ func TestUsageScanAllocations(t *testing.T) {
 	defer fasthttp.ReleaseResponse(resp)
 	resp.Header.SetContentType("application/json")
 	resp.SetBodyString(usageJSONCases[0].doc)
-	if n := testing.AllocsPerRun(100, func() { b.countBodyUsage(resp) }); n != 0 {
+	// 120 prompt tokens over a body of 480 bytes: the key's 400 bytes
+	// are 100 tokens.
+	pr := prediction{kind: kindAffinity, warm: true, prefix: 400, body: 480}
+	if n := testing.AllocsPerRun(100, func() { b.countBodyUsage(resp, pr) }); n != 0 {
 		t.Errorf("counting a complete answer's usage allocates %v times", n)
 	}
 	if got := testutil.ToFloat64(m.cachedTokens.WithLabelValues("b/")); got != 101*96 {
 		t.Errorf("cached tokens %v, want %v", got, 101*96)
+	}
+	// The answer (120 prompt tokens, 96 cached) covers more than half the
+	// 100 tokens predicted: 101 answers predicted and delivered warm.
+	want := []CacheFigures{{Kind: "affinity", Answers: 101, Reported: 101, PredictedWarm: 101, DeliveredWarm: 101, BothWarm: 101,
+		PromptTokens: 101 * 120, CachedTokens: 101 * 96, PredictedTokens: 101 * 100, PredictedHitRate: 1, DeliveredHitRate: 1, TokenHitRate: 0.8}}
+	if got := b.cache.figures(); !reflect.DeepEqual(got, want) {
+		t.Errorf("cache figures %+v, want %+v", got, want)
 	}
 }
 

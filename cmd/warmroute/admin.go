@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/node/admin"
+	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -140,7 +141,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 	asJSON := fs.Bool("json", false, "print the raw JSON (same as -o json)")
 	output := outputFlag(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: warmroute status [flags]\n\nShow the cluster: members, Raft leader and voters, ring epoch, and each backend's state, health,\nload and engine figures (KV-cache use, running and queued requests, prefix-cache hit rate).\n\n")
+		fmt.Fprintf(stderr, "usage: warmroute status [flags]\n\nShow the cluster: members, Raft leader and voters, ring epoch, and each backend's state, health,\nload and engine figures (KV-cache use, running and queued requests, prefix-cache hit rate), and\nthis router's cache predictions against what the answers delivered, per decision kind.\n\n")
 		fs.PrintDefaults()
 	}
 	rest, err := parseArgs(fs, args)
@@ -193,7 +194,49 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 		tw.Flush()
 	}
 	fmt.Fprintln(stdout)
-	return backendTable(stdout, bs.Backends)
+	if err := backendTable(stdout, bs.Backends); err != nil {
+		return err
+	}
+	return cacheTable(stdout, bs.Backends)
+}
+
+// cacheTable writes this router's cache predictions per decision kind,
+// summed over the backends, when it answered any keyed request.
+func cacheTable(w io.Writer, bs []admin.BackendView) error {
+	var sum []proxy.CacheFigures
+	for _, b := range bs {
+		if b.Live != nil {
+			sum = proxy.SumCache(sum, b.Live.Cache)
+		}
+	}
+	if len(sum) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw := newTable(w)
+	fmt.Fprintln(tw, "DECISION KIND\tANSWERS\tWITH USAGE\tPREDICTED WARM\tDELIVERED WARM\tBOTH WARM\tTOKENS CACHED")
+	for _, f := range sum {
+		fmt.Fprintf(tw, "%v\t%v\t%v\t%v\t%v\t%v\t%v\n", f.Kind, f.Answers, f.Reported,
+			ofReported(f.PredictedWarm, f), ofReported(f.DeliveredWarm, f), f.BothWarm, cacheRate(f.TokenHitRate, f.PromptTokens))
+	}
+	return tw.Flush()
+}
+
+// ofReported writes n answers and their share of those with a usage
+// report.
+func ofReported(n int64, f proxy.CacheFigures) string {
+	if f.Reported == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%d (%.1f%%)", n, 100*float64(n)/float64(f.Reported))
+}
+
+// cacheRate writes a rate as a percentage, "-" when nothing was counted.
+func cacheRate(r float64, of int64) string {
+	if of == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", 100*r)
 }
 
 // newTable returns a writer that aligns tab-separated columns.
@@ -203,12 +246,22 @@ func newTable(w io.Writer) *tabwriter.Writer {
 
 // backendTable writes one line per backend: the agreed record, this
 // router's live view and the engine's figures ("-" for what is unknown).
+// WARM PRED/DELIV is the share of this router's answers from the backend
+// (with a usage report) that it predicted warm, and that were delivered
+// warm.
 func backendTable(w io.Writer, bs []admin.BackendView) error {
 	tw := newTable(w)
-	fmt.Fprintln(tw, "BACKEND\tSTATE\tHEALTHY\tIN-FLIGHT\tLIMIT\tZONE\tKV USED\tRUNNING\tWAITING\tHIT RATE\tURL")
+	fmt.Fprintln(tw, "BACKEND\tSTATE\tHEALTHY\tIN-FLIGHT\tLIMIT\tZONE\tKV USED\tRUNNING\tWAITING\tHIT RATE\tWARM PRED/DELIV\tURL")
 	for _, b := range bs {
-		inflight, healthy, limit := "-", "-", "-"
+		inflight, healthy, limit, warm := "-", "-", "-", "-"
 		if l := b.Live; l != nil {
+			var all proxy.CacheFigures
+			for _, f := range l.Cache {
+				all.Add(f)
+			}
+			if all.Reported > 0 {
+				warm = fmt.Sprintf("%.0f%%/%.0f%%", 100*all.PredictedHitRate, 100*all.DeliveredHitRate)
+			}
 			inflight = fmt.Sprintf("%v+%v", l.InFlight, l.RemoteInFlight)
 			healthy = fmt.Sprint(l.Healthy)
 			if len(b.FailingOn) > 0 {
@@ -217,8 +270,8 @@ func backendTable(w io.Writer, bs []admin.BackendView) error {
 			limit = fmt.Sprint(l.Limit)
 		}
 		kv, running, waiting, hit := engineTexts(b.Engine)
-		fmt.Fprintf(tw, "%v\t%v\t%v\t%v\t%v\t%v\t%v\t%v\t%v\t%v\t%v\n",
-			b.ID, b.State, healthy, inflight, limit, orDash(b.Zone), kv, running, waiting, hit, b.URL)
+		fmt.Fprintf(tw, "%v\t%v\t%v\t%v\t%v\t%v\t%v\t%v\t%v\t%v\t%v\t%v\n",
+			b.ID, b.State, healthy, inflight, limit, orDash(b.Zone), kv, running, waiting, hit, warm, b.URL)
 	}
 	return tw.Flush()
 }

@@ -110,6 +110,7 @@ func cmdLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	seed := fs.Uint64("seed", 1, "seed of the workload and the arrival times (same seed, same requests)")
 	fs.Var(listFlag{&lc.MetricsURLs}, "metrics", "backends' Prometheus /metrics URLs, comma-separated, for the KV-cache hit rate")
 	fs.DurationVar(&lc.MetricsInterval, "metrics-interval", lc.MetricsInterval, "period of the hit-rate-over-time samples")
+	fs.Var(listFlag{&lc.RouterMetricsURLs}, "router-metrics", "routers' admin /metrics URLs, comma-separated, for their cache predictions against what was delivered, per decision kind")
 	fs.Var(listFlag{&lc.Backends}, "backends", "backend ids expected to get traffic, for max/min share (default: host:port of each --metrics URL)")
 	fs.StringVar(&lc.BackendHeader, "backend-header", lc.BackendHeader, "response header naming the backend (X-Gpusim-Instance is the fallback)")
 	fs.StringVar(&lc.DecisionHeader, "decision-header", lc.DecisionHeader, "response header naming the router's decision")

@@ -154,6 +154,9 @@ func (p *Plan) one(ctx context.Context, c Case, s string) (*stats.Summary, error
 	lc := c.Load
 	lc.Targets = f.Targets()
 	lc.MetricsURLs = f.MetricsURLs()
+	for _, rt := range f.Routers() {
+		lc.RouterMetricsURLs = append(lc.RouterMetricsURLs, rt.AdminURL+"/metrics")
+	}
 	lc.Backends = f.BackendIDs()
 	lc.Label = s
 	lc.Workload = c.Name

@@ -7,4 +7,8 @@
 // vllm:prefix_cache_queries_total; early V1 vllm:gpu_prefix_cache_hits_total
 // and vllm:gpu_prefix_cache_queries_total (each with or without the _total
 // suffix, as client libraries differ in how they name counter families).
+//
+// ParsePredictions reads a warmroute router's own counts of the cache
+// predictions it made against what the answers delivered
+// (warmroute_cache_*_total), per decision kind.
 package kvmetrics

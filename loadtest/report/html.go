@@ -16,17 +16,19 @@ type htmlRow struct {
 }
 
 type htmlWorkload struct {
-	Name       string
-	Rows       []htmlRow
-	BoundsNote string
-	Charts     []template.HTML
+	Name        string
+	Rows        []htmlRow
+	BoundsNote  string
+	Predictions []predictionRow
+	Charts      []template.HTML
 }
 
 type htmlPage struct {
 	*Report
-	Comparisons []string
-	Workloads   []htmlWorkload
-	ShareNote   string
+	Comparisons    []string
+	Workloads      []htmlWorkload
+	ShareNote      string
+	PredictionNote string
 }
 
 var page = template.Must(template.New("report").Parse(`<!DOCTYPE html>
@@ -58,6 +60,12 @@ svg .legend{font-size:11px}svg .grid{stroke:#eee}svg .ref{stroke:#555;stroke-das
 {{end}}</table>
 {{if .BoundsNote}}<p class="meta">{{.BoundsNote}}</p>{{end}}
 <p class="meta">{{$.ShareNote}}</p>
+{{if .Predictions}}<h3>Predicted against delivered, per decision kind</h3>
+<table>
+<tr><th>strategy</th><th>kind</th><th>answers</th><th>with usage</th><th>predicted warm</th><th>delivered warm</th><th>both</th><th>token hit</th></tr>
+{{range .Predictions}}<tr><td>{{.Label}}</td><td>{{.Kind}}</td><td>{{.Answers}}</td><td>{{.Reported}}</td><td>{{.Predicted}}</td><td>{{.Delivered}}</td><td>{{.Both}}</td><td>{{.TokenHitRate}}</td></tr>
+{{end}}</table>
+<p class="meta">{{$.PredictionNote}}</p>{{end}}
 <div class="charts">{{range .Charts}}{{.}}{{end}}</div>
 {{end}}
 </body></html>
@@ -83,7 +91,7 @@ func colours(runs []stats.Summary) map[string]string {
 
 // WriteHTML writes r as one self-contained HTML page.
 func WriteHTML(w io.Writer, r *Report) error {
-	p := htmlPage{Report: r, ShareNote: shareNote}
+	p := htmlPage{Report: r, ShareNote: shareNote, PredictionNote: predictionNote}
 	for _, c := range comparisons(r.Runs, "RANDOM", "PREFIX_AWARE") {
 		p.Comparisons = append(p.Comparisons, c.String())
 	}
@@ -117,6 +125,7 @@ func WriteHTML(w io.Writer, r *Report) error {
 			own = append(own, *s)
 		}
 		hw.BoundsNote = boundsNote(own)
+		hw.Predictions = predictionRows(own)
 		p.Workloads = append(p.Workloads, hw)
 	}
 	return page.Execute(w, p)

@@ -307,3 +307,47 @@ func TestLegendFits(t *testing.T) {
 		}
 	}
 }
+
+// TestPredictionsTable: the routers' predictions against what was
+// delivered show per run and decision kind, in the text table and the
+// page, and not at all when no run has them.
+func TestPredictionsTable(t *testing.T) {
+	runs := sampleRuns()
+	var b bytes.Buffer
+	if err := WriteTable(&b, runs); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "predicted against delivered") {
+		t.Fatalf("a predictions table without predictions:\n%s", b.String())
+	}
+	runs[1].Predictions = []stats.Prediction{
+		{Kind: "affinity", Answers: 90, Reported: 80, PredictedWarm: 60, DeliveredWarm: 56, BothWarm: 54, PromptTokens: 100000, CachedTokens: 70000, TokenHitRate: 0.7},
+		{Kind: "overflow", Answers: 10, Reported: 0},
+	}
+	b.Reset()
+	if err := WriteTable(&b, runs); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, re := range []string{
+		`predicted against delivered, per decision kind`,
+		`rag\s+PREFIX_AWARE\s+affinity\s+90\s+80\s+60 \(75\.0%\)\s+56 \(70\.0%\)\s+54\s+70\.0%`,
+		`rag\s+PREFIX_AWARE\s+overflow\s+10\s+0\s+-\s+-\s+0\s+-`,
+		`delivered warm: the engine's cached_tokens covered the key's prefix`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("table does not match %s:\n%s", re, out)
+		}
+	}
+	b.Reset()
+	if err := WriteHTML(&b, &Report{Title: "t", GeneratedAt: time.Now(), Runs: runs}); err != nil {
+		t.Fatal(err)
+	}
+	page := b.String()
+	if n := strings.Count(page, "<h3>Predicted against delivered"); n != 1 {
+		t.Errorf("%d predictions tables, want 1 (rag only)", n)
+	}
+	if !strings.Contains(page, "<td>PREFIX_AWARE</td><td>affinity</td><td>90</td><td>80</td><td>60 (75.0%)</td><td>56 (70.0%)</td><td>54</td><td>70.0%</td>") {
+		t.Errorf("page lacks the affinity row:\n%s", page)
+	}
+}

@@ -247,6 +247,64 @@ func WriteTable(w io.Writer, runs []stats.Summary) error {
 	for _, c := range comparisons(runs, "RANDOM", "PREFIX_AWARE") {
 		fmt.Fprintln(w, c.String())
 	}
+	return writePredictions(w, runs)
+}
+
+// predictionRow is one decision kind of one run, as text.
+type predictionRow struct {
+	Workload, Label, Kind                                       string
+	Answers, Reported, Predicted, Delivered, Both, TokenHitRate string
+}
+
+// predictionRows lists the runs' predictions, by workload, run and kind.
+func predictionRows(runs []stats.Summary) []predictionRow {
+	var out []predictionRow
+	for _, wl := range workloads(runs) {
+		for i := range runs {
+			s := &runs[i]
+			if s.Workload != wl {
+				continue
+			}
+			for _, p := range s.Predictions {
+				of := func(n int64) string {
+					if p.Reported == 0 {
+						return "-"
+					}
+					return fmt.Sprintf("%d (%s)", n, pct(float64(n)/float64(p.Reported)))
+				}
+				tok := "-"
+				if p.PromptTokens > 0 {
+					tok = pct(p.TokenHitRate)
+				}
+				out = append(out, predictionRow{Workload: wl, Label: s.Label, Kind: p.Kind,
+					Answers: fmt.Sprint(p.Answers), Reported: fmt.Sprint(p.Reported),
+					Predicted: of(p.PredictedWarm), Delivered: of(p.DeliveredWarm), Both: fmt.Sprint(p.BothWarm), TokenHitRate: tok})
+			}
+		}
+	}
+	return out
+}
+
+// predictionNote explains the predictions table.
+const predictionNote = "predicted warm: the router had sent the request's key to that backend in the last 10 minutes; delivered warm: the engine's cached_tokens covered the key's prefix (half of it; past a split, the split prefix and half a block more); shares of the answers with a usage report; token hit: cached over prompt tokens of those answers. Counted by the routers over the measured window (docs/loadtest.md)"
+
+// writePredictions writes the routers' cache predictions against what was
+// delivered, per run and decision kind, when any run has them.
+func writePredictions(w io.Writer, runs []stats.Summary) error {
+	rows := predictionRows(runs)
+	if len(rows) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w, "\npredicted against delivered, per decision kind")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\tstrategy\tkind\tanswers\twith usage\tpredicted warm\tdelivered warm\tboth\ttoken hit\t")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Workload, r.Label, r.Kind, r.Answers, r.Reported, r.Predicted, r.Delivered, r.Both, r.TokenHitRate)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, predictionNote)
 	return nil
 }
 

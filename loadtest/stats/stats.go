@@ -218,6 +218,10 @@ type Summary struct {
 	// cache and the fleet's caches under perfect prefix affinity would
 	// give the measured requests (see Bounds); nil when not computed.
 	Bounds *BoundsResult `json:"bounds,omitempty"`
+	// Predictions are the routers' cache predictions against what their
+	// answers delivered, per decision kind, over the measured window; nil
+	// when the routers' metrics were not read (or have none).
+	Predictions []Prediction `json:"predictions,omitempty"`
 }
 
 // Summarize returns the Summary of everything recorded. window is the

@@ -28,6 +28,9 @@ func (s *Server) Status() Status {
 	for _, b := range s.cfg.Router.Status() {
 		st.Backends = append(st.Backends, BackendLiveView{BackendStatus: b, Engine: s.engine(b.ID)})
 	}
+	for _, b := range st.Backends {
+		st.Cache = proxy.SumCache(st.Cache, b.Cache)
+	}
 	raft := s.cfg.Agreement.Status()
 	st.Raft = &raft
 	if s.cfg.Members != nil {

@@ -31,6 +31,10 @@ type Status struct {
 	// MovedPartitions is how many partitions the balancer gave another
 	// owner in the ring in use.
 	MovedPartitions int `json:"moved_partitions"`
+	// Cache is this router's cache predictions against what the answers
+	// delivered, per decision kind, summed over the backends (each
+	// backend's own are in its cache field).
+	Cache []proxy.CacheFigures `json:"cache,omitempty"`
 }
 
 // BackendLiveView is a backend in /status: this router's live view of it
