@@ -135,12 +135,17 @@ func TestClusterMutualTLS(t *testing.T) {
 	// A write that claims to be forwarded, from a client with no router
 	// certificate, is refused even with the operator's token: only a
 	// router may say it forwarded.
+	// Under load an election may be under way: wait for a leader.
 	var leaderNode *Node
-	for _, n := range nodes {
-		if n.agree.IsLeader() {
-			leaderNode = n
+	waitFor(t, 10*time.Second, "a leader", func() bool {
+		for _, n := range nodes {
+			if n.agree.IsLeader() {
+				leaderNode = n
+				return true
+			}
 		}
-	}
+		return false
+	})
 	req, _ = http.NewRequest("POST", "https://"+leaderNode.AdminAddr().String()+"/v1/backends/"+e2.id()+"/drain", nil)
 	req.Header.Set("Authorization", "Bearer tok")
 	req.Header.Set("X-Warmroute-Forwarded", "router-1")
