@@ -40,6 +40,8 @@ type Config struct {
 	Engine   Engine        `yaml:"engine"`
 	Admin    Admin         `yaml:"admin"`
 	TLS      TLS           `yaml:"tls"`
+	// ExtProc is the endpoint-picker listener (off by default).
+	ExtProc ExtProc `yaml:"ext_proc"`
 	// AccessLog, Tracing and Record are what the router reports of each
 	// request: a log line, OpenTelemetry spans, a replayable trace.
 	AccessLog AccessLog `yaml:"access_log"`
@@ -394,6 +396,7 @@ func DefaultConfig() Config {
 		AccessLog:       AccessLog{Mode: "off", Format: "json", Output: "stdout"},
 		Tracing:         Tracing{SampleRatio: 1},
 		Record:          Record{MaxSize: 1 << 30, MaxRecords: maxRecordRecords},
+		ExtProc:         defaultExtProc(),
 		ShutdownTimeout: 30 * time.Second,
 	}
 }
@@ -521,6 +524,7 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.validateCluster()...)
 	errs = append(errs, c.validateObserve()...)
 	errs = append(errs, c.TLS.validate()...)
+	errs = append(errs, c.ExtProc.validate(&c.TLS)...)
 	if err := c.checkAdminExposure(); err != nil {
 		errs = append(errs, err)
 	}

@@ -119,6 +119,16 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config) (configPath *string) {
 	fs.StringVar(&cfg.TLS.ClusterCAFile, "cluster-tls-ca-file", cfg.TLS.ClusterCAFile, "CA that signs every router's cluster certificate (PEM)")
 	fs.StringVar(&cfg.Admin.TokenFile, "admin-token-file", cfg.Admin.TokenFile, "file holding the admin API bearer token (or WARMROUTE_ADMIN_TOKEN); without one, admin writes are accepted from loopback only")
 
+	x := &cfg.ExtProc
+	fs.StringVar(&x.Listen, "ext-proc-listen", x.Listen, "serve as a gateway's endpoint picker (Envoy ext_proc v3, Gateway API Inference Extension) on this address, e.g. :9002; empty: off")
+	fs.StringVar(&x.HealthListen, "ext-proc-health-listen", x.HealthListen, "serve the picker's gRPC health service alone, in plaintext, for Kubernetes probes, e.g. :9003")
+	fs.StringVar(&x.CertFile, "ext-proc-tls-cert-file", x.CertFile, "the picker listener's TLS certificate (PEM); default: --tls-cert-file's, else a self-signed one made at start")
+	fs.StringVar(&x.KeyFile, "ext-proc-tls-key-file", x.KeyFile, "private key for --ext-proc-tls-cert-file (PEM)")
+	fs.BoolVar(&x.Plaintext, "ext-proc-plaintext", x.Plaintext, "serve the picker without TLS (loopback addresses only)")
+	fs.IntVar(&x.MaxConns, "ext-proc-max-conns", x.MaxConns, "gateway connections to the picker")
+	fs.IntVar(&x.MaxStreams, "ext-proc-max-streams", x.MaxStreams, "requests the picker holds open at once; over it they are answered 429")
+	fs.IntVar(&x.Fallbacks, "ext-proc-fallbacks", x.Fallbacks, "fallback endpoints listed after the primary (0-16)")
+
 	e := &cfg.Engine
 	fs.StringVar(&e.MetricsPath, "engine-metrics-path", e.MetricsPath, "path of the engines' Prometheus metrics on each backend (empty: do not scrape)")
 	fs.DurationVar(&e.Interval, "engine-scrape-interval", e.Interval, "engine metrics scrape interval")
