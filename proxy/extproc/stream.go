@@ -77,16 +77,16 @@ type stream struct {
 
 	bodyMode, respMode filterv3.ProcessingMode_BodySendMode
 
-	req     proxy.PickRequest
-	keyed   bool
-	body    []byte
-	charge  proxy.BodyCharge
-	trailed bool // the request ended with trailers
+	req        proxy.PickRequest
+	keyed      bool
+	body       []byte
+	charge     proxy.BodyCharge
+	trailed    bool // the request ended with trailers
 	gotHeaders bool
 	// headersAnswered: the request headers got their answer before the
 	// decision (BUFFERED).
 	headersAnswered bool
-	picked  *proxy.Picked
+	picked          *proxy.Picked
 }
 
 func (st *stream) read() {
