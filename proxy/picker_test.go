@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
@@ -157,4 +158,32 @@ func readCounter(t *testing.T, c interface{ Write(*dto.Metric) error }) float64 
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// BenchmarkPick is the decision alone: key, pick, hold, two fallbacks,
+// release (a 4 KiB chat body, eight backends).
+func BenchmarkPick(b *testing.B) {
+	cfg := DefaultConfig()
+	cfg.ProbePath = ""
+	p, err := New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var bs []ring.Backend
+	for i := range 8 {
+		addr := fmt.Sprintf("10.0.0.%d:8000", i+1)
+		bs = append(bs, ring.Backend{ID: addr, Addr: "http://" + addr, State: ring.Active})
+	}
+	r, _ := ring.New(ring.DefaultConfig(), bs)
+	p.SetRing(r, 1)
+	body := []byte(fmt.Sprintf(`{"model":"m","stream":true,"messages":[{"role":"user","content":%q}]}`, strings.Repeat("context ", 500)))
+	req := &PickRequest{API: ring.Chat, Body: body, Fallbacks: 2}
+	b.ReportAllocs()
+	for b.Loop() {
+		pk, err := p.Pick(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pk.Release()
+	}
 }
