@@ -217,7 +217,10 @@ func serve(g *grpc.Server, ln net.Listener) error {
 }
 
 // Shutdown reports not ready, stops accepting and waits until ctx ends for
-// open streams to finish; then it cuts them. Safe to call more than once.
+// open streams to finish; then it cuts them. A stream is not cut sooner:
+// once decided, its request is being served, and a gateway that loses the
+// picker's stream mid-answer may fail the request. Safe to call more than
+// once.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.wg.Wait()

@@ -138,8 +138,6 @@ func (st *stream) next(deadline time.Time) (*extprocv3.ProcessingRequest, error)
 		return nil, err
 	case <-t.C:
 		return nil, errDeadline
-	case <-st.s.stop:
-		return nil, status.Error(codes.Unavailable, "the endpoint picker is shutting down")
 	}
 }
 
