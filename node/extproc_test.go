@@ -12,16 +12,18 @@ func TestExtProcAndKubernetesSettings(t *testing.T) {
 		edit func(c *Config)
 		want string // "" : valid
 	}{
-		"off":                      {func(c *Config) {}, ""},
-		"tls, self-signed":         {func(c *Config) { c.ExtProc.Listen = "0.0.0.0:9002" }, ""},
-		"plaintext on loopback":    {func(c *Config) { c.ExtProc.Listen, c.ExtProc.Plaintext = "127.0.0.1:9002", true }, ""},
-		"plaintext off loopback":   {func(c *Config) { c.ExtProc.Listen, c.ExtProc.Plaintext = ":9002", true }, "loopback only"},
-		"half a certificate":       {func(c *Config) { c.ExtProc.Listen, c.ExtProc.CertFile = ":9002", "x.pem" }, "set both"},
-		"health without listener":  {func(c *Config) { c.ExtProc.HealthListen = ":9003" }, "ext-proc-listen is empty"},
-		"fallbacks":                {func(c *Config) { c.ExtProc.Listen, c.ExtProc.Fallbacks = ":9002", 17 }, "fallbacks"},
-		"no streams":               {func(c *Config) { c.ExtProc.Listen, c.ExtProc.MaxStreams = ":9002", 0 }, "max-streams"},
-		"pool":                     {func(c *Config) { c.Cluster.DiscoveryK8sPool = "llama" }, ""},
-		"selector with ports":      {func(c *Config) { c.Cluster.DiscoveryK8sSelector, c.Cluster.DiscoveryK8sPorts = "app=vllm", PortList{8000} }, ""},
+		"off":                     {func(c *Config) {}, ""},
+		"tls, self-signed":        {func(c *Config) { c.ExtProc.Listen = "0.0.0.0:9002" }, ""},
+		"plaintext on loopback":   {func(c *Config) { c.ExtProc.Listen, c.ExtProc.Plaintext = "127.0.0.1:9002", true }, ""},
+		"plaintext off loopback":  {func(c *Config) { c.ExtProc.Listen, c.ExtProc.Plaintext = ":9002", true }, "loopback only"},
+		"half a certificate":      {func(c *Config) { c.ExtProc.Listen, c.ExtProc.CertFile = ":9002", "x.pem" }, "set both"},
+		"health without listener": {func(c *Config) { c.ExtProc.HealthListen = ":9003" }, "ext-proc-listen is empty"},
+		"fallbacks":               {func(c *Config) { c.ExtProc.Listen, c.ExtProc.Fallbacks = ":9002", 17 }, "fallbacks"},
+		"no streams":              {func(c *Config) { c.ExtProc.Listen, c.ExtProc.MaxStreams = ":9002", 0 }, "max-streams"},
+		"pool":                    {func(c *Config) { c.Cluster.DiscoveryK8sPool = "llama" }, ""},
+		"selector with ports": {func(c *Config) {
+			c.Cluster.DiscoveryK8sSelector, c.Cluster.DiscoveryK8sPorts = "app=vllm", PortList{8000}
+		}, ""},
 		"selector without ports":   {func(c *Config) { c.Cluster.DiscoveryK8sSelector = "app=vllm" }, "ports"},
 		"pool and dns":             {func(c *Config) { c.Cluster.DiscoveryK8sPool, c.Cluster.DiscoveryDNS = "llama", "_x._tcp.example" }, "exclusive"},
 		"namespace without source": {func(c *Config) { c.Cluster.DiscoveryK8sNamespace = "llm" }, "need discovery-k8s-pool"},
