@@ -305,12 +305,19 @@ func TestEPPConformance(t *testing.T) {
 		}
 		waitLoads("after the pick", loads{primary: 1})
 		// The primary failed; the gateway retried on the first fallback.
+		usage := "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1000,\"prompt_tokens_details\":{\"cached_tokens\":750}}}\n\n"
 		body, err := x.Finish(&eppclient.Response{Served: fallback, Status: 200, ContentType: "text/event-stream",
-			Body: [][]byte{[]byte("data: {\"choices\":[]}\n\n"), []byte("data: [DONE]\n\n")}})
-		if err != nil || string(body) != "data: {\"choices\":[]}\n\ndata: [DONE]\n\n" {
+			Body: [][]byte{[]byte(usage[:40]), []byte(usage[40:]), []byte("data: [DONE]\n\n")}})
+		if err != nil || string(body) != usage+"data: [DONE]\n\n" {
 			t.Fatalf("response body passed back %q (err %v)", body, err)
 		}
 		waitLoads("after the response", loads{})
+		// The answer's usage, cut between two pieces, counts for the
+		// endpoint that served it.
+		cached := fmt.Sprintf(`warmroute_backend_cached_prompt_tokens_total{backend=%q}`, fallback)
+		if v := metricValue(t, ps[0].router, cached); v != 750 {
+			t.Errorf("%s = %v, want 750", cached, v)
+		}
 
 		x, err = c.Pick(ctx, chatReq("reset while held"))
 		if err != nil {
@@ -321,7 +328,19 @@ func TestEPPConformance(t *testing.T) {
 		waitLoads("after a reset", loads{})
 	})
 
+	// noStreams waits until the picker has no stream open (resets reach
+	// it asynchronously).
+	noStreams := func(t *testing.T) {
+		t.Helper()
+		if _, err := pollUntil(10*time.Second, func() (bool, error) {
+			return metricValue(t, ps[0].router, "warmroute_extproc_streams") == 0, nil
+		}); err != nil {
+			t.Fatalf("streams stay open on the picker: %v", err)
+		}
+	}
+
 	t.Run("shed over the stream cap", func(t *testing.T) {
+		noStreams(t)
 		var held []*eppclient.Exchange
 		for i := range 6 {
 			x, err := c.Pick(ctx, chatReq(fmt.Sprintf("held %d", i)))
@@ -337,6 +356,9 @@ func TestEPPConformance(t *testing.T) {
 		for _, x := range held {
 			x.Reset()
 		}
+		// The resets reach the picker asynchronously: the next cases need
+		// their slots back.
+		noStreams(t)
 	})
 
 	t.Run("protocol errors", func(t *testing.T) {
