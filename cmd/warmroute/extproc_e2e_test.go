@@ -406,14 +406,23 @@ func TestEPPConformance(t *testing.T) {
 // agreement asks every replica in via about the same prompts and returns
 // the share of prompts on which they all named the same endpoints.
 func agreement(ctx context.Context, t *testing.T, via []*eppclient.Client, prompts []string) (float64, map[string]string) {
+	return agreementSettled(ctx, t, via, prompts, nil)
+}
+
+// agreementSettled is agreement, calling settle (when not nil) before each
+// ask.
+func agreementSettled(ctx context.Context, t *testing.T, via []*eppclient.Client, prompts []string, settle func()) (float64, map[string]string) {
 	t.Helper()
-	same := 0
+	same, samePrimary := 0, 0
 	first := map[string]string{}
 	for i, pr := range prompts {
 		var got []string
 		// Clients take turns at asking first, as gateways spread over
 		// replicas would.
 		for k := range via {
+			if settle != nil {
+				settle()
+			}
 			c := via[(i+k)%len(via)]
 			a, err := pickOnce(ctx, c, chatReq(pr))
 			if err != nil {
@@ -424,10 +433,22 @@ func agreement(ctx context.Context, t *testing.T, via []*eppclient.Client, promp
 		if len(slices.Compact(slices.Clone(got))) == 1 {
 			same++
 		}
+		var primaries []string
+		for _, h := range got {
+			primaries = append(primaries, strings.Split(h, ",")[0])
+		}
+		if len(slices.Compact(primaries)) == 1 {
+			samePrimary++
+		}
 		first[pr] = got[0]
 	}
+	primaryAgreement = float64(samePrimary) / float64(len(prompts))
 	return float64(same) / float64(len(prompts)), first
 }
+
+// primaryAgreement is the share of prompts of the last agreement call on
+// which the replicas named the same primary (fallbacks aside).
+var primaryAgreement float64
 
 // TestEPPReplicasAgree: three replicas name the same endpoints for the
 // same request in steady state, while one is killed, and after it is back.
@@ -518,5 +539,84 @@ func TestEPPStandalone(t *testing.T) {
 	_, err = loadServeConfig([]string{"--ext-proc-listen", "0.0.0.0:9002", "--ext-proc-plaintext"}, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "loopback only") {
 		t.Errorf("plaintext on 0.0.0.0: %v, want a refusal", err)
+	}
+}
+
+// TestEPPReplicasAgreeUnderLoad: with requests held open through one
+// replica, enough to put owners at their limit (--concurrency-threshold
+// 2), the other replicas learn the load through gossip and every replica
+// then makes the same overflow decisions.
+func TestEPPReplicasAgreeUnderLoad(t *testing.T) {
+	needCluster(t)
+	backends := pickerBackends(t, 8)
+	ps := startPickers(t, 3, backends, "--concurrency-threshold", "2")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var via []*eppclient.Client
+	for _, p := range ps {
+		via = append(via, dialPicker(t, p))
+	}
+	var held []*eppclient.Exchange
+	defer func() {
+		for _, x := range held {
+			x.Reset()
+		}
+	}()
+	for i := range 14 {
+		x, err := via[0].Pick(ctx, chatReq(fmt.Sprintf("held open %d", i%5)))
+		if err != nil || x.Answer.Immediate != 0 {
+			t.Fatalf("held %d: %v %+v", i, err, x.Answer)
+		}
+		held = append(held, x)
+	}
+	own, _ := pickerInFlight(t, ps[0])
+	for _, p := range ps[1:] {
+		var remote loads
+		if _, err := pollUntil(10*time.Second, func() (bool, error) {
+			_, remote = pickerInFlight(t, p)
+			return fmt.Sprint(remote) == fmt.Sprint(own), nil
+		}); err != nil {
+			t.Fatalf("%s sees %v, replica 0 holds %v", p.name, remote, own)
+		}
+	}
+	var prompts []string
+	for i := range 300 {
+		prompts = append(prompts, fmt.Sprintf("held open %d", i%5)) // the held prompts' owners are full
+		prompts[i] += strings.Repeat(" ", i/5%2)                     // and other keys
+	}
+	overflowed := 0
+	for _, pr := range prompts {
+		if e, err := explain(&http.Client{Timeout: 5 * time.Second}, ps[0].router, []byte(chatBody(pr, true))); err == nil && e.Reason != "affinity" {
+			overflowed++
+		}
+	}
+	if overflowed == 0 {
+		t.Fatalf("no prompt overflows: the test does not exercise load-dependent decisions")
+	}
+	// Asked back to back, a replica may still count the previous ask's
+	// slot, released on another replica less than a publish interval
+	// (50 ms) before: near saturation that can change an overflow pick.
+	raw, _ := agreement(ctx, t, via, prompts)
+	rawPrimary := primaryAgreement
+
+	// Once every replica's view of the load is the same, so is every
+	// decision.
+	settle := func() {
+		if _, err := pollUntil(10*time.Second, func() (bool, error) {
+			var views []string
+			for _, p := range ps {
+				o, r := pickerInFlight(t, p)
+				views = append(views, fmt.Sprint(addLoads(o, r)))
+			}
+			return len(slices.Compact(views)) == 1, nil
+		}); err != nil {
+			t.Fatalf("the replicas' views of the load never met: %v", err)
+		}
+	}
+	settled, _ := agreementSettled(ctx, t, via, prompts[:100], settle)
+	t.Logf("%v held through replica 0 (threshold 2 per backend), %d of %d prompts overflowing: asked back to back the replicas named the same endpoints for %.2f%% (the same primary for %.2f%%); with their load views settled before each ask, the same endpoints for %.2f%% of 100",
+		own, overflowed, len(prompts), 100*raw, 100*rawPrimary, 100*settled)
+	if settled < 0.999 {
+		t.Errorf("with the same view of the load, replicas agreed on %.2f%%, want >= 99.9%%", 100*settled)
 	}
 }
