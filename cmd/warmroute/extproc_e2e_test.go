@@ -582,7 +582,7 @@ func TestEPPReplicasAgreeUnderLoad(t *testing.T) {
 	var prompts []string
 	for i := range 300 {
 		prompts = append(prompts, fmt.Sprintf("held open %d", i%5)) // the held prompts' owners are full
-		prompts[i] += strings.Repeat(" ", i/5%2)                     // and other keys
+		prompts[i] += strings.Repeat(" ", i/5%2)                    // and other keys
 	}
 	overflowed := 0
 	for _, pr := range prompts {
