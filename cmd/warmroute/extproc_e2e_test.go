@@ -581,8 +581,13 @@ func TestEPPReplicasAgreeUnderLoad(t *testing.T) {
 	}
 	var prompts []string
 	for i := range 300 {
-		prompts = append(prompts, fmt.Sprintf("held open %d", i%5)) // the held prompts' owners are full
-		prompts[i] += strings.Repeat(" ", i/5%2)                    // and other keys
+		// Some prompts of the held ones (whose owners are full), most of
+		// others.
+		if i%10 == 0 {
+			prompts = append(prompts, fmt.Sprintf("held open %d", i/10%5))
+		} else {
+			prompts = append(prompts, fmt.Sprintf("another prompt %d", i))
+		}
 	}
 	overflowed := 0
 	for _, pr := range prompts {
