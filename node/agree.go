@@ -105,6 +105,9 @@ func (n *Node) startAgreement(raftBind, raftAdvertise string) error {
 		cc.BootstrapExpect, cc.Voters = 1, 1
 		t = min(t, 50*time.Millisecond) // nobody to wait for
 	}
+	if err := cl.k8sDiscovery(&cc.Discovery); err != nil {
+		return err
+	}
 	cc.HeartbeatTimeout, cc.ElectionTimeout = t, t
 	cc.LeaderLeaseTimeout = t / 2
 	cc.CommitTimeout = min(cc.CommitTimeout, max(t/20, time.Millisecond))

@@ -40,6 +40,8 @@ type Config struct {
 	Engine   Engine        `yaml:"engine"`
 	Admin    Admin         `yaml:"admin"`
 	TLS      TLS           `yaml:"tls"`
+	// ExtProc is the endpoint-picker listener (off by default).
+	ExtProc ExtProc `yaml:"ext_proc"`
 	// AccessLog, Tracing and Record are what the router reports of each
 	// request: a log line, OpenTelemetry spans, a replayable trace.
 	AccessLog AccessLog `yaml:"access_log"`
@@ -173,6 +175,15 @@ type ClusterConfig struct {
 	DiscoveryDNS      string        `yaml:"discovery_dns"`
 	DiscoveryPort     int           `yaml:"discovery_port"`
 	DiscoveryInterval time.Duration `yaml:"discovery_interval"`
+
+	// Kubernetes discovery (node/kube), polled every DiscoveryInterval
+	// like DNS, instead of it: the ready pods of an InferencePool
+	// (DiscoveryK8sPool), or of a label selector on DiscoveryK8sPorts.
+	DiscoveryK8sPool       string   `yaml:"discovery_k8s_pool"`
+	DiscoveryK8sSelector   string   `yaml:"discovery_k8s_selector"`
+	DiscoveryK8sPorts      PortList `yaml:"discovery_k8s_ports"`
+	DiscoveryK8sNamespace  string   `yaml:"discovery_k8s_namespace"`
+	DiscoveryK8sKubeconfig string   `yaml:"discovery_k8s_kubeconfig"`
 }
 
 // Admin configures the admin API's authentication.
@@ -394,6 +405,7 @@ func DefaultConfig() Config {
 		AccessLog:       AccessLog{Mode: "off", Format: "json", Output: "stdout"},
 		Tracing:         Tracing{SampleRatio: 1},
 		Record:          Record{MaxSize: 1 << 30, MaxRecords: maxRecordRecords},
+		ExtProc:         defaultExtProc(),
 		ShutdownTimeout: 30 * time.Second,
 	}
 }
@@ -519,8 +531,10 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("log format %q: want text or json", c.Log.Format))
 	}
 	errs = append(errs, c.validateCluster()...)
+	errs = append(errs, c.Cluster.validateK8s()...)
 	errs = append(errs, c.validateObserve()...)
 	errs = append(errs, c.TLS.validate()...)
+	errs = append(errs, c.ExtProc.validate(&c.TLS)...)
 	if err := c.checkAdminExposure(); err != nil {
 		errs = append(errs, err)
 	}

@@ -3,6 +3,11 @@
 // (traffic listener) and the admin listener (metrics, status, route
 // explainer) in a fixed order.
 //
+// With ext_proc.listen set it also serves the gateway's endpoint picker
+// (extproc.go, package proxy/extproc) beside the traffic listener, and
+// with cluster.discovery_k8s_* the Raft leader finds backends in
+// Kubernetes (k8s.go, package node/kube).
+//
 // Cluster concerns (gossip of load, Raft agreement on backends and routing
 // config) are wired here and nowhere else: ring and proxy stay free of them.
 package node

@@ -201,6 +201,8 @@ var configFuzzSeeds = []string{
 		"log:\n  level: debug\n  format: json\nengine:\n  metrics_path: /metrics\n  interval: 2s\n  timeout: 1s\nshutdown_timeout: 10s\n",
 	"cluster:\n  node_name: r1\n  gossip_listen: 127.0.0.1:7946\n  join: [127.0.0.1:7956, r2]\n  zone: z1\n  raft_listen: 127.0.0.1:7947\n" +
 		"  bootstrap_expect: 3\n  voters: 3\n  dead_node_timeout: 2m\n  raft_timeout: 1s\n  publish_interval: 50ms\n  discovery_dns: _vllm._tcp.example\n",
+	"ext_proc:\n  listen: 127.0.0.1:9002\n  health_listen: 127.0.0.1:9003\n  plaintext: true\n  max_streams: 8\n" +
+		"cluster:\n  discovery_k8s_pool: llama\n  discovery_k8s_namespace: llm\n",
 	"routing:\n  partition_count: 1\nbackends: [http://a:1, http://b:1]\n",
 	"RoutingConfig:\n  RoutingStrategy: NOPE\n",
 	"RoutingConfig: {PrefixAwareRoutingConfig: {PrefixLength: 100}}\n",

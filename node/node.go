@@ -63,6 +63,8 @@ type Node struct {
 	trafficLn net.Listener
 	adminLn   net.Listener
 	admin     *http.Server
+	// extProc is the endpoint-picker listener (extproc.go), nil when off.
+	extProc *extProcNode
 
 	// ringMu serialises ring rebuilds and guards baseRing: the ring built
 	// from the agreed backends and settings, before the balancer's moves.
@@ -170,6 +172,9 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 	n.reg.MustRegister(adminRefused)
 	n.adminLn = limit.NewListener(n.adminLn, maxAdminConns, maxAdminConnsPerIP, func(r string) { adminRefused.WithLabelValues(r).Inc() })
 	if err := n.setupTLS(); err != nil {
+		return nil, err
+	}
+	if err := n.startExtProc(); err != nil {
 		return nil, err
 	}
 	var raftBind, raftAdv string
@@ -310,6 +315,7 @@ func (n *Node) closeEarly() {
 	if n.gossip != nil {
 		n.gossip.Close()
 	}
+	n.extProc.close()
 	for _, ln := range []net.Listener{n.trafficLn, n.adminLn} {
 		if ln != nil {
 			ln.Close()
@@ -384,7 +390,7 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 	}()
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 4)
 	go func() { errc <- n.proxy.Serve(n.trafficLn) }()
 	go func() {
 		if err := n.admin.Serve(n.adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -397,7 +403,7 @@ func (n *Node) Run(ctx context.Context) error {
 		"strategy", n.cfg.Routing.Strategy.String(), "backends", len(n.cfg.Backends), "cluster", n.gossip != nil)
 
 	var runErr error
-	pending := 2 // Serve goroutines still running
+	pending := 2 + n.extProc.serve(errc, n.log) // Serve goroutines still running
 	select {
 	case <-ctx.Done():
 	case runErr = <-errc:
@@ -409,7 +415,14 @@ func (n *Node) Run(ctx context.Context) error {
 	n.log.Info("shutting down", "drain", n.cfg.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
 	defer cancel()
+	// The picker's streams hold in-flight slots of the proxy's backends:
+	// both drain together.
+	pickerDone := make(chan error, 1)
+	go func() { pickerDone <- n.extProc.shutdown(sctx) }()
 	if err := n.proxy.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		runErr = errors.Join(runErr, err)
+	}
+	if err := <-pickerDone; err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		runErr = errors.Join(runErr, err)
 	}
 	if err := n.admin.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {

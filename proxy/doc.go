@@ -30,6 +30,12 @@
 // to the poller only when a read waits. Elsewhere the connections are used
 // as they are.
 //
+// Pick (picker.go) is the same decision for a gateway that forwards
+// requests itself and asks only where each goes (proxy/extproc, the
+// endpoint picker): keyed, narrowed to the model's table and to a subset
+// hint, picked and held in flight as here, with the backends a retry would
+// try listed as fallbacks.
+//
 // The package knows nothing of gossip or Raft: the node feeds it ring
 // snapshots (SetRing) and remote figures (SetRemote) and reads its own
 // counters (AppendInFlight).

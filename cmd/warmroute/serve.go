@@ -109,7 +109,12 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config) (configPath *string) {
 	fs.DurationVar(&c.RaftTimeout, "raft-timeout", c.RaftTimeout, "Raft heartbeat and election timeout (failover takes about 1.5-2x this)")
 	fs.StringVar(&c.DiscoveryDNS, "discovery-dns", c.DiscoveryDNS, "DNS name polled for backends: A/AAAA (with --discovery-port) or SRV (a name starting with '_')")
 	fs.IntVar(&c.DiscoveryPort, "discovery-port", c.DiscoveryPort, "backend port for A/AAAA discovery")
-	fs.DurationVar(&c.DiscoveryInterval, "discovery-interval", c.DiscoveryInterval, "DNS discovery polling interval")
+	fs.DurationVar(&c.DiscoveryInterval, "discovery-interval", c.DiscoveryInterval, "DNS or Kubernetes discovery polling interval")
+	fs.StringVar(&c.DiscoveryK8sPool, "discovery-k8s-pool", c.DiscoveryK8sPool, "find backends in Kubernetes: the ready pods of this InferencePool (inference.networking.k8s.io/v1), each podIP:targetPort")
+	fs.StringVar(&c.DiscoveryK8sSelector, "discovery-k8s-selector", c.DiscoveryK8sSelector, "find backends in Kubernetes: the ready pods of this label selector (with --discovery-k8s-ports)")
+	fs.TextVar(&c.DiscoveryK8sPorts, "discovery-k8s-ports", c.DiscoveryK8sPorts, "the backends' ports for --discovery-k8s-selector, comma-separated (1-8)")
+	fs.StringVar(&c.DiscoveryK8sNamespace, "discovery-k8s-namespace", c.DiscoveryK8sNamespace, "namespace of the pool and its pods (default: this pod's)")
+	fs.StringVar(&c.DiscoveryK8sKubeconfig, "discovery-k8s-kubeconfig", c.DiscoveryK8sKubeconfig, "kubeconfig file for Kubernetes discovery (default: the pod's service account)")
 	fs.BoolVar(&cfg.Admin.Insecure, "admin-insecure", cfg.Admin.Insecure, "allow an admin listener reachable from other hosts without an admin token")
 	fs.BoolVar(&cfg.Admin.PublicMetrics, "admin-public-metrics", cfg.Admin.PublicMetrics, "serve /metrics to other hosts without the admin token (reads from loopback never need it)")
 	fs.StringVar(&cfg.TLS.CertFile, "tls-cert-file", cfg.TLS.CertFile, "serve clients over TLS with this certificate (PEM)")
@@ -118,6 +123,16 @@ func serveFlags(fs *flag.FlagSet, cfg *node.Config) (configPath *string) {
 	fs.StringVar(&cfg.TLS.ClusterKeyFile, "cluster-tls-key-file", cfg.TLS.ClusterKeyFile, "private key for --cluster-tls-cert-file (PEM)")
 	fs.StringVar(&cfg.TLS.ClusterCAFile, "cluster-tls-ca-file", cfg.TLS.ClusterCAFile, "CA that signs every router's cluster certificate (PEM)")
 	fs.StringVar(&cfg.Admin.TokenFile, "admin-token-file", cfg.Admin.TokenFile, "file holding the admin API bearer token (or WARMROUTE_ADMIN_TOKEN); without one, admin writes are accepted from loopback only")
+
+	x := &cfg.ExtProc
+	fs.StringVar(&x.Listen, "ext-proc-listen", x.Listen, "serve as a gateway's endpoint picker (Envoy ext_proc v3, Gateway API Inference Extension) on this address, e.g. :9002; empty: off")
+	fs.StringVar(&x.HealthListen, "ext-proc-health-listen", x.HealthListen, "serve the picker's gRPC health service alone, in plaintext, for Kubernetes probes, e.g. :9003")
+	fs.StringVar(&x.CertFile, "ext-proc-tls-cert-file", x.CertFile, "the picker listener's TLS certificate (PEM); default: --tls-cert-file's, else a self-signed one made at start")
+	fs.StringVar(&x.KeyFile, "ext-proc-tls-key-file", x.KeyFile, "private key for --ext-proc-tls-cert-file (PEM)")
+	fs.BoolVar(&x.Plaintext, "ext-proc-plaintext", x.Plaintext, "serve the picker without TLS (loopback addresses only)")
+	fs.IntVar(&x.MaxConns, "ext-proc-max-conns", x.MaxConns, "gateway connections to the picker")
+	fs.IntVar(&x.MaxStreams, "ext-proc-max-streams", x.MaxStreams, "requests the picker holds open at once; over it they are answered 429")
+	fs.IntVar(&x.Fallbacks, "ext-proc-fallbacks", x.Fallbacks, "fallback endpoints listed after the primary (0-16)")
 
 	e := &cfg.Engine
 	fs.StringVar(&e.MetricsPath, "engine-metrics-path", e.MetricsPath, "path of the engines' Prometheus metrics on each backend (empty: do not scrape)")

@@ -45,6 +45,16 @@ type DiscoveryConfig struct {
 	Timeout  time.Duration
 	// Resolver does the lookups; nil uses net.DefaultResolver.
 	Resolver Resolver
+	// Finder, when set, lists the backends instead of DNS (Kubernetes:
+	// the pods of an InferencePool); Name then only names the source in
+	// logs. What it finds is committed and retired like DNS answers.
+	Finder Finder
+}
+
+// Finder lists the backends a discovery source names now. A source that
+// does not exist yet yields none and no error; an error changes nothing.
+type Finder interface {
+	Find(ctx context.Context) ([]Backend, error)
 }
 
 // DefaultDiscoveryConfig returns discovery off, with a 10 s interval once a
@@ -57,6 +67,12 @@ func (d *DiscoveryConfig) srv() bool { return strings.HasPrefix(d.Name, "_") }
 
 func (d *DiscoveryConfig) validate() error {
 	if d.Name == "" {
+		return nil
+	}
+	if d.Finder != nil {
+		if d.Interval <= 0 || d.Timeout <= 0 {
+			return errors.New("interval and timeout must be positive")
+		}
 		return nil
 	}
 	switch {
@@ -81,6 +97,22 @@ func (d *DiscoveryConfig) lookup(ctx context.Context) ([]Backend, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.Timeout)
 	defer cancel()
+	if d.Finder != nil {
+		found, err := d.Finder.Find(ctx)
+		if err != nil {
+			return nil, err
+		}
+		// Found backends are kept and retired like DNS's (the Source
+		// an older router in the cluster also accepts).
+		out := make([]Backend, 0, len(found))
+		for _, b := range found {
+			b.Source = SourceDNS
+			out = append(out, b)
+		}
+		slices.SortFunc(out, func(a, b Backend) int { return strings.Compare(a.ID, b.ID) })
+		out = slices.CompactFunc(out, func(a, b Backend) bool { return a.ID == b.ID })
+		return out, nil
+	}
 	var hostports []string
 	if d.srv() {
 		_, recs, err := r.LookupSRV(ctx, "", "", d.Name)
@@ -123,7 +155,7 @@ func isNotFound(err error) bool {
 	return errors.As(err, &de) && de.IsNotFound
 }
 
-// discoveryLoop polls DNS while this node leads.
+// discoveryLoop polls DNS (or the Finder) while this node leads.
 func (c *Agreement) discoveryLoop(ctx context.Context) {
 	d := &c.cfg.Discovery
 	missing := map[string]int{} // DNS backend -> consecutive polls without it

@@ -30,7 +30,7 @@ const (
 const (
 	SourceConfig = "config" // the seed (the config file)
 	SourceAdmin  = "admin"  // the admin API
-	SourceDNS    = "dns"    // DNS discovery
+	SourceDNS    = "dns"    // DNS or Kubernetes discovery
 )
 
 // Who set a backend's state last. Health commits never override a state
