@@ -70,7 +70,11 @@ type Picked struct {
 	endpoints []string
 	backendID string
 	usage     usageScan
-	counted   bool
+	counted   bool // the answer's request was counted
+	released  bool
+	// pred is what the router expected of the primary's answer
+	// (predict.go).
+	pred prediction
 }
 
 // SessionHeader returns the header that names a request's session under
@@ -142,6 +146,7 @@ func (p *Proxy) Pick(req *PickRequest) (*Picked, error) {
 	if req.Keyless {
 		st.info = ring.KeyInfo{Key: uint64(st.now)}
 	} else {
+		st.keyed = true
 		if err := p.readKey(t, req.API, req.Body, req.Tenant, req.Session, st, true); err != nil {
 			p.m.countRequest(p.m.none, rt, ring.ReasonNone, fasthttp.StatusBadRequest)
 			return nil, err
@@ -171,7 +176,8 @@ func (p *Proxy) Pick(req *PickRequest) (*Picked, error) {
 	}
 	b := st.t.bs[d.Backend]
 	pk := &Picked{p: p, t: st.t, rt: rt, held: b, served: b, reason: d.Reason, backendID: b.id,
-		endpoints: make([]string, 0, 1+max(0, req.Fallbacks))}
+		endpoints: make([]string, 0, 1+max(0, req.Fallbacks)),
+		pred:      p.predict(st, b, d, len(req.Body))}
 	pk.endpoints = append(pk.endpoints, b.target.HostPort)
 	// The fallbacks are the picks the HTTP path would make on retries:
 	// each one with the backends before it marked tried. They hold no slot.
@@ -240,6 +246,9 @@ func (pk *Picked) Served(endpoint string) bool {
 	if to != nil {
 		to.inflight.Add(1)
 	}
+	// Another endpoint than the one predicted: no warm cache was
+	// expected there.
+	pk.pred.warm = false
 	pk.held.inflight.Add(-1)
 	pk.held, pk.served = to, to
 	return to != nil
@@ -273,10 +282,11 @@ func (pk *Picked) ResponseBody(p []byte) {
 // Release ends the request: its in-flight slot is given back and the
 // usage its answer reported is counted. Safe to call more than once.
 func (pk *Picked) Release() {
-	if pk.served != nil && pk.usage.mode != scanOff {
-		pk.served.m.countUsage(pk.usage.report())
+	if pk.served != nil && pk.counted && !pk.released {
+		pk.served.countUsage(pk.pred, pk.usage.report())
 		pk.usage = usageScan{}
 	}
+	pk.released = true
 	if pk.held != nil {
 		pk.held.inflight.Add(-1)
 		pk.held = nil

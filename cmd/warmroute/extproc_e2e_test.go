@@ -409,7 +409,7 @@ func pickAgreement(ctx context.Context, t *testing.T, via []*eppclient.Client, p
 	return agreementSettled(ctx, t, via, prompts, nil)
 }
 
-// agreementSettled is agreement, calling settle (when not nil) before each
+// agreementSettled is pickAgreement, calling settle (when not nil) before each
 // ask.
 func agreementSettled(ctx context.Context, t *testing.T, via []*eppclient.Client, prompts []string, settle func()) (float64, map[string]string) {
 	t.Helper()
