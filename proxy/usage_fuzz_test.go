@@ -62,19 +62,31 @@ func checkUsageBounds(t *testing.T, r usageReport) {
 	}
 }
 
-var plainCount = regexp.MustCompile(`^(0|[1-9][0-9]{0,8})$`)
+var (
+	plainCount  = regexp.MustCompile(`^(0|[1-9][0-9]{0,8})$`)
+	responseKey = regexp.MustCompile(`"response"\s*:`)
+)
 
-// refUsage reads the top-level usage of doc's first JSON value with
-// encoding/json, by the scan's rules. ok is false when encoding/json does
-// not accept the value or the scan knowingly differs: escapes (it does not
-// decode keys), a key of the usage path written twice (it keeps a bad
-// count it has seen), nesting past maxUsageDepth.
+// refUsage reads the top-level usage of doc's first JSON value (or that of
+// its top-level "response" object) with encoding/json, by the scan's
+// rules, under the Chat Completions' names or the Responses API's. ok is
+// false when encoding/json does not accept the value or the scan knowingly
+// differs: escapes (it does not decode keys), a key of the usage path
+// written twice, under either name (it keeps a bad count it has seen),
+// nesting past maxUsageDepth.
 func refUsage(doc []byte) (r usageReport, ok bool) {
 	if bytes.IndexByte(doc, '\\') >= 0 || bytes.Count(doc, []byte("{"))+bytes.Count(doc, []byte("[")) >= maxUsageDepth {
 		return r, false
 	}
-	for _, k := range []string{`"usage"`, `"prompt_tokens"`, `"prompt_tokens_details"`, `"cached_tokens"`} {
-		if bytes.Count(doc, []byte(k)) > 1 {
+	if len(responseKey.FindAll(doc, 2)) > 1 {
+		return r, false
+	}
+	for _, ks := range [][]string{{`"usage"`}, {`"prompt_tokens"`, `"input_tokens"`}, {`"prompt_tokens_details"`, `"input_tokens_details"`}, {`"cached_tokens"`}} {
+		n := 0
+		for _, k := range ks {
+			n += bytes.Count(doc, []byte(k))
+		}
+		if n > 1 {
 			return r, false
 		}
 	}
@@ -91,6 +103,13 @@ func refUsage(doc []byte) (r usageReport, ok bool) {
 		return r, false
 	}
 	u, found := top["usage"]
+	if resp := top["response"]; (!found || !isObject(u)) && isObject(resp) {
+		var inner map[string]json.RawMessage
+		if err := json.Unmarshal(resp, &inner); err != nil {
+			return r, false
+		}
+		u, found = inner["usage"]
+	}
 	if !found || !isObject(u) {
 		return r, true
 	}
@@ -109,6 +128,9 @@ func refUsage(doc []byte) (r usageReport, ok bool) {
 	}
 	pm, found := usage["prompt_tokens"]
 	if !found {
+		pm, found = usage["input_tokens"]
+	}
+	if !found {
 		return invalid, true
 	}
 	prompt, good := count(pm)
@@ -116,6 +138,9 @@ func refUsage(doc []byte) (r usageReport, ok bool) {
 		return invalid, true
 	}
 	d, found := usage["prompt_tokens_details"]
+	if !found {
+		d, found = usage["input_tokens_details"]
+	}
 	if !found || !isObject(d) {
 		return usageReport{result: usageNoDetails, prompt: prompt}, true
 	}
