@@ -200,8 +200,11 @@ func (p *Process) Alive() error {
 // Stop resumes the process group should it be paused, sends it SIGTERM,
 // and after grace SIGKILL (to whatever is left of the group, grandchildren
 // included, even when the process itself has exited), then waits for the
-// process. It returns the exit error, or one wrapping ErrStopTimeout when
-// SIGKILL was needed. Later calls return the same.
+// process. A process still running after grace is first sent SIGQUIT and
+// given quitGrace, so that a Go program's goroutine stacks, which say
+// where it hung, end up in its output. It returns the exit error, or one
+// wrapping ErrStopTimeout when SIGKILL was needed. Later calls return the
+// same.
 func (p *Process) Stop(grace time.Duration) error {
 	p.stopOnce.Do(func() {
 		p.stopped.Store(true)
@@ -214,6 +217,13 @@ func (p *Process) Stop(grace time.Duration) error {
 			case <-p.done:
 			case <-t.C:
 				timedOut = true
+				quit(p.cmd)
+				q := time.NewTimer(quitGrace)
+				select {
+				case <-p.done:
+				case <-q.C:
+				}
+				q.Stop()
 			}
 			t.Stop()
 		}
@@ -226,6 +236,10 @@ func (p *Process) Stop(grace time.Duration) error {
 	})
 	return p.stopErr
 }
+
+// quitGrace is how long a process that did not stop may take to print
+// its stacks after SIGQUIT.
+const quitGrace = 2 * time.Second
 
 // Kill sends SIGKILL to the process group (a crash: no goodbye) and waits
 // for the process.

@@ -13,5 +13,6 @@ func prepare(*exec.Cmd, int) {}
 
 func terminate(cmd *exec.Cmd) { _ = cmd.Process.Kill() }
 func kill(cmd *exec.Cmd)      { _ = cmd.Process.Kill() }
+func quit(*exec.Cmd)          {}
 func pause(*exec.Cmd) error   { return errors.ErrUnsupported }
 func resume(*exec.Cmd) error  { return nil }

@@ -14,6 +14,10 @@ func signalGroup(cmd *exec.Cmd, sig syscall.Signal) error {
 
 func terminate(cmd *exec.Cmd) { _ = signalGroup(cmd, syscall.SIGTERM) }
 func kill(cmd *exec.Cmd)      { _ = signalGroup(cmd, syscall.SIGKILL) }
+
+// quit sends SIGQUIT to the child alone: a Go program prints the stacks
+// of all its goroutines and exits.
+func quit(cmd *exec.Cmd) { _ = cmd.Process.Signal(syscall.SIGQUIT) }
 func pause(cmd *exec.Cmd) error {
 	return signalGroup(cmd, syscall.SIGSTOP)
 }
