@@ -92,7 +92,7 @@ func checkLoRAName(name string) string {
 		return "is empty"
 	case len(name) > MaxLoRANameBytes:
 		return fmt.Sprintf("is %d bytes, more than %d", len(name), MaxLoRANameBytes)
-	case !printableASCII(name):
+	case strings.ContainsFunc(name, func(r rune) bool { return r < 0x20 || r > 0x7e }):
 		return "is not printable ASCII"
 	}
 	return ""
@@ -109,15 +109,6 @@ func checkLoRAPath(path string) string {
 		return "has a control character"
 	}
 	return ""
-}
-
-func printableASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] > 0x7e {
-			return false
-		}
-	}
-	return true
 }
 
 // validateLoRA checks the LoRA fields of c.
