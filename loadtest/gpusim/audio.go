@@ -93,7 +93,7 @@ func (in *Instance) serveAudio(w http.ResponseWriter, r *http.Request) (any, *ap
 		return nil, &apiError{status: http.StatusBadRequest, typ: "BadRequestError", param: "stream",
 			message: "gpusim does not stream transcriptions."}
 	}
-	if aerr := in.checkModel(model); aerr != nil {
+	if _, aerr := in.checkModel(model); aerr != nil {
 		return nil, aerr
 	}
 	n := int(min(1+size/audioBytesPerWord, int64(in.cfg.DefaultMaxTokens)))

@@ -21,7 +21,7 @@ func BenchmarkParseAndShapeChat(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		s := shapePrompt(p.text, p.unit, 16, "")
+		s := shapePrompt(p.text, p.unit, 16, "", "")
 		if s.tokens < 2000 {
 			b.Fatal(s.tokens)
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -77,6 +78,37 @@ type Config struct {
 
 	// MaxRequestBytes bounds a request body.
 	MaxRequestBytes int64
+
+	// LoRA adapters, as vLLM serves them (lora.go; docs/gpusim.md, "LoRA
+	// adapters").
+	//
+	// EnableLoRA lets the instance serve adapters (vLLM's --enable-lora).
+	// Without it LoRAModules must be empty and a runtime load fails, and
+	// /metrics has no vllm:lora_requests_info.
+	EnableLoRA bool
+	// LoRAModules are the adapters served from the start (vLLM's
+	// --lora-modules).
+	LoRAModules []LoRAModule
+	// MaxLoRAs is the number of GPU slots for adapters, so the most
+	// distinct adapters in the running batch (vLLM's --max-loras, 1 by
+	// default): a waiting request for another adapter is passed over
+	// until one of the batch's adapters has no request left.
+	MaxLoRAs int
+	// MaxCPULoRAs is the most adapters kept in host memory (vLLM's
+	// --max-cpu-loras); 0 means MaxLoRAs, vLLM's default. An adapter
+	// pushed out is read from disk again when a request needs it.
+	MaxCPULoRAs int
+	// AllowRuntimeLoRAUpdating serves POST /v1/load_lora_adapter and
+	// /v1/unload_lora_adapter, as vLLM does only when
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING is set; without it they are
+	// unknown paths.
+	AllowRuntimeLoRAUpdating bool
+	// LoRALoadTime is the time to read an adapter from disk into host
+	// memory; LoRASwapTime the time to copy one from host memory into a
+	// GPU slot. A request whose adapter holds no GPU slot waits for them
+	// before its prefill starts.
+	LoRALoadTime time.Duration
+	LoRASwapTime time.Duration
 }
 
 // Faults injects failures for chaos tests.
@@ -110,6 +142,9 @@ func DefaultConfig() Config {
 		TimeScale:           1,
 		Faults:              Faults{StallFor: 10 * time.Second},
 		MaxRequestBytes:     32 << 20,
+		MaxLoRAs:            1,
+		LoRALoadTime:        400 * time.Millisecond,
+		LoRASwapTime:        2 * time.Millisecond,
 	}
 }
 
@@ -164,7 +199,7 @@ func (c Config) Validate() error {
 	if err := c.Faults.Validate(); err != nil {
 		return err
 	}
-	return nil
+	return c.validateLoRA()
 }
 
 // Validate checks the fractions are in [0, 1] and the stall is not negative.
@@ -200,6 +235,39 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.Faults.StallFraction, "stall-fraction", c.Faults.StallFraction, "fraction of requests that hang before being served")
 	fs.DurationVar(&c.Faults.StallFor, "stall-for", c.Faults.StallFor, "how long a stalled request hangs (not scaled)")
 	fs.Int64Var(&c.MaxRequestBytes, "max-request-bytes", c.MaxRequestBytes, "largest accepted request body")
+	fs.BoolVar(&c.EnableLoRA, "enable-lora", c.EnableLoRA, "serve LoRA adapters")
+	fs.Var(loraModulesFlag{&c.LoRAModules}, "lora-modules", "LoRA adapters served from the start: name=path or JSON {\"name\":...,\"path\":...,\"base_model_name\":...}; repeat the flag or list several after it (needs --enable-lora)")
+	fs.IntVar(&c.MaxLoRAs, "max-loras", c.MaxLoRAs, "GPU slots for adapters: most distinct adapters in the running batch")
+	fs.IntVar(&c.MaxCPULoRAs, "max-cpu-loras", c.MaxCPULoRAs, "adapters kept in host memory (0: --max-loras)")
+	fs.BoolVar(&c.AllowRuntimeLoRAUpdating, "allow-runtime-lora-updating", c.AllowRuntimeLoRAUpdating, "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
+	fs.DurationVar(&c.LoRALoadTime, "lora-load-time", c.LoRALoadTime, "time to read an adapter from disk into host memory")
+	fs.DurationVar(&c.LoRASwapTime, "lora-swap-time", c.LoRASwapTime, "time to copy an adapter from host memory into a GPU slot")
+}
+
+// loraModulesFlag appends one --lora-modules entry per use of the flag.
+type loraModulesFlag struct{ mods *[]LoRAModule }
+
+func (f loraModulesFlag) String() string {
+	if f.mods == nil {
+		return ""
+	}
+	var parts []string
+	for _, m := range *f.mods {
+		parts = append(parts, m.Name+"="+m.Path)
+	}
+	return strings.Join(parts, " ")
+}
+
+func (f loraModulesFlag) Set(s string) error {
+	if len(*f.mods) >= MaxLoRAAdapters {
+		return fmt.Errorf("at most %d LoRA modules", MaxLoRAAdapters)
+	}
+	m, err := ParseLoRAModule(s)
+	if err != nil {
+		return err
+	}
+	*f.mods = append(*f.mods, m)
+	return nil
 }
 
 // scaled converts a modelled duration to wall time.

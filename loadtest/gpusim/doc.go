@@ -25,6 +25,20 @@
 // whose KV blocks do not fit (KVAdmissionCheck). TimeScale multiplies every
 // modelled duration. docs/gpusim.md gives the defaults and their sources.
 //
+// # LoRA adapters
+//
+// With EnableLoRA an instance serves LoRA adapters as vLLM does (lora.go):
+// those of LoRAModules from the start (FleetConfig.InstanceLoRAModules for
+// one instance only), others loaded at run time when
+// AllowRuntimeLoRAUpdating is set. Each is a model of its own in
+// /v1/models (with its parent and root) and in requests; its prompt blocks
+// are hashed under its name, so it shares no cache with the base model or
+// another adapter. MaxLoRAs GPU slots and MaxCPULoRAs adapters in host
+// memory are LRU caches; a request whose adapter holds no slot waits
+// LoRASwapTime (and LoRALoadTime when it was not in host memory) before its
+// prefill, and one whose adapter would be one too many in the running
+// batch is passed over for the requests behind it.
+//
 // # HTTP API
 //
 // POST /v1/chat/completions, /v1/completions (streaming or not, with
@@ -34,7 +48,8 @@
 // /v1/audio/transcriptions (deterministic answers, without the engine),
 // GET /v1/models, POST /invocations and
 // GET /ping (SageMaker), GET /health, GET /metrics (vLLM V1 metric names),
-// GET /admin/stats, GET|POST /admin/faults, POST /reset_prefix_cache.
+// GET /admin/stats, GET|POST /admin/faults, POST /reset_prefix_cache, and
+// POST /v1/load_lora_adapter and /v1/unload_lora_adapter when allowed.
 // Every response carries X-Gpusim-Instance: <name>. Errors are vLLM's
 // {"error":{"message","type","param","code"}}.
 //

@@ -11,6 +11,7 @@ type seqState uint8
 const (
 	stateNew seqState = iota
 	stateWaiting
+	stateLoading // admitted; its adapter is being read or swapped in
 	statePrefill
 	stateDecode
 	stateDone
@@ -23,6 +24,7 @@ type seq struct {
 	maxTokens int
 	limited   bool      // finish_reason "length" rather than "stop"
 	arrival   time.Time // when the server accepted the request
+	adapter   string    // the LoRA adapter it runs with; "" for the base model
 	// tokens receives one value per generated token; its capacity is
 	// maxTokens, so the engine never blocks on a slow client.
 	tokens chan struct{}
@@ -40,10 +42,11 @@ type seq struct {
 	anon      int
 	generated int
 	lastToken time.Time
+	ready     time.Time // loading: when its adapter is ready and prefill starts
 }
 
-func newSeq(shape promptShape, maxTokens int, limited bool, arrival time.Time) *seq {
-	return &seq{shape: shape, maxTokens: maxTokens, limited: limited, arrival: arrival,
+func newSeq(shape promptShape, maxTokens int, limited bool, arrival time.Time, adapter string) *seq {
+	return &seq{shape: shape, maxTokens: maxTokens, limited: limited, arrival: arrival, adapter: adapter,
 		tokens: make(chan struct{}, maxTokens)}
 }
 
@@ -58,6 +61,8 @@ func newSeq(shape promptShape, maxTokens int, limited bool, arrival time.Time) *
 // Computed prompt blocks enter the cache as prefill progresses, as vLLM
 // caches each chunk's full blocks. Decode runs in steps: every step gives
 // each decoding request one token and lasts ITLBase + ITLPerSeq x running.
+// A request for a LoRA adapter that holds no GPU slot is admitted into
+// loading, and starts its prefill once the adapter is swapped in (lora.go).
 type engine struct {
 	cfg *Config
 	c   *counters
@@ -70,7 +75,9 @@ type engine struct {
 	done     chan struct{}
 
 	kv          *kvPool
+	lora        *loraResidency
 	waiting     []*seq
+	loading     []*seq
 	prefilling  []*seq
 	decoding    []*seq
 	lastAdvance time.Time
@@ -91,6 +98,7 @@ func newEngine(cfg *Config, c *counters, m *metrics) *engine {
 		stop:        make(chan struct{}),
 		done:        make(chan struct{}),
 		kv:          newKVPool(cfg.KVCacheBlocks),
+		lora:        newLoRAResidency(cfg, c),
 		prefillRate: cfg.PrefillTokensPerSec / cfg.TimeScale,
 	}
 }
@@ -146,6 +154,9 @@ func (e *engine) run() {
 			e.advance(now)
 			s.state = stateWaiting
 			e.waiting = append(e.waiting, s)
+			if s.adapter != "" {
+				e.lora.add(e.lora.waiting, s.adapter)
+			}
 		case s := <-e.abortCh:
 			now = time.Now()
 			e.advance(now)
@@ -158,6 +169,7 @@ func (e *engine) run() {
 			now = time.Now()
 			e.advance(now)
 		}
+		e.startLoaded(now)
 		e.finishPrefills(now)
 		if !e.nextStep.IsZero() && !now.Before(e.nextStep) {
 			e.step(now)
@@ -208,7 +220,7 @@ func (e *engine) cacheComputed(s *seq, computed int) {
 	}
 }
 
-func (e *engine) running() int { return len(e.prefilling) + len(e.decoding) }
+func (e *engine) running() int { return len(e.loading) + len(e.prefilling) + len(e.decoding) }
 
 // itl is the wall-clock length of a decode step at the current load.
 func (e *engine) itl() time.Duration {
@@ -217,30 +229,43 @@ func (e *engine) itl() time.Duration {
 
 // admit moves waiting requests (FIFO) into prefill while a sequence slot
 // is free, the prefill token budget has room and, with the admission check,
-// their KV blocks fit.
+// their KV blocks fit. A request whose LoRA adapter would make one adapter
+// too many in the running batch is passed over for those behind it, as
+// vLLM's scheduler skips it; one whose adapter holds no ready GPU slot is
+// admitted into loading.
 func (e *engine) admit(now time.Time) {
 	b := e.cfg.BlockSize
-	pending := 0.0 // prefill tokens left in the prefills in progress
+	pending := 0.0 // prefill tokens left in the prefills in progress or about to start
 	for _, s := range e.prefilling {
 		pending += max(0, s.remaining)
 	}
-	n := 0
-	for _, s := range e.waiting {
+	for _, s := range e.loading {
+		pending += s.remaining
+	}
+	inProgress := len(e.prefilling) + len(e.loading)
+	i, kept := 0, 0 // e.waiting[:kept] holds the requests passed over
+	for ; i < len(e.waiting); i++ {
+		s := e.waiting[i]
 		if e.running() >= e.cfg.MaxNumSeqs {
 			break
+		}
+		if s.adapter != "" && !e.lora.fits(s.adapter) {
+			e.waiting[kept] = s
+			kept++
+			continue
 		}
 		p := s.shape.tokens
 		// At least the last prompt token is always computed.
 		hits := e.kv.longestPrefix(s.shape.hashes, (p-1)/b)
 		work := p - hits*b
-		if len(e.prefilling) > 0 && pending+float64(work) > float64(e.cfg.MaxNumBatchedTokens) {
+		if inProgress > 0 && pending+float64(work) > float64(e.cfg.MaxNumBatchedTokens) {
 			break
 		}
 		need := (p+s.maxTokens+b-1)/b - hits
 		if e.cfg.KVAdmissionCheck && !e.kv.canAllocate(need, s.shape.hashes[:hits]) {
 			break
 		}
-		n++
+		inProgress++
 		pending += float64(work)
 		s.blocks = e.kv.acquire(s.blocks, s.shape.hashes[:hits])
 		s.anon = e.kv.allocate(need)
@@ -249,15 +274,42 @@ func (e *engine) admit(now time.Time) {
 		s.work = work
 		s.remaining = float64(work)
 		s.state = statePrefill
-		e.prefilling = append(e.prefilling, s)
+		if s.adapter != "" {
+			e.lora.done(e.lora.waiting, s.adapter)
+			if s.ready = e.lora.acquire(s.adapter, now); s.ready.After(now) {
+				s.state = stateLoading
+			}
+		}
+		if s.state == stateLoading {
+			e.loading = append(e.loading, s)
+		} else {
+			e.prefilling = append(e.prefilling, s)
+		}
 		e.c.cacheQueries.Add(uint64(p))
 		e.c.cacheHits.Add(uint64(hits * b))
 		e.m.queue.Observe(now.Sub(s.arrival).Seconds())
 	}
-	if n > 0 {
-		clear(e.waiting[:n])
-		e.waiting = e.waiting[n:]
+	if admitted := i - kept; admitted > 0 {
+		n := copy(e.waiting[kept:], e.waiting[i:])
+		clear(e.waiting[kept+n:])
+		e.waiting = e.waiting[:kept+n]
 	}
+}
+
+// startLoaded moves the loading requests whose adapter is ready into
+// prefill.
+func (e *engine) startLoaded(now time.Time) {
+	keep := e.loading[:0]
+	for _, s := range e.loading {
+		if s.ready.After(now) {
+			keep = append(keep, s)
+			continue
+		}
+		s.state = statePrefill
+		e.prefilling = append(e.prefilling, s)
+	}
+	clear(e.loading[len(keep):])
+	e.loading = keep
 }
 
 // finishPrefills emits the first token of every request whose prefill is
@@ -331,6 +383,9 @@ func (e *engine) finish(s *seq, now time.Time) {
 	s.state = stateDone
 	e.kv.release(s.blocks, s.anon)
 	s.blocks, s.anon = nil, 0
+	if s.adapter != "" {
+		e.lora.done(e.lora.inUse, s.adapter)
+	}
 	if s.limited {
 		e.c.successLength.Add(1)
 	} else {
@@ -345,6 +400,8 @@ func (e *engine) remove(s *seq) {
 	switch s.state {
 	case stateWaiting:
 		list = &e.waiting
+	case stateLoading:
+		list = &e.loading
 	case statePrefill:
 		list = &e.prefilling
 	case stateDecode:
@@ -355,24 +412,38 @@ func (e *engine) remove(s *seq) {
 	if i := slices.Index(*list, s); i >= 0 {
 		*list = slices.Delete(*list, i, i+1)
 	}
+	if s.adapter != "" {
+		if s.state == stateWaiting {
+			e.lora.done(e.lora.waiting, s.adapter)
+		} else {
+			e.lora.done(e.lora.inUse, s.adapter)
+		}
+	}
 	e.kv.release(s.blocks, s.anon)
 	s.blocks, s.anon = nil, 0
 	s.state = stateDone
 	e.c.aborted.Add(1)
 }
 
-// nextEvent is the time of the next prefill completion or decode step.
+// nextEvent is the time of the next adapter ready, prefill completion or
+// decode step.
 func (e *engine) nextEvent(now time.Time) (time.Time, bool) {
 	var at time.Time
 	ok := false
+	for _, s := range e.loading {
+		if !ok || s.ready.Before(at) {
+			at, ok = s.ready, true
+		}
+	}
 	if n := len(e.prefilling); n > 0 {
 		least := math.Inf(1)
 		for _, s := range e.prefilling {
 			least = min(least, s.remaining)
 		}
 		secs := max(0, least) * float64(n) / e.prefillRate
-		at = now.Add(time.Duration(math.Ceil(secs * 1e9)))
-		ok = true
+		if done := now.Add(time.Duration(math.Ceil(secs * 1e9))); !ok || done.Before(at) {
+			at, ok = done, true
+		}
 	}
 	if !e.nextStep.IsZero() && (!ok || e.nextStep.Before(at)) {
 		at, ok = e.nextStep, true
@@ -388,4 +459,11 @@ func (e *engine) publish() {
 	e.c.kvUsedBlocks.Store(int64(e.kv.used()))
 	e.c.kvCachedBlocks.Store(int64(len(e.kv.cached)))
 	e.c.kvEvictions.Store(e.kv.evictions)
+	if e.cfg.EnableLoRA {
+		if l := e.lora; l.changed || e.c.lora.Load() == nil {
+			l.changed = false
+			e.c.lora.Store(&loraInfo{running: names(l.inUse), waiting: names(l.waiting)})
+		}
+		e.c.loraAt.Store(math.Float64bits(float64(time.Now().UnixNano()) / 1e9))
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -25,6 +26,9 @@ type FleetConfig struct {
 	NamePrefix string
 	// Instance is the model every instance runs; its Name is replaced.
 	Instance Config
+	// InstanceLoRAModules are adapters served from the start by one
+	// instance only (by index), after Instance.LoRAModules.
+	InstanceLoRAModules map[int][]LoRAModule
 }
 
 // Fleet is a set of running instances, each with its own HTTP server.
@@ -55,11 +59,19 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	if prefix == "" {
 		prefix = "gpu-"
 	}
+	for i := range cfg.InstanceLoRAModules {
+		if i < 0 || i >= cfg.N {
+			return nil, fmt.Errorf("%w: LoRA modules for instance %d of %d", ErrInvalidConfig, i, cfg.N)
+		}
+	}
 	f := &Fleet{stop: make(chan struct{})}
 	var lc net.ListenConfig
 	for i := 0; i < cfg.N; i++ {
 		ic := cfg.Instance
 		ic.Name = prefix + strconv.Itoa(i)
+		if own := cfg.InstanceLoRAModules[i]; len(own) > 0 {
+			ic.LoRAModules = append(slices.Clone(ic.LoRAModules), own...)
+		}
 		port := 0
 		if cfg.FirstPort != 0 {
 			port = cfg.FirstPort + i

@@ -39,7 +39,7 @@ func FuzzParseRequest(f *testing.F) {
 		if e == endpointChat && !p.chat || e == endpointCompletion && p.chat {
 			t.Fatalf("endpoint %d parsed as chat=%v", e, p.chat)
 		}
-		s := shapePrompt(p.text, p.unit, 16, p.salt)
+		s := shapePrompt(p.text, p.unit, 16, p.salt, "")
 		if s.tokens < 1 || len(s.hashes) != s.tokens/16 {
 			t.Fatalf("shape %d tokens %d blocks", s.tokens, len(s.hashes))
 		}

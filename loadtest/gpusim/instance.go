@@ -29,6 +29,7 @@ type Instance struct {
 	metricsHandler http.Handler
 
 	modelJSON []byte // cfg.Model as a JSON string
+	loras     *loraRegistry
 	created   int64
 	bufs      sync.Pool // *[]byte prompt render buffers
 
@@ -43,7 +44,8 @@ func New(cfg Config) (*Instance, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	in := &Instance{cfg: cfg, fill: newFiller(), created: time.Now().Unix(), closing: make(chan struct{})}
+	in := &Instance{cfg: cfg, fill: newFiller(), created: time.Now().Unix(), closing: make(chan struct{}),
+		loras: newLoRARegistry()}
 	in.m = newMetrics(&in.cfg, &in.c)
 	in.metricsHandler = promhttp.HandlerFor(in.m.reg, promhttp.HandlerOpts{})
 	in.modelJSON, _ = json.Marshal(cfg.Model)
@@ -51,6 +53,13 @@ func New(cfg Config) (*Instance, error) {
 	in.faults.Store(&f)
 	in.bufs.New = func() any { b := make([]byte, 0, 16<<10); return &b }
 	in.eng = newEngine(&in.cfg, &in.c, in.m)
+	// The adapters of --lora-modules are loaded at start, into host memory
+	// as far as it holds them (the last ones stay), as vLLM loads them.
+	for _, m := range cfg.LoRAModules {
+		in.loras.add(newLoRAAdapter(m.Name, m.Path))
+		in.c.loraLoads.Add(1)
+		in.eng.lora.cache(m.Name)
+	}
 	in.eng.publish()
 	go in.eng.run()
 	return in, nil
@@ -118,12 +127,16 @@ type Stats struct {
 	PrefixCacheQueries uint64 `json:"prefix_cache_queries"`
 	CachedTokens       uint64 `json:"cached_tokens"`
 	// KV cache state.
-	KVCacheUsage   float64    `json:"kv_cache_usage"`
-	KVBlocksTotal  int        `json:"kv_blocks_total"`
-	KVBlocksUsed   int        `json:"kv_blocks_used"`
-	KVBlocksCached int        `json:"kv_blocks_cached"`
-	KVEvictions    uint64     `json:"kv_evictions"`
-	Faults         faultsJSON `json:"faults"`
+	KVCacheUsage   float64 `json:"kv_cache_usage"`
+	KVBlocksTotal  int     `json:"kv_blocks_total"`
+	KVBlocksUsed   int     `json:"kv_blocks_used"`
+	KVBlocksCached int     `json:"kv_blocks_cached"`
+	KVEvictions    uint64  `json:"kv_evictions"`
+	// LoRA: adapters read from disk into host memory, and copied into a
+	// GPU slot.
+	LoRALoads uint64     `json:"lora_loads"`
+	LoRASwaps uint64     `json:"lora_swaps"`
+	Faults    faultsJSON `json:"faults"`
 }
 
 // Stats returns the current counters and state.
@@ -141,6 +154,8 @@ func (in *Instance) Stats() Stats {
 		KVBlocksUsed:   int(c.kvUsedBlocks.Load()),
 		KVBlocksCached: int(c.kvCachedBlocks.Load()),
 		KVEvictions:    c.kvEvictions.Load(),
+		LoRALoads:      c.loraLoads.Load(),
+		LoRASwaps:      c.loraSwaps.Load(),
 		Faults:         toFaultsJSON(in.Faults()),
 	}
 }
@@ -225,6 +240,18 @@ func (in *Instance) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if allow(w, r, http.MethodGet, http.MethodPost) {
 			in.serveFaults(w, r)
 		}
+	case "/v1/load_lora_adapter":
+		if !in.cfg.AllowRuntimeLoRAUpdating {
+			notFound(w)
+		} else if allow(w, r, http.MethodPost) {
+			in.serveLoadLoRA(w, r)
+		}
+	case "/v1/unload_lora_adapter":
+		if !in.cfg.AllowRuntimeLoRAUpdating {
+			notFound(w)
+		} else if allow(w, r, http.MethodPost) {
+			in.serveUnloadLoRA(w, r)
+		}
 	case "/reset_prefix_cache", "/admin/reset_prefix_cache":
 		if allow(w, r, http.MethodPost) {
 			n, err := in.ResetPrefixCache()
@@ -235,8 +262,13 @@ func (in *Instance) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, map[string]int{"evicted_blocks": n})
 		}
 	default:
-		writeError(w, &apiError{status: http.StatusNotFound, typ: "Not Found", message: "Not Found"})
+		notFound(w)
 	}
+}
+
+// notFound answers a path the instance does not serve.
+func notFound(w http.ResponseWriter) {
+	writeError(w, &apiError{status: http.StatusNotFound, typ: "Not Found", message: "Not Found"})
 }
 
 // allow answers 405 unless r's method is one of methods (HEAD counts as
@@ -269,6 +301,9 @@ func (in *Instance) isClosed() bool {
 	}
 }
 
+// serveModels lists the base model, then the adapters in the order they
+// were loaded, each with its path as root and the base model as parent
+// (and no max_model_len), as vLLM's model cards do.
 func (in *Instance) serveModels(w http.ResponseWriter) {
 	type model struct {
 		ID          string  `json:"id"`
@@ -277,13 +312,17 @@ func (in *Instance) serveModels(w http.ResponseWriter) {
 		OwnedBy     string  `json:"owned_by"`
 		Root        string  `json:"root"`
 		Parent      *string `json:"parent"`
-		MaxModelLen int     `json:"max_model_len"`
+		MaxModelLen *int    `json:"max_model_len"`
+	}
+	maxLen, base := in.cfg.MaxModelLen, in.cfg.Model
+	data := []model{{ID: base, Object: "model", Created: in.created, OwnedBy: "vllm", Root: base, MaxModelLen: &maxLen}}
+	for _, a := range in.loras.list() {
+		data = append(data, model{ID: a.name, Object: "model", Created: in.created, OwnedBy: "vllm", Root: a.path, Parent: &base})
 	}
 	writeJSON(w, http.StatusOK, struct {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
-	}{"list", []model{{ID: in.cfg.Model, Object: "model", Created: in.created, OwnedBy: "vllm",
-		Root: in.cfg.Model, MaxModelLen: in.cfg.MaxModelLen}}})
+	}{"list", data})
 }
 
 func (in *Instance) serveFaults(w http.ResponseWriter, r *http.Request) {
@@ -340,7 +379,10 @@ func (in *Instance) serveGenerate(w http.ResponseWriter, r *http.Request, ep end
 	p, aerr := parseRequest(body, ep, in.cfg.BytesPerToken, *bufp)
 	var shape promptShape
 	if aerr == nil {
-		shape = shapePrompt(p.text, p.unit, in.cfg.BlockSize, p.salt)
+		p.adapter, p.modelJSON, aerr = in.modelFor(p.model)
+	}
+	if aerr == nil {
+		shape = shapePrompt(p.text, p.unit, in.cfg.BlockSize, p.salt, p.adapter)
 	}
 	if cap(p.text) <= 1<<20 {
 		*bufp = p.text[:0]
@@ -359,7 +401,7 @@ func (in *Instance) serveGenerate(w http.ResponseWriter, r *http.Request, ep end
 	if !in.admit(ctx, w) {
 		return
 	}
-	s := newSeq(shape, p.maxTokens, p.limited, arrival)
+	s := newSeq(shape, p.maxTokens, p.limited, arrival, p.adapter)
 	if !in.eng.submit(s) {
 		writeError(w, unavailable())
 		return
@@ -397,14 +439,10 @@ func (in *Instance) admit(ctx context.Context, w http.ResponseWriter) bool {
 	return true
 }
 
-// check applies the validations that need the configuration: the model
-// name, the context length and the KV capacity. It fills in the default
-// output length.
+// check applies the validations that need the configuration (the model
+// name was resolved before): the context length and the KV capacity. It
+// fills in the default output length.
 func (in *Instance) check(p *parsedRequest, shape promptShape) *apiError {
-	if p.model != "" && p.model != in.cfg.Model {
-		return &apiError{status: http.StatusNotFound, typ: "NotFoundError", param: "model",
-			message: fmt.Sprintf("The model `%s` does not exist.", p.model)}
-	}
 	n, maxLen := shape.tokens, in.cfg.MaxModelLen
 	if n >= maxLen {
 		return &apiError{status: http.StatusBadRequest, typ: "BadRequestError", param: "input_tokens",

@@ -78,14 +78,14 @@ func TestShapePromptChainsBlockHashes(t *testing.T) {
 	for i := range text {
 		text[i] = byte('a' + i%26)
 	}
-	s := shapePrompt(text, 4, 16, "")
+	s := shapePrompt(text, 4, 16, "", "")
 	if s.tokens != 50 || len(s.hashes) != 3 {
 		t.Fatalf("tokens %d blocks %d, want 50 and 3", s.tokens, len(s.hashes))
 	}
 	// Same second block content after a different first block: different hash.
 	other := append([]byte(nil), text...)
 	other[0] = 'Z'
-	o := shapePrompt(other, 4, 16, "")
+	o := shapePrompt(other, 4, 16, "", "")
 	for k := range s.hashes {
 		if s.hashes[k] == o.hashes[k] {
 			t.Fatalf("block %d hash ignores its parent", k)
@@ -94,11 +94,11 @@ func TestShapePromptChainsBlockHashes(t *testing.T) {
 	// A change in the last block leaves the earlier hashes alone.
 	tail := append([]byte(nil), text...)
 	tail[4*16*2+1] = 'Z'
-	tl := shapePrompt(tail, 4, 16, "")
+	tl := shapePrompt(tail, 4, 16, "", "")
 	if tl.hashes[0] != s.hashes[0] || tl.hashes[1] != s.hashes[1] || tl.hashes[2] == s.hashes[2] {
 		t.Fatal("a change in block 2 must change only hash 2")
 	}
-	if salted := shapePrompt(text, 4, 16, "tenant-a"); salted.hashes[0] == s.hashes[0] {
+	if salted := shapePrompt(text, 4, 16, "tenant-a", ""); salted.hashes[0] == s.hashes[0] {
 		t.Fatal("cache_salt must change the chain")
 	}
 }

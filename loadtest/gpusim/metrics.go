@@ -20,6 +20,8 @@ type counters struct {
 	aborted          atomic.Uint64
 	failed           atomic.Uint64
 	stalled          atomic.Uint64
+	loraLoads        atomic.Uint64 // adapters read from disk into host memory
+	loraSwaps        atomic.Uint64 // adapters copied into a GPU slot
 
 	// Gauges published by the engine after every event.
 	running        atomic.Int64
@@ -28,6 +30,10 @@ type counters struct {
 	kvUsedBlocks   atomic.Int64
 	kvCachedBlocks atomic.Int64
 	kvEvictions    atomic.Uint64
+	// lora is the adapters running and waiting, and loraAt when the
+	// engine last published them (float64 bits of Unix seconds).
+	lora   atomic.Pointer[loraInfo]
+	loraAt atomic.Uint64
 }
 
 // metrics holds the instance's own Prometheus registry. Metric names, types,
@@ -111,6 +117,11 @@ func newMetrics(cfg *Config, c *counters) *metrics {
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "gpusim_kv_cached_blocks", Help: "KV blocks holding a cached prefix (held or free).",
 	}, func() float64 { return float64(c.kvCachedBlocks.Load()) }))
+	counter("gpusim_lora_loads_total", "LoRA adapters read from disk into host memory.", nil, &c.loraLoads)
+	counter("gpusim_lora_swaps_total", "LoRA adapters copied from host memory into a GPU slot.", nil, &c.loraSwaps)
+	if cfg.EnableLoRA {
+		reg.MustRegister(&loraCollector{c: c, maxLoRA: strconv.Itoa(cfg.MaxLoRAs)})
+	}
 
 	return &metrics{
 		reg:   reg,
@@ -119,4 +130,33 @@ func newMetrics(cfg *Config, c *counters) *metrics {
 		e2e:   hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", requestLatencyBuckets()),
 		queue: hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", requestLatencyBuckets()),
 	}
+}
+
+// loraCollector exports vllm:lora_requests_info as vLLM does: a gauge
+// whose labels name the adapters of the running and the waiting requests
+// (comma-separated) and the GPU slots (max_lora), and whose value is when
+// they were last updated (Unix seconds). vLLM keeps a series for every
+// combination of labels it ever set, and readers take the newest by its
+// value; gpusim exports the newest alone, so its memory stays bounded.
+type loraCollector struct {
+	c       *counters
+	maxLoRA string
+}
+
+func loraInfoDesc() *prometheus.Desc {
+	return prometheus.NewDesc("vllm:lora_requests_info", "Running stats on lora requests.",
+		[]string{"max_lora", "waiting_lora_adapters", "running_lora_adapters"}, nil)
+}
+
+// Describe implements prometheus.Collector.
+func (l *loraCollector) Describe(ch chan<- *prometheus.Desc) { ch <- loraInfoDesc() }
+
+// Collect implements prometheus.Collector.
+func (l *loraCollector) Collect(ch chan<- prometheus.Metric) {
+	info := l.c.lora.Load()
+	if info == nil {
+		info = &loraInfo{}
+	}
+	ch <- prometheus.MustNewConstMetric(loraInfoDesc(), prometheus.GaugeValue,
+		math.Float64frombits(l.c.loraAt.Load()), l.maxLoRA, info.waiting, info.running)
 }

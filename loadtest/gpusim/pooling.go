@@ -95,13 +95,12 @@ func bodyError(err error) *apiError {
 	return badRequest("reading request body: %v", err)
 }
 
-// checkModel refuses a model name the instance does not serve.
-func (in *Instance) checkModel(model string) *apiError {
-	if model != "" && model != in.cfg.Model {
-		return &apiError{status: http.StatusNotFound, typ: "NotFoundError", param: "model",
-			message: fmt.Sprintf("The model `%s` does not exist.", model)}
-	}
-	return nil
+// checkModel refuses a model name the instance does not serve, and
+// returns the name the answer gives (the base model's, or the adapter's
+// it names; a pooling answer does not depend on the adapter).
+func (in *Instance) checkModel(model string) ([]byte, *apiError) {
+	_, modelJSON, aerr := in.modelFor(model)
+	return modelJSON, aerr
 }
 
 // tokens is the length in tokens of text at the instance's bytes per token.
@@ -290,14 +289,15 @@ func (in *Instance) embeddings(body []byte) (any, *apiError) {
 		}
 		dims = int(*req.Dimensions)
 	}
-	if aerr := in.checkModel(req.Model); aerr != nil {
+	modelJSON, aerr := in.checkModel(req.Model)
+	if aerr != nil {
 		return nil, aerr
 	}
 	n, aerr := in.countTokens(inputs, "embedding generation")
 	if aerr != nil {
 		return nil, aerr
 	}
-	res := embeddingResponse{ID: randomID("embd-"), Object: "list", Created: time.Now().Unix(), Model: in.modelJSON,
+	res := embeddingResponse{ID: randomID("embd-"), Object: "list", Created: time.Now().Unix(), Model: modelJSON,
 		Data: make([]embeddingData, len(inputs)), Usage: poolUsage{PromptTokens: n, TotalTokens: n}}
 	for i, p := range inputs {
 		v := embedding(p.text, EmbeddingDims)
@@ -398,7 +398,8 @@ func (in *Instance) score(body []byte) (any, *apiError) {
 	if len(t1) > 1 && len(t1) != len(t2) {
 		return nil, badRequest("Input lengths must be either 1:1, 1:N or N:N")
 	}
-	if aerr := in.checkModel(req.Model); aerr != nil {
+	modelJSON, aerr := in.checkModel(req.Model)
+	if aerr != nil {
 		return nil, aerr
 	}
 	n1, aerr := in.countTokens(t1, "score")
@@ -415,7 +416,7 @@ func (in *Instance) score(body []byte) (any, *apiError) {
 	} else {
 		n += n1
 	}
-	res := scoreResponse{ID: randomID("score-"), Object: "list", Created: time.Now().Unix(), Model: in.modelJSON,
+	res := scoreResponse{ID: randomID("score-"), Object: "list", Created: time.Now().Unix(), Model: modelJSON,
 		Data: make([]scoreData, len(t2)), Usage: poolUsage{PromptTokens: n, TotalTokens: n}}
 	for i := range t2 {
 		q := t1[0]
@@ -470,7 +471,8 @@ func (in *Instance) rerank(body []byte) (any, *apiError) {
 	if len(docs) > MaxBatchInputs {
 		return nil, tooMany("documents", len(docs))
 	}
-	if aerr := in.checkModel(req.Model); aerr != nil {
+	modelJSON, aerr := in.checkModel(req.Model)
+	if aerr != nil {
 		return nil, aerr
 	}
 	q := []poolInput{{text: []byte(*req.Query)}}
@@ -478,7 +480,7 @@ func (in *Instance) rerank(body []byte) (any, *apiError) {
 	if aerr != nil {
 		return nil, aerr
 	}
-	res := rerankResponse{ID: randomID("rerank-"), Model: in.modelJSON, Results: make([]rerankResult, len(docs))}
+	res := rerankResponse{ID: randomID("rerank-"), Model: modelJSON, Results: make([]rerankResult, len(docs))}
 	total := 0
 	for i, d := range docs {
 		dt := []poolInput{{text: []byte(d)}}

@@ -59,6 +59,10 @@ type wireRequest struct {
 type parsedRequest struct {
 	chat  bool
 	model string
+	// adapter is the LoRA adapter model names ("" for the base model), and
+	// modelJSON the model answers name (set by Instance.modelFor).
+	adapter   string
+	modelJSON []byte
 	// text is the rendered prompt; unit is its bytes per token.
 	text []byte
 	unit int

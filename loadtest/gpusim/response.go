@@ -33,7 +33,7 @@ func (rs *response) appendBase(dst []byte, object string) []byte {
 	dst = append(dst, `","created":`...)
 	dst = strconv.AppendInt(dst, rs.created, 10)
 	dst = append(dst, `,"model":`...)
-	dst = append(dst, rs.in.modelJSON...)
+	dst = append(dst, rs.p.modelJSON...)
 	return append(dst, ',')
 }
 

@@ -270,7 +270,7 @@ func (st *responsesState) object(final bool) *responsesObject {
 	o := &responsesObject{
 		ID: rs.id, Object: "response", CreatedAt: rs.created, Status: "in_progress",
 		Instructions: e.instructions, MaxOutputTokens: rs.s.maxTokens, Metadata: e.metadata,
-		Model: rs.in.modelJSON, Output: []responsesMessage{}, ParallelToolCalls: true, ServiceTier: "auto",
+		Model: rs.p.modelJSON, Output: []responsesMessage{}, ParallelToolCalls: true, ServiceTier: "auto",
 		Temperature: e.temperature, ToolChoice: e.toolChoice, Tools: e.tools, TopP: e.topP, Truncation: "disabled",
 	}
 	if !final {

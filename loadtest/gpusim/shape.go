@@ -24,7 +24,9 @@ var ErrUnknownPath = errors.New("gpusim: not a generation path")
 // A request hits at most (tokens-1)/blockSize blocks, as the last prompt
 // token is always computed; the instance counts tokens as queried and the
 // hit blocks times blockSize as hit (vllm:prefix_cache_queries_total and
-// vllm:prefix_cache_hits_total).
+// vllm:prefix_cache_hits_total). The blocks are the base model's: a
+// request for a LoRA adapter hashes its blocks under the adapter's name,
+// so it shares none with them.
 func PromptBlocks(path string, body []byte, bytesPerToken, blockSize int) ([]uint64, int, error) {
 	if bytesPerToken < 1 || blockSize < 1 {
 		return nil, 0, fmt.Errorf("%w: bytes per token %d and block size %d must be >= 1", ErrInvalidConfig, bytesPerToken, blockSize)
@@ -46,6 +48,6 @@ func PromptBlocks(path string, body []byte, bytesPerToken, blockSize int) ([]uin
 	if aerr != nil {
 		return nil, 0, aerr
 	}
-	s := shapePrompt(p.text, p.unit, blockSize, p.salt)
+	s := shapePrompt(p.text, p.unit, blockSize, p.salt, "")
 	return s.hashes, s.tokens, nil
 }

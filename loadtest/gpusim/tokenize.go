@@ -53,7 +53,7 @@ func (in *Instance) tokenize(body []byte) (any, *apiError) {
 	default:
 		return nil, validationError("prompt: Field required")
 	}
-	if aerr := in.checkModel(req.Model); aerr != nil {
+	if _, aerr := in.checkModel(req.Model); aerr != nil {
 		return nil, aerr
 	}
 	n := in.tokens(text)
@@ -92,7 +92,7 @@ func (in *Instance) detokenize(body []byte) (any, *apiError) {
 		return nil, validationError("tokens: Field required")
 	}
 	ids := *req.Tokens
-	if aerr := in.checkModel(req.Model); aerr != nil {
+	if _, aerr := in.checkModel(req.Model); aerr != nil {
 		return nil, aerr
 	}
 	if len(ids) > in.cfg.MaxModelLen {

@@ -2,6 +2,7 @@ package gpusim
 
 import (
 	"encoding/binary"
+	"strconv"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -23,7 +24,11 @@ type promptShape struct {
 // shapePrompt splits text into tokens of unit bytes (the last may be short)
 // and hashes every full block of blockSize tokens, each on its parent's
 // hash, as vLLM's hash_block_tokens(parent_hash, block_token_ids) does.
-func shapePrompt(text []byte, unit, blockSize int, salt string) promptShape {
+// The chain starts from a root salted by cache_salt and by the LoRA
+// adapter's name, so neither a salt nor an adapter shares a block with
+// another (vLLM puts both in the blocks' extra keys). An adapter also
+// changes the filler text, as it changes a model's answers.
+func shapePrompt(text []byte, unit, blockSize int, salt, adapter string) promptShape {
 	tokens := (len(text) + unit - 1) / unit
 	full := tokens / blockSize
 	parent := rootHash
@@ -32,6 +37,12 @@ func shapePrompt(text []byte, unit, blockSize int, salt string) promptShape {
 		if parent == rootHash {
 			parent++
 		}
+	}
+	var lora uint64
+	if adapter != "" {
+		// Tagged, so that no salt and adapter pair stands for another.
+		lora = xxhash.Sum64String("\x00lora\x00" + adapter)
+		parent = xxhash.Sum64String("\x00root\x00"+strconv.FormatUint(parent, 16)) ^ lora
 	}
 	p := promptShape{tokens: tokens, hashes: make([]uint64, full)}
 	blockBytes := unit * blockSize
@@ -44,7 +55,7 @@ func shapePrompt(text []byte, unit, blockSize int, salt string) promptShape {
 		parent = d.Sum64()
 		p.hashes[k] = parent
 	}
-	p.seed = xxhash.Sum64(text)
+	p.seed = xxhash.Sum64(text) ^ lora
 	return p
 }
 
