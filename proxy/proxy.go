@@ -54,8 +54,10 @@ type Proxy struct {
 	// splits are the prefixes ADAPTIVE keys route past; hot counts the
 	// traffic that proposes them; meanBody is the running mean body size
 	// (bytes), the unit of a request's recompute cost.
-	splits      atomic.Pointer[ring.Splits]
-	hot         *hot.Counter
+	splits atomic.Pointer[ring.Splits]
+	hot    *hot.Counter
+	// trigger asks for early engine scrapes (SetScrapeTrigger).
+	trigger     atomic.Pointer[ScrapeTrigger]
 	meanBody    atomic.Int64
 	splitsGauge prometheus.Gauge
 	// partHits counts PREFIX_AWARE requests per partition of the ring in
@@ -277,11 +279,27 @@ func (p *Proxy) SetSplits(list []ring.Split) error {
 // Splits returns the split prefixes in use.
 func (p *Proxy) Splits() []ring.Split { return p.splits.Load().List() }
 
-// HotSplits closes a counting period and returns the splits this router's
-// own traffic calls for, given the ones in use (see package hot). Call it
-// periodically from one goroutine; a router that decides alone installs
-// the result with SetSplits, a cluster's leader commits it.
-func (p *Proxy) HotSplits() []ring.Split {
+// HotPrefix is a prefix this router's traffic counts as a candidate for a
+// split: its block-chain key and depth, its recent request count (decayed,
+// in HotUnit per request) and the ring partition its requests route on.
+type HotPrefix struct {
+	Key   uint64
+	Depth int
+	Count uint64
+	Part  uint32
+}
+
+// HotUnit is what one request adds to the counts of HotPrefixes.
+const HotUnit = hot.Unit
+
+// HotPrefixes closes a counting period and returns the requests counted
+// (decayed, in HotUnit per request) and the candidates for a split this
+// router's own traffic shows, given the splits in use: those splits still
+// counted and the prefixes whose share reached one active backend's fair
+// share (see package hot), the busiest first. Call it periodically from
+// one goroutine; the Raft leader adds every router's counts up and
+// commits the splits whose owners are pressed.
+func (p *Proxy) HotPrefixes() (uint64, []HotPrefix) {
 	t := p.tab.Load()
 	n := 0
 	for i := range t.bs {
@@ -289,7 +307,31 @@ func (p *Proxy) HotSplits() []ring.Split {
 			n++
 		}
 	}
-	return p.hot.Rotate(n, p.Splits())
+	total, cands := p.hot.Rotate(n, p.Splits())
+	out := make([]HotPrefix, len(cands))
+	for i, c := range cands {
+		out[i] = HotPrefix{Key: c.Key, Depth: c.Depth, Count: c.Count, Part: c.Part}
+	}
+	return total, out
+}
+
+// SetScrapeTrigger installs what asks for an early scrape of an engine
+// whose cluster in-flight count passes the highest level seen without a
+// queue (see backend.learn); nil turns it off.
+func (p *Proxy) SetScrapeTrigger(t ScrapeTrigger) {
+	if t == nil {
+		p.trigger.Store(nil)
+		return
+	}
+	p.trigger.Store(&t)
+}
+
+// scrapeTrigger returns the installed ScrapeTrigger, or nil.
+func (p *Proxy) scrapeTrigger() ScrapeTrigger {
+	if t := p.trigger.Load(); t != nil {
+		return *t
+	}
+	return nil
 }
 
 // Ring returns the current snapshot and its epoch.
@@ -309,6 +351,7 @@ func (p *Proxy) SetRemote(id string, inflight int64, q EngineQueue) {
 		b := t.bs[i]
 		b.remote.Store(inflight)
 		b.setQueue(q)
+		b.rising(p.scrapeTrigger(), b.globalInFlight(), time.Now().UnixNano())
 	}
 }
 
@@ -346,6 +389,13 @@ type BackendStatus struct {
 	InFlight       int64  `json:"in_flight"`
 	RemoteInFlight int64  `json:"remote_in_flight"`
 	Limit          int64  `json:"limit"`
+	// Capacity is the learned number of requests the engine runs at once
+	// (0: not learned yet): its running count when it last queued.
+	Capacity int64 `json:"capacity,omitempty"`
+	// Pressed: the engine is taken to queue, or the cluster's in-flight
+	// count reached Limit or Capacity. Only a pressed backend's prefixes
+	// are split and its partitions moved.
+	Pressed bool `json:"pressed"`
 }
 
 // Status reports every backend of the current snapshot.
@@ -360,7 +410,7 @@ func (p *Proxy) Status() []BackendStatus {
 			Healthy:   rb.State == ring.Active && b.available(now),
 			ProbeDown: b.probeDown.Load(), Ejected: b.ejectedUntil.Load() > now,
 			Busy: b.busy(), InFlight: b.inflight.Load(), RemoteInFlight: b.remote.Load(),
-			Limit: t.ring.Limit(i),
+			Limit: t.ring.Limit(i), Capacity: b.capacity.Load(), Pressed: b.pressed(t.ring.Limit(i)),
 		}
 	}
 	return out
