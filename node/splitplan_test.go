@@ -52,8 +52,8 @@ func TestPlanSplitsNeedsPressure(t *testing.T) {
 	now := time.Unix(1000, 0)
 	const key = 0xabcdef
 	rep := f.own(key, 0, 1000)
-	if got := p.plan(f.input(nil, rep), now); len(got) != 0 {
-		t.Fatalf("split %v with no backend pressed", got)
+	if got := p.plan(f.input(nil, rep), now); len(got) != 0 || p.refused["not_pressed"] != 1 {
+		t.Fatalf("split %v with no backend pressed (refused %v)", got, p.refused)
 	}
 	for _, b := range f.r.Backends() {
 		if b.ID != f.owner(key) {
@@ -158,14 +158,15 @@ func TestPlanSplitsBoundsOtherRouters(t *testing.T) {
 		key := uint64(i+1) * 0x9e3779b97f4a7c15
 		hostile.Prefixes = append(hostile.Prefixes, gossip.HotPrefix{Key: key, Count: 1 << 30, Part: uint32(f.r.Partition(key))})
 	}
-	if got := newSplitPlanner().plan(f.input(nil, hostile), now); len(got) != 0 {
-		t.Fatalf("claims its partition counts do not carry split %d prefixes", len(got))
+	p := newSplitPlanner()
+	if got := p.plan(f.input(nil, hostile), now); len(got) != 0 || p.refused["not_carried"] != 64 {
+		t.Fatalf("claims its partition counts do not carry split %d prefixes (refused %v)", len(got), p.refused)
 	}
 	for _, h := range hostile.Prefixes {
 		hostile.Parts = append(hostile.Parts, gossip.PartLoad{Partition: h.Part, Count: 16})
 	}
-	if got := newSplitPlanner().plan(f.input(nil, hostile), now); len(got) != splitNewPerRouter {
-		t.Fatalf("one router's claims split %d prefixes in one commit, want %d", len(got), splitNewPerRouter)
+	if got := p.plan(f.input(nil, hostile), now); len(got) != splitNewPerRouter || p.refused["budget"] != 64-splitNewPerRouter {
+		t.Fatalf("one router's claims split %d prefixes in one commit, want %d (refused %v)", len(got), splitNewPerRouter, p.refused)
 	}
 	// The leader's own hot prefix is split beside them, and the wrong
 	// partition count makes a report count for nothing.

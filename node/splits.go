@@ -3,8 +3,11 @@ package node
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/node/cluster"
@@ -68,6 +71,18 @@ func (n *Node) learnSplits(ctx context.Context) {
 		plan       = newSplitPlanner()
 		lastCommit time.Time
 	)
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "warmroute", Subsystem: "prefix_splits",
+		Name: "refused_total",
+		Help: "Prefixes with enough traffic for a split that the leader left whole, by reason (not_pressed: the owner keeps up; not_carried: only routers whose published request counts do not carry them claimed them; budget: over a router's or a commit's new splits; cooldown: a split of it ended within 10 s), counted once per planning round."},
+		[]string{"reason"})
+	if n.reg != nil {
+		if err := n.reg.Register(refused); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				refused = are.ExistingCollector.(*prometheus.CounterVec)
+			}
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -101,6 +116,9 @@ func (n *Node) learnSplits(ctx context.Context) {
 		in := splitInput{ring: r, cur: st.Splits, reports: reports, status: status,
 			pressed: func(id string) bool { return press.pressed(id) }}
 		next := plan.plan(in, now)
+		for reason, k := range plan.refused {
+			refused.WithLabelValues(reason).Add(float64(k))
+		}
 		if slices.Equal(st.Splits, next) || (len(st.Splits) == 0 && len(next) == 0) {
 			continue
 		}
@@ -145,10 +163,13 @@ type splitPlanner struct {
 	added map[uint64]time.Time // when each split was started (or first seen)
 	calm  map[uint64]time.Time // since when a split's demand fits its owner
 	ended map[uint64]time.Time // when each split ended, for splitCooldown
+	// refused counts, by reason, the prefixes with enough traffic for a
+	// split that the last round left whole.
+	refused map[string]int
 }
 
 func newSplitPlanner() *splitPlanner {
-	return &splitPlanner{added: map[uint64]time.Time{}, calm: map[uint64]time.Time{}, ended: map[uint64]time.Time{}}
+	return &splitPlanner{added: map[uint64]time.Time{}, calm: map[uint64]time.Time{}, ended: map[uint64]time.Time{}, refused: map[string]int{}}
 }
 
 func (p *splitPlanner) reset() {
@@ -278,12 +299,20 @@ func (p *splitPlanner) plan(in splitInput, now time.Time) []ring.Split {
 		key uint64
 		c   *splitClaim
 	}
+	clear(p.refused)
 	var cands []cand
 	for k, c := range claims {
-		if split[k] || c.part < 0 || c.carried < splitMinCount || c.carriedShare*float64(active) < 1 {
+		if split[k] {
+			continue
+		}
+		if c.part < 0 || c.carried < splitMinCount || c.carriedShare*float64(active) < 1 {
+			if c.count >= splitMinCount && c.share*float64(active) >= 1 {
+				p.refused["not_carried"]++
+			}
 			continue
 		}
 		if _, cooling := p.ended[k]; cooling {
+			p.refused["cooldown"]++
 			continue
 		}
 		cands = append(cands, cand{k, c})
@@ -297,15 +326,14 @@ func (p *splitPlanner) plan(in splitInput, now time.Time) []ring.Split {
 	perRouter := map[int]int{}
 	started := 0
 	for _, cd := range cands {
-		if started == splitNewPerCommit || len(next) >= ring.MaxSplits {
-			break
-		}
-		if perRouter[cd.c.by] >= splitNewPerRouter {
-			continue
-		}
 		owner := r.Order(cd.c.part)[0]
 		if !in.pressed(r.Backend(int(owner)).ID) {
+			p.refused["not_pressed"]++
 			continue // the owner keeps up: the prefix stays whole
+		}
+		if started == splitNewPerCommit || len(next) >= ring.MaxSplits || perRouter[cd.c.by] >= splitNewPerRouter {
+			p.refused["budget"]++
+			continue
 		}
 		perRouter[cd.c.by]++
 		started++
