@@ -133,7 +133,7 @@ func (n *Node) learnSplits(ctx context.Context) {
 			continue
 		}
 		lastCommit = now
-		n.log.Debug("prefix splits committed", "splits", len(next), "was", len(st.Splits))
+		n.log.Info("prefix splits committed", "splits", len(next), "was", len(st.Splits))
 	}
 }
 
@@ -210,14 +210,16 @@ type splitClaim struct {
 func (p *splitPlanner) plan(in splitInput, now time.Time) []ring.Split {
 	r := in.ring
 	active := 0
-	var fleet int64
-	for i, b := range in.status {
-		if i < r.Len() && r.Backend(i).State == ring.Active {
+	for i := range r.Len() {
+		if r.Backend(i).State == ring.Active {
 			active++
 		}
-		fleet += max(0, b.InFlight+b.RemoteInFlight)
 	}
 	active = max(active, 1)
+	var fleet int64
+	for _, b := range in.status {
+		fleet += max(0, b.InFlight+b.RemoteInFlight)
+	}
 	claims := map[uint64]*splitClaim{}
 	for ri, rep := range in.reports {
 		self := rep.Node == ""
@@ -360,8 +362,8 @@ func (p *splitPlanner) fits(in splitInput, key uint64, share float64, fleet int6
 	if in.pressed(id) {
 		return false
 	}
-	if home >= len(in.status) {
-		return true
+	if home >= len(in.status) || in.status[home].ID != id {
+		return true // a status of another ring: the pressure is all there is
 	}
 	b := in.status[home]
 	capacity := b.Capacity
