@@ -187,3 +187,23 @@ func TestLearnedCapacity(t *testing.T) {
 		t.Fatalf("after running 6 without a queue: %+v", s)
 	}
 }
+
+// TestStatusWithoutThreshold: with ConcurrencyThreshold not set (0) a
+// backend's limit reads 0 in Status, it is pressed only by its queue or
+// learned capacity, and no limit gauge is exported.
+func TestStatusWithoutThreshold(t *testing.T) {
+	p := totalsProxy(t)
+	cfg := totalsRingConfig()
+	cfg.ConcurrencyThreshold = 0
+	setTotalsRing(t, p, cfg, totalsBackends([]int{1, 2}), 1)
+	id := "gpu-1/"
+	p.SetRemote(id, 5000, EngineQueue{Running: 5000, Scraped: time.Now()})
+	for _, s := range p.Status() {
+		if s.Limit != 0 {
+			t.Fatalf("%s: limit %d without a threshold", s.ID, s.Limit)
+		}
+		if s.ID == id && s.Pressed {
+			t.Fatalf("pressed at 5000 in flight with no queue, limit or capacity: %+v", s)
+		}
+	}
+}

@@ -388,7 +388,9 @@ type BackendStatus struct {
 	Busy           bool   `json:"busy"`
 	InFlight       int64  `json:"in_flight"`
 	RemoteInFlight int64  `json:"remote_in_flight"`
-	Limit          int64  `json:"limit"`
+	// Limit is ConcurrencyThreshold x weight; 0 when the threshold is not
+	// set.
+	Limit int64 `json:"limit"`
 	// Capacity is the learned number of requests the engine runs at once
 	// (0: not learned yet): its running count when it last queued.
 	Capacity int64 `json:"capacity,omitempty"`
@@ -411,6 +413,9 @@ func (p *Proxy) Status() []BackendStatus {
 			ProbeDown: b.probeDown.Load(), Ejected: b.ejectedUntil.Load() > now,
 			Busy: b.busy(), InFlight: b.inflight.Load(), RemoteInFlight: b.remote.Load(),
 			Limit: t.ring.Limit(i), Capacity: b.capacity.Load(), Pressed: b.pressed(t.ring.Limit(i)),
+		}
+		if out[i].Limit == ring.NoLimit {
+			out[i].Limit = 0 // ConcurrencyThreshold not set
 		}
 	}
 	return out
@@ -602,7 +607,7 @@ var (
 		"1 when the backend's engine reports queued requests.",
 		[]string{"backend"}, nil)
 	descLimit = prometheus.NewDesc("warmroute_backend_limit",
-		"The backend's concurrency limit (ConcurrencyThreshold x weight).",
+		"The backend's concurrency limit (ConcurrencyThreshold x weight); absent when the threshold is not set.",
 		[]string{"backend"}, nil)
 	descEpoch = prometheus.NewDesc("warmroute_ring_epoch",
 		"The epoch of the ring snapshot in use.", nil, nil)
@@ -633,7 +638,9 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(own+b.remote.Load()), b.id, "global")
 		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, b2f(t.ring.Backend(i).State == ring.Active && b.available(now)), b.id)
 		ch <- prometheus.MustNewConstMetric(descBusy, prometheus.GaugeValue, b2f(b.busy()), b.id)
-		ch <- prometheus.MustNewConstMetric(descLimit, prometheus.GaugeValue, float64(t.ring.Limit(i)), b.id)
+		if l := t.ring.Limit(i); l != ring.NoLimit {
+			ch <- prometheus.MustNewConstMetric(descLimit, prometheus.GaugeValue, float64(l), b.id)
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(descEpoch, prometheus.GaugeValue, float64(t.epoch))
 	ch <- prometheus.MustNewConstMetric(descBackends, prometheus.GaugeValue, float64(len(t.bs)))
