@@ -188,12 +188,14 @@ func TestE2ESplitChurnFromOneRouter(t *testing.T) {
 		}
 	}
 	// The claims arrived, signed and accepted, and were refused for the
-	// pressure they lack: the leader counted them as not_pressed.
+	// pressure they lack: the leader counted them as not_pressed. (A
+	// packet or two may arrive before the router holds the sender's
+	// chain, counted as unknown_key; those say nothing of the claims.)
 	refused := 0.0
 	for _, p := range ps {
 		v, _ := adminMetric(c, p.admin, `warmroute_prefix_splits_refused_total{reason="not_pressed"}`)
 		refused += v
-		for _, reason := range []string{"unsigned", "bad_signature", "unknown_key", "bad_chain", "wrong_name", "out_of_range"} {
+		for _, reason := range []string{"unsigned", "bad_signature", "bad_chain", "wrong_name", "out_of_range"} {
 			if v, _ := adminMetric(c, p.admin, fmt.Sprintf(`warmroute_gossip_rejected_total{reason=%q}`, reason)); v != 0 {
 				t.Errorf("%s rejected %v packets as %s: the claims did not arrive as a router's", p.name, v, reason)
 			}
