@@ -412,20 +412,36 @@ func (c *Mesh) PartitionLoads(dst []uint64, maxAge time.Duration) int {
 }
 
 // PublishHot shares the prompt prefixes this node's own traffic calls to
-// split (at most MaxHotEntries, shallowest first as given) with the other
-// nodes, once, with the next publish. Call it about twice a second while
-// there are any; the Raft leader splits what any node's traffic calls for
-// (HotPrefixes), so traffic that reaches only other routers is split too.
-func (c *Mesh) PublishHot(list []HotPrefix) {
+// split, as the candidates of its hot-prefix counter, with the other
+// nodes, once, with the next publish: at most MaxHotCounted of list
+// (shallowest first as given) with their counts and routing partitions,
+// out of total requests counted alike, on a ring of partitions
+// partitions. Call it about twice a second while there are any; the Raft
+// leader adds every node's counts up (HotReports) and splits a prefix
+// only when its owner is pressed, so traffic that reaches only other
+// routers counts too.
+func (c *Mesh) PublishHot(total uint64, partitions int, list []HotPrefix) {
 	if len(list) > 0 {
-		c.pub.setHot(list)
+		c.pub.setHot(total, partitions, list)
 	}
 }
 
-// HotPrefixes appends to dst the prefixes the other nodes published
-// within maxAge, each key once.
-func (c *Mesh) HotPrefixes(dst []HotPrefix, maxAge time.Duration) []HotPrefix {
-	return c.st.hotPrefixes(dst, maxAge, time.Now())
+// HotReport is one other node's last counted hot prefixes (PublishHot),
+// with the partition counts it published (PublishPartitions) for a ring
+// of as many partitions, if fresh: the traffic its claims must be part of.
+type HotReport struct {
+	Node       string
+	Total      uint64
+	Partitions uint64
+	Prefixes   []HotPrefix
+	Parts      []PartLoad
+}
+
+// HotReports appends to dst the counted hot prefixes the other nodes
+// published within maxAge, each with the partition counts the same node
+// published within partsAge.
+func (c *Mesh) HotReports(dst []HotReport, maxAge, partsAge time.Duration) []HotReport {
+	return c.st.hotReports(dst, maxAge, partsAge, time.Now())
 }
 
 func (c *Mesh) signal() {

@@ -61,6 +61,7 @@ type publisher struct {
 	health      []byte
 	parts       []byte // a tagParts payload for the next tick (empty: none)
 	hot         []byte // a tagHot payload for the next tick (empty: none)
+	hotC        []byte // a tagHotCounts payload for the next tick (empty: none)
 	partTop     []PartLoad
 	pk          packer
 }
@@ -178,6 +179,10 @@ func (p *publisher) publish(now time.Time, tick bool) [][]byte {
 		p.pk.addHot(p.hot)
 		p.hot = p.hot[:0]
 	}
+	if tick && len(p.hotC) > 0 {
+		p.pk.addHotCounts(p.hotC)
+		p.hotC = p.hotC[:0]
+	}
 	pkts := p.pk.packets()
 	if len(pkts) == 0 && full && p.keepalive {
 		p.pk.flush()
@@ -228,12 +233,17 @@ func (p *publisher) setParts(loads []uint32, min uint32) {
 	p.parts, p.partTop = appendParts(p.parts[:0], loads, min, p.partTop)
 }
 
-// setHot queues the tagHot payload of list (see appendHot) for the next
-// tick, which sends it once: a lost one is replaced by the next.
-func (p *publisher) setHot(list []HotPrefix) {
+// setHot queues the tagHot and tagHotCounts payloads of list (see
+// appendHot and appendHotCounts) for the next tick, which sends them
+// once: a lost one is replaced by the next. partitions 0 sends no counts.
+func (p *publisher) setHot(total uint64, partitions int, list []HotPrefix) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.hot = appendHot(p.hot[:0], list)
+	p.hotC = p.hotC[:0]
+	if partitions > 0 && partitions <= MaxPartitions {
+		p.hotC = appendHotCounts(p.hotC, total, partitions, list)
+	}
 }
 
 // ownBlock appends this node's block with all its current figures, under

@@ -61,9 +61,11 @@ type remoteNode struct {
 	parts   uint64
 	partsAt time.Time
 	partLd  []PartLoad
-	// The node's last tagHot section and when it arrived.
-	hot   []HotPrefix
-	hotAt time.Time
+	// The node's last tagHotCounts section and when it arrived.
+	hot      []HotPrefix
+	hotTotal uint64
+	hotParts uint64
+	hotAt    time.Time
 
 	// Signed mode only.
 	heard       bool      // a block of some run was accepted
@@ -382,8 +384,9 @@ func (s *state) applyFigures(n *remoteNode, blk *wireBlock, now time.Time) {
 		n.parts, n.partsAt = blk.parts, now
 		n.partLd = append(n.partLd[:0], blk.partLoad...)
 	}
-	if blk.hasHot && !blk.relays {
-		n.hot, n.hotAt = append(n.hot[:0], blk.hot...), now
+	if blk.hasHotC && !blk.relays {
+		n.hot, n.hotAt = append(n.hot[:0], blk.hotCounts...), now
+		n.hotTotal, n.hotParts = blk.hotTotal, blk.hotParts
 	}
 	for i := range blk.loads {
 		l := &blk.loads[i]
@@ -477,25 +480,21 @@ func (s *state) addParts(dst []uint64, maxAge time.Duration, now time.Time) int 
 	return nodes
 }
 
-// hotPrefixes appends to dst the hot prefixes of every node heard from
-// within maxAge, each key once.
-func (s *state) hotPrefixes(dst []HotPrefix, maxAge time.Duration, now time.Time) []HotPrefix {
+// hotReports appends to dst the counted hot prefixes of every node heard
+// from within maxAge, with the partition counts it published within
+// partsAge.
+func (s *state) hotReports(dst []HotReport, maxAge, partsAge time.Duration, now time.Time) []HotReport {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	seen := make(map[uint64]bool, len(dst))
-	for _, h := range dst {
-		seen[h.Key] = true
-	}
-	for _, n := range s.nodes {
-		if n.closed || now.Sub(n.hotAt) > maxAge {
+	for name, n := range s.nodes {
+		if n.closed || n.hotAt.IsZero() || now.Sub(n.hotAt) > maxAge {
 			continue
 		}
-		for _, h := range n.hot {
-			if !seen[h.Key] {
-				seen[h.Key] = true
-				dst = append(dst, h)
-			}
+		r := HotReport{Node: name, Total: n.hotTotal, Partitions: n.hotParts, Prefixes: slices.Clone(n.hot)}
+		if n.parts == n.hotParts && now.Sub(n.partsAt) <= partsAge {
+			r.Parts = slices.Clone(n.partLd)
 		}
+		dst = append(dst, r)
 	}
 	return dst
 }
@@ -555,7 +554,7 @@ func (s *state) resetNode(n *remoteNode) {
 		s.engineDirty = true
 	}
 	n.parts, n.partLd = 0, n.partLd[:0]
-	n.hot, n.hotAt = n.hot[:0], time.Time{}
+	n.hot, n.hotAt, n.hotTotal, n.hotParts = n.hot[:0], time.Time{}, 0, 0
 }
 
 // setLocal records engine stats scraped by this node.

@@ -27,6 +27,7 @@ import (
 //	tagChain      payload = chain (version 2 state messages only)
 //	tagParts      payload = partitions:uvarint (partition:uvarint count:uvarint)*
 //	tagHot        payload = (key:uint64le depth:uvarint)*
+//	tagHotCounts  payload = total:uvarint partitions:uvarint (key:uint64le depth:uvarint count:uvarint part:uvarint)*
 //
 // A kindPublish message carries one block from its sender; figures in a
 // tagLoads section carry the block's seq and are fresh. A kindState
@@ -43,7 +44,14 @@ import (
 // own publish block, about twice a second) carries the prompt prefixes the
 // sender's own traffic calls to split (ring.Split: a block-chain key and
 // its depth), for the Raft leader, which splits what any router's traffic
-// calls for. A kindBye message is a block without sections:
+// calls for. A tagHotCounts section (beside it, from version 0.x of
+// pressure splits on) carries the same prefixes with the sender's recent
+// request count of each and of all its traffic (total), and the ring
+// partition each prefix's requests route on at the sender (part, of a ring
+// of partitions partitions): the leader adds the counts up across routers
+// and splits a prefix only when the owner of that partition is pressed
+// (node/splits.go); it ignores tagHot, which earlier leaders read.
+// A kindBye message is a block without sections:
 // its sender is leaving and its figures must be dropped now.
 //
 // Version 2 (signed; nodes with an Identity) wraps exactly one block, the
@@ -87,6 +95,7 @@ const (
 	tagChain      = 5
 	tagParts      = 6
 	tagHot        = 7
+	tagHotCounts  = 8
 
 	// maxString bounds any string on the wire.
 	maxString = 1024
@@ -106,6 +115,12 @@ const (
 	MaxHotEntries = 64
 	// MaxHotDepth bounds a hot prefix's depth (ring.MaxChainBlocks).
 	MaxHotDepth = 64
+	// MaxHotCounted bounds the prefixes of one tagHotCounts section (at
+	// most 27 bytes each, so a section fits a packet beside a signature).
+	MaxHotCounted = 40
+	// MaxHotTotal bounds a tagHotCounts section's total and counts (a
+	// router's decayed request count, in its fixed-point unit).
+	MaxHotTotal = 1 << 40
 	// MaxPartitions bounds a tagParts section's partition count (it is
 	// ring's bound on PartitionCount).
 	MaxPartitions = 1 << 20
@@ -190,13 +205,23 @@ type wireBlock struct {
 	partLoad []PartLoad
 	hasHot   bool // holds a tagHot section
 	hot      []HotPrefix
+	// A tagHotCounts section: the sender's request count, its ring's
+	// partition count and its counted prefixes.
+	hasHotC   bool
+	hotTotal  uint64
+	hotParts  uint64
+	hotCounts []HotPrefix
 }
 
 // HotPrefix is a prompt prefix a router's traffic calls to split: a
-// block-chain key and its depth in blocks (ring.Split).
+// block-chain key and its depth in blocks (ring.Split); in a counted
+// section (HotReport) also the sender's recent request count of it and
+// the ring partition its requests route on at the sender.
 type HotPrefix struct {
 	Key   uint64
 	Depth uint32
+	Count uint64
+	Part  uint32
 }
 
 // PartLoad is one ring partition's recent request count on one router, in
@@ -332,6 +357,7 @@ func (blk *wireBlock) decode(r *reader) error {
 	blk.relays = false
 	blk.parts, blk.partLoad = 0, blk.partLoad[:0]
 	blk.hasHot, blk.hot = false, blk.hot[:0]
+	blk.hasHotC, blk.hotTotal, blk.hotParts, blk.hotCounts = false, 0, 0, blk.hotCounts[:0]
 	blk.origin = r.str(maxNodeName)
 	blk.instance = r.uvarint()
 	blk.seq = r.uvarint()
@@ -424,6 +450,22 @@ func (blk *wireBlock) decode(r *reader) error {
 					return ErrBadMessage
 				}
 				blk.hot = append(blk.hot, HotPrefix{Key: key, Depth: uint32(depth)})
+			}
+		case tagHotCounts:
+			if blk.hasHotC {
+				return ErrBadMessage
+			}
+			blk.hasHotC = true
+			blk.hotTotal, blk.hotParts = sec.uvarint(), sec.uvarint()
+			if sec.err || blk.hotTotal > MaxHotTotal || blk.hotParts == 0 || blk.hotParts > MaxPartitions {
+				return ErrBadMessage
+			}
+			for len(sec.b) > 0 {
+				key, depth, count, part := sec.u64le(), sec.uvarint(), sec.uvarint(), sec.uvarint()
+				if sec.err || depth >= MaxHotDepth || count > blk.hotTotal || part >= blk.hotParts || len(blk.hotCounts) >= MaxHotCounted {
+					return ErrBadMessage
+				}
+				blk.hotCounts = append(blk.hotCounts, HotPrefix{Key: key, Depth: uint32(depth), Count: count, Part: uint32(part)})
 			}
 		default:
 			// A section from a later version: skip it.
@@ -676,6 +718,7 @@ type packer struct {
 	health  []byte
 	parts   []byte // a whole tagParts payload
 	hot     []byte // a whole tagHot payload
+	hotC    []byte // a whole tagHotCounts payload
 	block   []byte
 	out     [][]byte // packets; their buffers are reused by reset
 	n       int      // packets in use
@@ -689,16 +732,17 @@ func (p *packer) reset(kind byte, origin string, instance, seq uint64) {
 	p.health = p.health[:0]
 	p.parts = p.parts[:0]
 	p.hot = p.hot[:0]
+	p.hotC = p.hotC[:0]
 	p.n = 0
 }
 
 // size is an upper bound of the packet holding the pending sections.
 func (p *packer) size() int {
-	return 3 + binary.MaxVarintLen32 + len(p.head) + 4*(1+binary.MaxVarintLen32) + len(p.loads) + len(p.engines) + len(p.health) + len(p.parts) + len(p.hot)
+	return 3 + binary.MaxVarintLen32 + len(p.head) + 4*(1+binary.MaxVarintLen32) + len(p.loads) + len(p.engines) + len(p.health) + len(p.parts) + len(p.hot) + len(p.hotC)
 }
 
 func (p *packer) pending() bool {
-	return len(p.loads) > 0 || len(p.engines) > 0 || len(p.parts) > 0 || len(p.hot) > 0
+	return len(p.loads) > 0 || len(p.engines) > 0 || len(p.parts) > 0 || len(p.hot) > 0 || len(p.hotC) > 0
 }
 
 // addLoad appends a tagLoads entry and, when health is not empty, its
@@ -738,6 +782,17 @@ func (p *packer) addHot(payload []byte) {
 	}
 }
 
+// addHotCounts adds a tagHotCounts payload, whole (a packet holds at most
+// one).
+func (p *packer) addHotCounts(payload []byte) {
+	if len(p.hotC) > 0 {
+		p.flush()
+	}
+	if p.fit(len(payload)) {
+		p.hotC = append(p.hotC, payload...)
+	}
+}
+
 // fit makes room for n more bytes, flushing the pending entries into a
 // packet first when they would not fit. It reports false for an entry too
 // large for any packet, which is dropped.
@@ -766,6 +821,9 @@ func (p *packer) flush() {
 	if len(p.hot) > 0 {
 		p.block = appendSection(p.block, tagHot, p.hot)
 	}
+	if len(p.hotC) > 0 {
+		p.block = appendSection(p.block, tagHotCounts, p.hotC)
+	}
 	if p.n == len(p.out) {
 		p.out = append(p.out, nil)
 	}
@@ -779,6 +837,7 @@ func (p *packer) flush() {
 	p.health = p.health[:0]
 	p.parts = p.parts[:0]
 	p.hot = p.hot[:0]
+	p.hotC = p.hotC[:0]
 }
 
 // appendHot appends a tagHot payload: the first MaxHotEntries of list
@@ -791,6 +850,27 @@ func appendHot(dst []byte, list []HotPrefix) []byte {
 		}
 		dst = binary.LittleEndian.AppendUint64(dst, h.Key)
 		dst = binary.AppendUvarint(dst, uint64(h.Depth))
+		n++
+	}
+	return dst
+}
+
+// appendHotCounts appends a tagHotCounts payload: total and partitions,
+// then the first MaxHotCounted of list whose depth, count and partition
+// are in range.
+func appendHotCounts(dst []byte, total uint64, partitions int, list []HotPrefix) []byte {
+	total = min(total, MaxHotTotal)
+	dst = binary.AppendUvarint(dst, total)
+	dst = binary.AppendUvarint(dst, uint64(partitions))
+	n := 0
+	for _, h := range list {
+		if h.Depth >= MaxHotDepth || h.Count > total || uint64(h.Part) >= uint64(partitions) || n == MaxHotCounted {
+			continue
+		}
+		dst = binary.LittleEndian.AppendUint64(dst, h.Key)
+		dst = binary.AppendUvarint(dst, uint64(h.Depth))
+		dst = binary.AppendUvarint(dst, h.Count)
+		dst = binary.AppendUvarint(dst, uint64(h.Part))
 		n++
 	}
 	return dst

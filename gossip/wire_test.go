@@ -181,8 +181,10 @@ func FuzzDecode(f *testing.F) {
 	pp := testPublisher(&testing.T{}, staticSource{{Backend: "b1", InFlight: 1}})
 	pp.setParts([]uint32{0, 7, 300, 0, 1 << 20}, 1)
 	f.Add(append([]byte(nil), pp.next(now)[0]...))
-	pp.setHot([]HotPrefix{{Key: 1 << 40, Depth: 2}, {Key: 3, Depth: MaxHotDepth - 1}})
-	f.Add(append([]byte(nil), pp.next(now.Add(time.Second))[0]...))
+	pp.setHot(90, 5, []HotPrefix{{Key: 1 << 40, Depth: 2, Count: 40, Part: 4}, {Key: 3, Depth: MaxHotDepth - 1, Count: 90}})
+	for _, pkt := range pp.next(now.Add(time.Second)) {
+		f.Add(append([]byte(nil), pkt...))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s := newState("self", time.Minute, time.Minute)
 		s.join("node-a")
@@ -195,6 +197,13 @@ func FuzzDecode(f *testing.F) {
 		checkHealth(t, s)
 		for _, n := range []int{1, 5, 1 << 10} {
 			s.addParts(make([]uint64, n), time.Hour, now) // in range, or it panics
+		}
+		for _, r := range s.hotReports(nil, time.Hour, time.Hour, now) {
+			for _, h := range r.Prefixes {
+				if h.Depth >= MaxHotDepth || h.Count > r.Total || uint64(h.Part) >= r.Partitions || len(r.Prefixes) > MaxHotCounted {
+					t.Fatalf("hot prefix out of range kept: %+v of %+v", h, r)
+				}
+			}
 		}
 		s.sweep(now.Add(2 * time.Minute))
 		checkSums(t, s)

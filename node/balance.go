@@ -79,7 +79,7 @@ func (n *Node) balance(ctx context.Context) {
 		buf    []uint32
 		remote []uint64
 		cold   = coldMoves{}
-		press  = pressure{}
+		press  = newPressure(balancePressedFor, balancePressedSamples)
 	)
 	for {
 		select {
@@ -166,36 +166,44 @@ func (c coldMoves) stale(p int, now time.Time) bool {
 }
 
 // pressure remembers when each backend showed more work than it runs at
-// once: its engine reported queued requests, or its in-flight count, this
-// router's and the others' together, reached its limit.
-type pressure map[string][]time.Time
+// once (proxy.BackendStatus.Pressed: its engine queued, or the cluster's
+// in-flight count reached its limit or learned capacity), and calls it
+// pressed when that was so in need of the samples within window.
+type pressure struct {
+	window time.Duration
+	need   int
+	at     map[string][]time.Time
+}
+
+func newPressure(window time.Duration, need int) *pressure {
+	return &pressure{window: window, need: need, at: map[string][]time.Time{}}
+}
 
 // sample records the backends pressed in st at now, and forgets what is
-// older than balancePressedFor.
-func (p pressure) sample(st []proxy.BackendStatus, now time.Time) {
+// older than the window.
+func (p *pressure) sample(st []proxy.BackendStatus, now time.Time) {
 	for _, b := range st {
-		if b.Busy || (b.Limit > 0 && b.InFlight+b.RemoteInFlight >= b.Limit) {
-			p[b.ID] = append(p[b.ID], now)
+		if b.Pressed || b.Busy || (b.Limit > 0 && b.InFlight+b.RemoteInFlight >= b.Limit) {
+			p.at[b.ID] = append(p.at[b.ID], now)
 		}
 	}
-	for id, ts := range p {
+	for id, ts := range p.at {
 		i := 0
-		for i < len(ts) && now.Sub(ts[i]) >= balancePressedFor {
+		for i < len(ts) && now.Sub(ts[i]) >= p.window {
 			i++
 		}
 		if i == len(ts) {
-			delete(p, id)
+			delete(p.at, id)
 		} else if i > 0 {
-			p[id] = append(ts[:0], ts[i:]...)
+			p.at[id] = append(ts[:0], ts[i:]...)
 		}
 	}
 }
 
-// pressed reports whether backend id was pressed in at least
-// balancePressedSamples samples within balancePressedFor: a queue that
-// lasts, not one burst.
-func (p pressure) pressed(id string) bool {
-	return len(p[id]) >= balancePressedSamples
+// pressed reports whether backend id was pressed in at least need samples
+// within the window: a queue that lasts, not one burst.
+func (p *pressure) pressed(id string) bool {
+	return len(p.at[id]) >= p.need
 }
 
 // planMoves returns the moves after one balancing round on ring r (which

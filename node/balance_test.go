@@ -148,23 +148,24 @@ func TestColdMovesClock(t *testing.T) {
 }
 
 func TestPressure(t *testing.T) {
-	p := pressure{}
+	p := newPressure(balancePressedFor, balancePressedSamples)
 	t0 := time.Unix(1000, 0)
 	st := []proxy.BackendStatus{
 		{ID: "queued", Busy: true, Limit: 8},
 		{ID: "full", InFlight: 3, RemoteInFlight: 5, Limit: 8},
 		{ID: "light", InFlight: 3, RemoteInFlight: 4, Limit: 8},
 		{ID: "nolimit", InFlight: 9},
+		{ID: "learned", InFlight: 3, Capacity: 3, Limit: 8, Pressed: true},
 	}
 	for i := 0; i < balancePressedSamples; i++ {
-		for _, id := range []string{"queued", "full"} {
+		for _, id := range []string{"queued", "full", "learned"} {
 			if p.pressed(id) {
 				t.Fatalf("%s pressed after %d samples", id, i)
 			}
 		}
 		p.sample(st, t0.Add(time.Duration(i)*time.Second))
 	}
-	for id, want := range map[string]bool{"queued": true, "full": true, "light": false, "nolimit": false} {
+	for id, want := range map[string]bool{"queued": true, "full": true, "learned": true, "light": false, "nolimit": false} {
 		if p.pressed(id) != want {
 			t.Errorf("pressed(%s) = %v, want %v", id, !want, want)
 		}
@@ -177,7 +178,7 @@ func TestPressure(t *testing.T) {
 	if p.pressed("queued") || p.pressed("full") {
 		t.Errorf("after balancePressedFor: %v", p)
 	}
-	if _, ok := p["full"]; ok || len(p["queued"]) != 1 {
-		t.Errorf("samples kept: %v", p)
+	if _, ok := p.at["full"]; ok || len(p.at["queued"]) != 1 {
+		t.Errorf("samples kept: %v", p.at)
 	}
 }

@@ -125,16 +125,21 @@ type engineState struct {
 func engineQueue(s engine.Stats) proxy.EngineQueue { return gossipQueue(toGossip(s)) }
 
 // gossipQueue is what a scrape says about the engine's queue, for the
-// proxy's busy estimate: nothing when the scrape failed or the engine
-// exports no queue figure.
+// proxy's busy estimate and learned capacity: nothing when the scrape
+// failed or the engine exports no queue figure; the running count when it
+// exports one.
 func gossipQueue(s gossip.EngineStats) proxy.EngineQueue {
 	if !s.Has(gossip.EngineWaiting) {
 		return proxy.EngineQueue{}
 	}
-	return proxy.EngineQueue{Waiting: queued(s.Waiting), Scraped: s.Scraped}
+	q := proxy.EngineQueue{Waiting: queued(s.Waiting), Scraped: s.Scraped}
+	if s.Has(gossip.EngineRunning) {
+		q.Running = queued(s.Running)
+	}
+	return q
 }
 
-// queued turns an engine's queue figure into a request count: rounded up,
+// queued turns an engine's queue (or running) figure into a request count: rounded up,
 // and bounded, whatever the engine sent.
 func queued(w float64) int64 {
 	if !(w > 0) {

@@ -196,6 +196,9 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 		if n.scraper, err = n.newScraper(); err != nil {
 			return nil, err
 		}
+		// A backend whose in-flight count passes the highest level seen
+		// without a queue is scraped at once, not at the next round.
+		n.proxy.SetScrapeTrigger(n.scraper)
 	}
 	n.admin = &http.Server{
 		Handler:           n.newAdmin().Handler(),

@@ -9,20 +9,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/ring"
 )
 
 // TestSplitsAgreedAcrossRouters loads three clustered routers with
-// conversations that share a 3 KiB preamble. The leader must split the
-// preamble, every router must install the same splits at the same epoch,
+// conversations that share a 3 KiB preamble, in front of engines that
+// report a queue. The leader must split the preamble, every router must install the same splits at the same epoch,
 // the conversations must then spread over the backends while each stays on
 // one, and routers at one epoch must agree on every decision.
 func TestSplitsAgreedAcrossRouters(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-node test")
 	}
-	nodes := startSplitCluster(t)
+	nodes := startSplitCluster(t, true)
 	if r, _ := nodes[0].proxy.Ring(); !r.Config().Adaptive() {
 		t.Fatal("the default settings do not use ADAPTIVE keys")
 	}
@@ -201,15 +200,23 @@ func TestBalanceFromFollowersTraffic(t *testing.T) {
 var splitPreamble = strings.Repeat("Shared operating manual, version 7. ", 90)
 
 // startSplitCluster starts three clustered routers with default settings
-// in front of five engines that answer in a millisecond, and waits until
-// each has applied the agreed state.
-func startSplitCluster(t *testing.T) []*Node {
+// in front of five engines that answer in a millisecond and, with queued,
+// report 8 requests waiting (so that an owner with requests in flight is
+// pressed), else none; and waits until each has applied the agreed state.
+func startSplitCluster(t *testing.T, queued bool) []*Node {
 	t.Helper()
+	metrics := "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
+	if queued {
+		metrics = "vllm:num_requests_running 8\nvllm:num_requests_waiting 8\n"
+	}
 	var urls []string
 	for i := 0; i < 5; i++ {
-		urls = append(urls, newHoldEngine(t, time.Millisecond).srv.URL)
+		urls = append(urls, newHoldEngineMetrics(t, time.Millisecond, metrics).srv.URL)
 	}
-	nodes := startClusterRaft(t, 3, 300*time.Millisecond, func(i int, c *Config) { *c = testConfig(urls) })
+	nodes := startClusterRaft(t, 3, 300*time.Millisecond, func(i int, c *Config) {
+		*c = testConfig(urls)
+		c.Engine.MetricsPath = "/metrics"
+	})
 	for _, n := range nodes {
 		waitAgreed(t, n)
 	}
@@ -272,14 +279,14 @@ func waitSplit(t *testing.T, nodes []*Node, n int) {
 
 // TestSplitsFromFollowerTraffic sends conversations over a shared preamble
 // through one follower only, as clients pinned to one router by their
-// connections do. The leader's own counts stay empty: it must split the
-// preamble from the splits the follower shares through gossip, and every
-// router must install them.
+// connections do, in front of engines that report a queue. The leader's own
+// counts stay empty: it must split the preamble from the counts the
+// follower shares through gossip, and every router must install them.
 func TestSplitsFromFollowerTraffic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-node test")
 	}
-	nodes := startSplitCluster(t)
+	nodes := startSplitCluster(t, true)
 	var leader, follower *Node
 	for _, n := range nodes {
 		switch {
@@ -302,33 +309,39 @@ func TestSplitsFromFollowerTraffic(t *testing.T) {
 	}
 }
 
-// TestUnionSplits: the leader's union keeps its own splits, adds the
-// others' in canonical order, drops depths past the chain and stops at
-// ring.MaxSplits, shallowest first.
-func TestUnionSplits(t *testing.T) {
-	if gossip.MaxHotDepth != ring.MaxChainBlocks {
-		t.Fatalf("gossip.MaxHotDepth %d, ring.MaxChainBlocks %d", gossip.MaxHotDepth, ring.MaxChainBlocks)
+// TestNoSplitWithoutPressure: the same conversations over the shared
+// preamble, in front of engines that never queue, split nothing: the
+// preamble carries every request, but its owner keeps up.
+func TestNoSplitWithoutPressure(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-node test")
 	}
-	own := []ring.Split{{Key: 9, Depth: 1}}
-	if got := unionSplits(own, nil); !slices.Equal(got, own) {
-		t.Fatalf("no others: %v", got)
+	nodes := startSplitCluster(t, false)
+	stop := loadConversations(t, func(c, i int) *Node { return nodes[(c+i)%3] })
+	// Every router's counts call the preamble hot within a second
+	// (TestSplitsAgreedAcrossRouters); give the leader five.
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, n := range nodes {
+			if s := n.proxy.Splits(); len(s) > 0 {
+				t.Fatalf("%s split %v in front of engines that never queue", n.name, s)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	got := unionSplits(own, []gossip.HotPrefix{{Key: 5, Depth: 2}, {Key: 4, Depth: 0}, {Key: 8, Depth: ring.MaxChainBlocks}})
-	if want := []ring.Split{{Key: 4, Depth: 0}, {Key: 9, Depth: 1}, {Key: 5, Depth: 2}}; !slices.Equal(got, want) {
-		t.Fatalf("union %v, want %v", got, want)
+	stop()
+	var counted uint64
+	for _, n := range nodes {
+		loads, _ := n.proxy.PartitionLoads(nil)
+		for _, c := range loads {
+			counted += uint64(c)
+		}
 	}
-	if !slices.Equal(own, []ring.Split{{Key: 9, Depth: 1}}) {
-		t.Fatalf("own changed: %v", own)
+	if counted == 0 {
+		t.Fatal("no request was counted: the load did not run")
 	}
-	var many []gossip.HotPrefix
-	for i := 0; i < ring.MaxSplits+10; i++ {
-		many = append(many, gossip.HotPrefix{Key: uint64(i + 100), Depth: uint32(i % 3)})
-	}
-	got = unionSplits(own, many)
-	if len(got) != ring.MaxSplits || got[0].Depth != 0 || got[len(got)-1].Depth != 2 {
-		t.Fatalf("%d splits, depths %d..%d", len(got), got[0].Depth, got[len(got)-1].Depth)
-	}
-	if _, err := ring.NewSplits(got); err != nil {
-		t.Fatal(err)
+	st, _ := nodes[0].agree.State()
+	if len(st.Splits) != 0 {
+		t.Fatalf("agreed splits %v", st.Splits)
 	}
 }

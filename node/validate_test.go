@@ -41,10 +41,10 @@ func TestValidateState(t *testing.T) {
 	dup := own.Clone()
 	dup.Backends = append(dup.Backends, dup.Backends[0])
 	badSettings := own.Clone()
-	badSettings.Routing.ConcurrencyThreshold = 0
+	badSettings.Routing.ConcurrencyThreshold = 2000
 	badAddr := own.Clone()
 	badAddr.Backends = append(badAddr.Backends, cluster.Backend{ID: "x", URL: "ftp://127.0.0.1:9005", State: "active"})
-	for name, s := range map[string]cluster.State{"duplicate ID": dup, "threshold 0": badSettings, "ftp URL": badAddr} {
+	for name, s := range map[string]cluster.State{"duplicate ID": dup, "threshold 2000": badSettings, "ftp URL": badAddr} {
 		if err := n.validateState(s); err == nil {
 			t.Errorf("%s: accepted", name)
 		}

@@ -92,6 +92,17 @@ type backend struct {
 	// (unix nanos), which tells a new scrape from a copy of the last.
 	queueAt    atomic.Int64
 	engineSeen atomic.Int64
+	// capacity is the learned number of requests the engine runs at once
+	// (0 until learned): its running count at the last scrape that saw a
+	// queue, raised by any later scrape without a queue that ran more (see
+	// learn). quietHigh is the highest cluster in-flight count seen at a
+	// scrape without a queue since the last one with a queue: passing it
+	// asks for a scrape (TriggerScrape) at most every triggerGap
+	// (lastTrigger, unix nanos). learnedAt is the last scrape learnt from.
+	capacity    atomic.Int64
+	quietHigh   atomic.Int64
+	learnedAt   atomic.Int64
+	lastTrigger atomic.Int64
 	// probeDown: the active health check failed ProbeFailThreshold times.
 	probeDown healthFlag
 	// ejectedUntil (unix nanos): passive ejection after connect failures.
@@ -209,8 +220,10 @@ const engineCopyGap = 100 * time.Millisecond
 // setQueue takes an engine scrape: a queue anchors the busy estimate at
 // the in-flight count now less the queue; no queue clears it. A copy of
 // the scrape in use changes nothing, so the estimate drains with the
-// counts rather than being re-anchored by each copy.
+// counts rather than being re-anchored by each copy. A new scrape also
+// teaches the backend's capacity (learn).
 func (b *backend) setQueue(q EngineQueue) {
+	b.learn(q)
 	if q.Waiting <= 0 || q.Scraped.IsZero() {
 		// Called on every change of the cluster's view: write only on a
 		// change, so the request path's reads of queueAt stay cached.
@@ -230,6 +243,69 @@ func (b *backend) setQueue(q EngineQueue) {
 	b.queueAt.Store(max(0, b.globalInFlight()-min(q.Waiting, maxEngineQueue)))
 }
 
+// learn takes what a new scrape (not a copy of the last one learnt from)
+// says of the engine's capacity. An engine that queues while it runs N
+// requests runs at most N at once: its capacity is N. One that runs more
+// than that without a queue has room for them: the capacity rises to what
+// it ran. quietHigh, the highest cluster in-flight count seen without a
+// queue, starts over at a queue from the level the engine ran then, so
+// that a rise past it asks for the next scrape at once (TriggerScrape)
+// rather than at the next round. A scrape without a running figure
+// teaches nothing of the capacity.
+func (b *backend) learn(q EngineQueue) {
+	if q.Scraped.IsZero() {
+		return
+	}
+	at := q.Scraped.UnixNano()
+	if last := b.learnedAt.Load(); last != 0 && at-last < int64(engineCopyGap) && last-at < int64(engineCopyGap) {
+		return
+	}
+	b.learnedAt.Store(at)
+	inflight := b.globalInFlight()
+	run := min(q.Running, maxEngineQueue)
+	if q.Waiting > 0 {
+		if run > 0 {
+			b.capacity.Store(run)
+		}
+		b.quietHigh.Store(max(0, inflight-min(q.Waiting, maxEngineQueue)))
+		return
+	}
+	if c := b.capacity.Load(); c > 0 && run > c {
+		b.capacity.Store(run)
+	}
+	if inflight > b.quietHigh.Load() {
+		b.quietHigh.Store(inflight)
+	}
+}
+
+// triggerGap is the least time between two scrapes a backend's rising
+// count asks for.
+const triggerGap = 250 * time.Millisecond
+
+// rising asks trigger for a scrape of b's engine when the cluster's
+// in-flight count on it, inflight, is past the highest level seen without
+// a queue, at most every triggerGap; now is unix nanos.
+func (b *backend) rising(trigger ScrapeTrigger, inflight, now int64) {
+	if trigger == nil || inflight <= b.quietHigh.Load() {
+		return
+	}
+	last := b.lastTrigger.Load()
+	if now-last < int64(triggerGap) || !b.lastTrigger.CompareAndSwap(last, now) {
+		return
+	}
+	trigger.TriggerScrape(b.id)
+}
+
+// pressed reports whether the backend has more work than it runs at
+// once: its engine is taken to queue (busy), or the cluster's in-flight
+// count reached its limit (ConcurrencyThreshold x weight) or its learned
+// capacity.
+func (b *backend) pressed(limit int64) bool {
+	n := b.globalInFlight()
+	c := b.capacity.Load()
+	return b.busy() || n >= limit || (c > 0 && n >= c)
+}
+
 // maxEngineQueue bounds the queue an engine's figure can claim.
 const maxEngineQueue = 1 << 20
 
@@ -237,8 +313,17 @@ const maxEngineQueue = 1 << 20
 type EngineQueue struct {
 	// Waiting is how many requests it queued: 0 when none or not known.
 	Waiting int64
+	// Running is how many requests it ran: 0 when none or not known.
+	Running int64
 	// Scraped is when the figure was read; zero when there is none.
 	Scraped time.Time
+}
+
+// ScrapeTrigger asks for a scrape of a backend's engine before the next
+// round (engine.Scraper.Trigger). It must not block: the request path
+// calls it.
+type ScrapeTrigger interface {
+	TriggerScrape(backend string)
 }
 
 // connFailed records a connect failure; after EjectAfter in a row the

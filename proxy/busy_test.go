@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"sync"
 	"testing"
 	"time"
 )
@@ -88,5 +89,121 @@ func TestBusyFollowsInFlight(t *testing.T) {
 	// The other backend never had figures.
 	if s := p.Status(); s[0].ID == s[1].ID || (s[0].ID != id && s[0].Busy) || (s[1].ID != id && s[1].Busy) {
 		t.Fatalf("status %+v", s)
+	}
+}
+
+// triggerLog records the scrapes a proxy asks for.
+type triggerLog struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (l *triggerLog) TriggerScrape(id string) {
+	l.mu.Lock()
+	l.ids = append(l.ids, id)
+	l.mu.Unlock()
+}
+
+func (l *triggerLog) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.ids)
+}
+
+// TestLearnedCapacity checks what scrapes teach: an engine that queues
+// while it runs N requests has capacity N; one that later runs more
+// without a queue has room for them; a copy of a scrape teaches nothing;
+// the backend is pressed once the cluster's in-flight count reaches the
+// capacity, queue or not; and a count past the highest level seen without
+// a queue asks for a scrape, at most every triggerGap.
+func TestLearnedCapacity(t *testing.T) {
+	p := totalsProxy(t)
+	setTotalsRing(t, p, totalsRingConfig(), totalsBackends([]int{1, 2}), 1)
+	id := "gpu-1/"
+	status := func() BackendStatus {
+		t.Helper()
+		for _, s := range p.Status() {
+			if s.ID == id {
+				return s
+			}
+		}
+		t.Fatalf("no status for %s", id)
+		return BackendStatus{}
+	}
+	var log triggerLog
+	p.SetScrapeTrigger(&log)
+	tab := p.tab.Load()
+	i, _ := tab.ring.Index(id)
+	own := tab.bs[i]
+	t0 := time.Now()
+
+	if s := status(); s.Capacity != 0 || s.Pressed {
+		t.Fatalf("before any scrape: %+v", s)
+	}
+	// A quiet scrape at 3 in flight: nothing learnt of the capacity, but 3
+	// is the highest level seen without a queue.
+	p.SetRemote(id, 3, EngineQueue{Running: 3, Scraped: t0})
+	if s := status(); s.Capacity != 0 || s.Pressed {
+		t.Fatalf("after a quiet scrape: %+v", s)
+	}
+	asked := log.len()
+	p.SetRemote(id, 3, EngineQueue{Running: 3, Scraped: t0})
+	if log.len() != asked {
+		t.Fatal("a scrape was asked for at the level seen without a queue")
+	}
+	// 6 in flight: past it, a scrape is asked for, once within triggerGap.
+	now := time.Now().UnixNano()
+	own.rising(&log, 6, now)
+	own.rising(&log, 7, now+int64(triggerGap)/2)
+	if log.len() != asked+1 {
+		t.Fatalf("%d scrapes asked for past the quiet level within triggerGap, want 1", log.len()-asked)
+	}
+	own.rising(&log, 7, now+int64(triggerGap))
+	if log.len() != asked+2 {
+		t.Fatal("no scrape asked for after triggerGap")
+	}
+	// The engine queues 2 while it runs 4: capacity 4.
+	p.SetRemote(id, 6, EngineQueue{Waiting: 2, Running: 4, Scraped: t0.Add(time.Second)})
+	if s := status(); s.Capacity != 4 || !s.Pressed || !s.Busy {
+		t.Fatalf("after a queue at 4 running: %+v", s)
+	}
+	// A copy of that scrape re-sent with other figures teaches nothing.
+	p.SetRemote(id, 6, EngineQueue{Waiting: 2, Running: 9, Scraped: t0.Add(time.Second + time.Millisecond)})
+	if s := status(); s.Capacity != 4 {
+		t.Fatalf("a copy of a scrape changed the capacity: %+v", s)
+	}
+	// No queue any more, 4 in flight: not busy, but at its capacity.
+	p.SetRemote(id, 4, EngineQueue{Running: 4, Scraped: t0.Add(2 * time.Second)})
+	if s := status(); s.Busy || !s.Pressed || s.Capacity != 4 {
+		t.Fatalf("at capacity without a queue: %+v", s)
+	}
+	p.SetRemote(id, 3, EngineQueue{Running: 3, Scraped: t0.Add(3 * time.Second)})
+	if s := status(); s.Pressed {
+		t.Fatalf("under its capacity: %+v", s)
+	}
+	// It runs 6 without a queue: it had room, the capacity rises.
+	p.SetRemote(id, 6, EngineQueue{Running: 6, Scraped: t0.Add(4 * time.Second)})
+	if s := status(); s.Capacity != 6 {
+		t.Fatalf("after running 6 without a queue: %+v", s)
+	}
+}
+
+// TestStatusWithoutThreshold: with ConcurrencyThreshold not set (0) a
+// backend's limit reads 0 in Status, it is pressed only by its queue or
+// learned capacity, and no limit gauge is exported.
+func TestStatusWithoutThreshold(t *testing.T) {
+	p := totalsProxy(t)
+	cfg := totalsRingConfig()
+	cfg.ConcurrencyThreshold = 0
+	setTotalsRing(t, p, cfg, totalsBackends([]int{1, 2}), 1)
+	id := "gpu-1/"
+	p.SetRemote(id, 5000, EngineQueue{Running: 5000, Scraped: time.Now()})
+	for _, s := range p.Status() {
+		if s.Limit != 0 {
+			t.Fatalf("%s: limit %d without a threshold", s.ID, s.Limit)
+		}
+		if s.ID == id && s.Pressed {
+			t.Fatalf("pressed at 5000 in flight with no queue, limit or capacity: %+v", s)
+		}
 	}
 }

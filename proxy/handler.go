@@ -309,8 +309,9 @@ func (p *Proxy) readKey(t *table, api ring.API, body, tenant, session []byte, st
 	p.meanBody.Store(mean + (int64(len(body))-mean)/64)
 	if rc.Adaptive() {
 		p.hot.Request()
+		part := uint32(t.ring.Partition(st.info.Key))
 		for d := 0; d < st.info.Blocks; d++ {
-			p.hot.Add(st.info.KeyAt(d), d)
+			p.hot.Add(st.info.KeyAt(d), d, part)
 		}
 	}
 	if rc.Strategy == ring.PrefixAware {
@@ -437,6 +438,7 @@ func (p *Proxy) hold(st *reqState, d ring.Decision) (ring.Decision, error) {
 	for try := 1; ; try++ {
 		b := t.bs[d.Backend]
 		n := b.inflight.Add(1)
+		b.rising(p.scrapeTrigger(), n+b.remote.Load(), st.now)
 		if try == holdTries || (d.Reason != ring.ReasonAffinity && d.Reason != ring.ReasonOverflow) ||
 			n+b.remote.Load() <= t.ring.Limit(d.Backend) {
 			return d, nil

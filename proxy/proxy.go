@@ -54,8 +54,10 @@ type Proxy struct {
 	// splits are the prefixes ADAPTIVE keys route past; hot counts the
 	// traffic that proposes them; meanBody is the running mean body size
 	// (bytes), the unit of a request's recompute cost.
-	splits      atomic.Pointer[ring.Splits]
-	hot         *hot.Counter
+	splits atomic.Pointer[ring.Splits]
+	hot    *hot.Counter
+	// trigger asks for early engine scrapes (SetScrapeTrigger).
+	trigger     atomic.Pointer[ScrapeTrigger]
 	meanBody    atomic.Int64
 	splitsGauge prometheus.Gauge
 	// partHits counts PREFIX_AWARE requests per partition of the ring in
@@ -278,11 +280,27 @@ func (p *Proxy) SetSplits(list []ring.Split) error {
 // Splits returns the split prefixes in use.
 func (p *Proxy) Splits() []ring.Split { return p.splits.Load().List() }
 
-// HotSplits closes a counting period and returns the splits this router's
-// own traffic calls for, given the ones in use (see package hot). Call it
-// periodically from one goroutine; a router that decides alone installs
-// the result with SetSplits, a cluster's leader commits it.
-func (p *Proxy) HotSplits() []ring.Split {
+// HotPrefix is a prefix this router's traffic counts as a candidate for a
+// split: its block-chain key and depth, its recent request count (decayed,
+// in HotUnit per request) and the ring partition its requests route on.
+type HotPrefix struct {
+	Key   uint64
+	Depth int
+	Count uint64
+	Part  uint32
+}
+
+// HotUnit is what one request adds to the counts of HotPrefixes.
+const HotUnit = hot.Unit
+
+// HotPrefixes closes a counting period and returns the requests counted
+// (decayed, in HotUnit per request) and the candidates for a split this
+// router's own traffic shows, given the splits in use: those splits still
+// counted and the prefixes whose share reached one active backend's fair
+// share (see package hot), the busiest first. Call it periodically from
+// one goroutine; the Raft leader adds every router's counts up and
+// commits the splits whose owners are pressed.
+func (p *Proxy) HotPrefixes() (uint64, []HotPrefix) {
 	t := p.tab.Load()
 	n := 0
 	for i := range t.bs {
@@ -290,7 +308,31 @@ func (p *Proxy) HotSplits() []ring.Split {
 			n++
 		}
 	}
-	return p.hot.Rotate(n, p.Splits())
+	total, cands := p.hot.Rotate(n, p.Splits())
+	out := make([]HotPrefix, len(cands))
+	for i, c := range cands {
+		out[i] = HotPrefix{Key: c.Key, Depth: c.Depth, Count: c.Count, Part: c.Part}
+	}
+	return total, out
+}
+
+// SetScrapeTrigger installs what asks for an early scrape of an engine
+// whose cluster in-flight count passes the highest level seen without a
+// queue (see backend.learn); nil turns it off.
+func (p *Proxy) SetScrapeTrigger(t ScrapeTrigger) {
+	if t == nil {
+		p.trigger.Store(nil)
+		return
+	}
+	p.trigger.Store(&t)
+}
+
+// scrapeTrigger returns the installed ScrapeTrigger, or nil.
+func (p *Proxy) scrapeTrigger() ScrapeTrigger {
+	if t := p.trigger.Load(); t != nil {
+		return *t
+	}
+	return nil
 }
 
 // Ring returns the current snapshot and its epoch.
@@ -310,6 +352,7 @@ func (p *Proxy) SetRemote(id string, inflight int64, q EngineQueue) {
 		b := t.bs[i]
 		b.remote.Store(inflight)
 		b.setQueue(q)
+		b.rising(p.scrapeTrigger(), b.globalInFlight(), time.Now().UnixNano())
 	}
 }
 
@@ -346,7 +389,16 @@ type BackendStatus struct {
 	Busy           bool   `json:"busy"`
 	InFlight       int64  `json:"in_flight"`
 	RemoteInFlight int64  `json:"remote_in_flight"`
-	Limit          int64  `json:"limit"`
+	// Limit is ConcurrencyThreshold x weight; 0 when the threshold is not
+	// set.
+	Limit int64 `json:"limit"`
+	// Capacity is the learned number of requests the engine runs at once
+	// (0: not learned yet): its running count when it last queued.
+	Capacity int64 `json:"capacity,omitempty"`
+	// Pressed: the engine is taken to queue, or the cluster's in-flight
+	// count reached Limit or Capacity. Only a pressed backend's prefixes
+	// are split and its partitions moved.
+	Pressed bool `json:"pressed"`
 	// Cache is this router's cache predictions for the backend and what
 	// its answers delivered, per decision kind that had answers.
 	Cache []CacheFigures `json:"cache,omitempty"`
@@ -364,7 +416,11 @@ func (p *Proxy) Status() []BackendStatus {
 			Healthy:   rb.State == ring.Active && b.available(now),
 			ProbeDown: b.probeDown.Load(), Ejected: b.ejectedUntil.Load() > now,
 			Busy: b.busy(), InFlight: b.inflight.Load(), RemoteInFlight: b.remote.Load(),
-			Limit: t.ring.Limit(i), Cache: b.cache.figures(),
+			Limit: t.ring.Limit(i), Capacity: b.capacity.Load(), Pressed: b.pressed(t.ring.Limit(i)),
+			Cache: b.cache.figures(),
+		}
+		if out[i].Limit == ring.NoLimit {
+			out[i].Limit = 0 // ConcurrencyThreshold not set
 		}
 	}
 	return out
@@ -572,7 +628,7 @@ var (
 		"1 when the backend's engine reports queued requests.",
 		[]string{"backend"}, nil)
 	descLimit = prometheus.NewDesc("warmroute_backend_limit",
-		"The backend's concurrency limit (ConcurrencyThreshold x weight).",
+		"The backend's concurrency limit (ConcurrencyThreshold x weight); absent when the threshold is not set.",
 		[]string{"backend"}, nil)
 	descEpoch = prometheus.NewDesc("warmroute_ring_epoch",
 		"The epoch of the ring snapshot in use.", nil, nil)
@@ -603,7 +659,9 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(own+b.remote.Load()), b.id, "global")
 		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, b2f(t.ring.Backend(i).State == ring.Active && b.available(now)), b.id)
 		ch <- prometheus.MustNewConstMetric(descBusy, prometheus.GaugeValue, b2f(b.busy()), b.id)
-		ch <- prometheus.MustNewConstMetric(descLimit, prometheus.GaugeValue, float64(t.ring.Limit(i)), b.id)
+		if l := t.ring.Limit(i); l != ring.NoLimit {
+			ch <- prometheus.MustNewConstMetric(descLimit, prometheus.GaugeValue, float64(l), b.id)
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(descEpoch, prometheus.GaugeValue, float64(t.epoch))
 	ch <- prometheus.MustNewConstMetric(descBackends, prometheus.GaugeValue, float64(len(t.bs)))

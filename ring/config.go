@@ -81,6 +81,9 @@ const (
 	MaxPrefixLength         = 65536
 	MinConcurrencyThreshold = 1
 	MaxConcurrencyThreshold = 1024
+	// ConcurrencyThreshold 0 is "not set": no hard cap; the router learns
+	// each engine's capacity from what it reports (proxy's backend.learn)
+	// and uses it to judge pressure, not to refuse requests.
 	// MaxBackends bounds a ring; partitions scale with it.
 	MaxBackends = 4096
 )
@@ -113,7 +116,7 @@ type KeyConfig struct {
 type Settings struct {
 	Strategy             Strategy `json:"strategy" yaml:"strategy" flag:"strategy" sagemaker:"RoutingStrategy" help:"routing strategy: PREFIX_AWARE, RANDOM, LEAST_OUTSTANDING_REQUESTS, ROUND_ROBIN, CONSISTENT_HASH"`
 	PrefixLength         int      `json:"prefix_length" yaml:"prefix_length" flag:"prefix-length" sagemaker:"PrefixLength" help:"bytes of prompt text that form the routing key (1024-65536)"`
-	ConcurrencyThreshold int      `json:"concurrency_threshold" yaml:"concurrency_threshold" flag:"concurrency-threshold" sagemaker:"ConcurrencyThreshold" help:"in-flight requests per backend at which PREFIX_AWARE overflows (1-1024)"`
+	ConcurrencyThreshold int      `json:"concurrency_threshold" yaml:"concurrency_threshold" flag:"concurrency-threshold" sagemaker:"ConcurrencyThreshold" help:"in-flight requests per backend at which PREFIX_AWARE overflows (1-1024); 0 = not set: no hard cap, each engine's capacity is learned from its queue"`
 	LoadFactor           float64  `json:"load_factor,omitempty" yaml:"load_factor" flag:"load-factor" help:"also cap a backend at this multiple of the fleet's average in-flight (bounded loads); 0 = off, else >= 1"`
 	InvocationsJSON      bool     `json:"invocations_json,omitempty" yaml:"invocations_json" flag:"invocations-json" help:"/invocations: key on prompt fields of JSON bodies (messages, prompt, inputs) instead of the raw body"`
 	BusyIsFull           bool     `json:"busy_is_full,omitempty" yaml:"busy_is_full" flag:"busy-is-full" help:"THRESHOLD overflow: treat a backend whose engine reports queued requests as over its limit"`
@@ -158,8 +161,8 @@ func (s *Settings) Validate() error {
 		return fmt.Errorf("%w: unknown strategy %d", ErrConfig, s.Strategy)
 	case s.PrefixLength < MinPrefixLength || s.PrefixLength > MaxPrefixLength:
 		return fmt.Errorf("%w: PrefixLength %d out of range [%d, %d]", ErrConfig, s.PrefixLength, MinPrefixLength, MaxPrefixLength)
-	case s.ConcurrencyThreshold < MinConcurrencyThreshold || s.ConcurrencyThreshold > MaxConcurrencyThreshold:
-		return fmt.Errorf("%w: ConcurrencyThreshold %d out of range [%d, %d]", ErrConfig, s.ConcurrencyThreshold, MinConcurrencyThreshold, MaxConcurrencyThreshold)
+	case s.ConcurrencyThreshold != 0 && (s.ConcurrencyThreshold < MinConcurrencyThreshold || s.ConcurrencyThreshold > MaxConcurrencyThreshold):
+		return fmt.Errorf("%w: ConcurrencyThreshold %d out of range [%d, %d], or 0 (not set: learned from the engines)", ErrConfig, s.ConcurrencyThreshold, MinConcurrencyThreshold, MaxConcurrencyThreshold)
 	case s.LoadFactor != 0 && (s.LoadFactor < 1 || s.LoadFactor > 100):
 		return fmt.Errorf("%w: LoadFactor %g must be 0 (off) or between 1 and 100", ErrConfig, s.LoadFactor)
 	case s.OverflowDepth < 1 || s.OverflowDepth > 64:

@@ -110,6 +110,9 @@ func build(cfg Config, backends []Backend, prev *Ring) (*Ring, error) {
 		}
 		r.index[b.ID] = i
 		r.limits[i] = int64(cfg.ConcurrencyThreshold) * b.weight()
+		if cfg.ConcurrencyThreshold == 0 {
+			r.limits[i] = NoLimit // not set: the engines' own capacity
+		}
 		if b.State != Active {
 			r.inactive = append(r.inactive, int32(i))
 		}
@@ -555,7 +558,11 @@ func (r *Ring) Index(id string) (int, bool) {
 	return i, ok
 }
 
-// Limit is backend i's concurrency limit: ConcurrencyThreshold x weight.
+// NoLimit is Limit's answer when ConcurrencyThreshold is not set (0).
+const NoLimit = math.MaxInt64
+
+// Limit is backend i's concurrency limit: ConcurrencyThreshold x weight,
+// or NoLimit when ConcurrencyThreshold is not set.
 func (r *Ring) Limit(i int) int64 { return r.limits[i] }
 
 // Partitions is the number of partitions (0 for an empty ring).

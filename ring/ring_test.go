@@ -315,7 +315,7 @@ func TestNewErrors(t *testing.T) {
 	}
 	for _, mut := range []func(*Config){
 		func(c *Config) { c.PrefixLength = 10 },
-		func(c *Config) { c.ConcurrencyThreshold = 0 },
+		func(c *Config) { c.ConcurrencyThreshold = -1 },
 		func(c *Config) { c.LoadFactor = 0.5 },
 		func(c *Config) { c.PartitionLoad = 1 },
 		func(c *Config) { c.Hash = nil },
@@ -524,5 +524,29 @@ func TestLoadFactorPickMatchesDefinition(t *testing.T) {
 		if err != nil || d.Backend != want {
 			t.Fatalf("round %d: got %+v %v, want backend %d", k, d, err, want)
 		}
+	}
+}
+
+// TestThresholdNotSet: ConcurrencyThreshold 0 means not set: no hard cap
+// (Limit is NoLimit), so PREFIX_AWARE keeps a key on its owner however
+// many requests it has in flight, unless the engine queues.
+func TestThresholdNotSet(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.ConcurrencyThreshold = 0
+	r, err := New(cfg, gpus(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range r.Backends() {
+		if r.Limit(i) != NoLimit {
+			t.Fatalf("backend %d: limit %d, want NoLimit", i, r.Limit(i))
+		}
+	}
+	loads := newLoads(3)
+	owner := int(r.Order(r.Partition(42))[0])
+	loads.inflight[owner] = 1 << 20
+	d, err := r.Pick(42, loads)
+	if err != nil || d.Backend != owner || d.Reason != ReasonAffinity {
+		t.Fatalf("owner with 2^20 in flight and no threshold: %+v, %v", d, err)
 	}
 }

@@ -33,12 +33,17 @@ type Outcome struct {
 	PromptTokens, CompletionTokens, CachedTokens int
 }
 
+// maxDecisionKinds bounds the decisions DecisionTokens splits by: a
+// target's header is outside input.
+const maxDecisionKinds = 32
+
 // Recorder accumulates Outcomes. It is safe for concurrent use.
 type Recorder struct {
 	mu                        sync.Mutex
 	ttft, itl, e2e            *hdrhistogram.Histogram
 	ok, failed                int64
 	errs, backends, decisions map[string]int64
+	byDecision                map[string]*DecisionTokens
 	prompt, completion        int64
 	cached, usageReports      int64
 }
@@ -46,13 +51,31 @@ type Recorder struct {
 // NewRecorder returns an empty Recorder.
 func NewRecorder() *Recorder {
 	return &Recorder{
-		ttft:      hdrhistogram.New(histLowest, histHighest, histDigits),
-		itl:       hdrhistogram.New(histLowest, histHighest, histDigits),
-		e2e:       hdrhistogram.New(histLowest, histHighest, histDigits),
-		errs:      map[string]int64{},
-		backends:  map[string]int64{},
-		decisions: map[string]int64{},
+		ttft:       hdrhistogram.New(histLowest, histHighest, histDigits),
+		itl:        hdrhistogram.New(histLowest, histHighest, histDigits),
+		e2e:        hdrhistogram.New(histLowest, histHighest, histDigits),
+		errs:       map[string]int64{},
+		backends:   map[string]int64{},
+		decisions:  map[string]int64{},
+		byDecision: map[string]*DecisionTokens{},
 	}
+}
+
+// DecisionTokens is what the requests of one router decision (affinity,
+// overflow, ...) were sent and found cached: the offline split of a run's
+// hit rate by decision, which shows which decisions lose the hit.
+type DecisionTokens struct {
+	Requests     int64 `json:"requests"`
+	PromptTokens int64 `json:"prompt_tokens"`
+	CachedTokens int64 `json:"cached_tokens"`
+}
+
+// CachedRate is cached over prompt tokens (0 without prompt tokens).
+func (d DecisionTokens) CachedRate() float64 {
+	if d.PromptTokens == 0 {
+		return 0
+	}
+	return float64(d.CachedTokens) / float64(d.PromptTokens)
 }
 
 func micros(d time.Duration) int64 {
@@ -92,6 +115,19 @@ func (r *Recorder) Record(o *Outcome) {
 	r.prompt += int64(o.PromptTokens)
 	r.completion += int64(o.CompletionTokens)
 	r.cached += int64(o.CachedTokens)
+	if o.Decision != "" && o.PromptTokens > 0 {
+		d := r.byDecision[o.Decision]
+		if d == nil {
+			if len(r.byDecision) >= maxDecisionKinds {
+				return
+			}
+			d = &DecisionTokens{}
+			r.byDecision[o.Decision] = d
+		}
+		d.Requests++
+		d.PromptTokens += int64(o.PromptTokens)
+		d.CachedTokens += int64(o.CachedTokens)
+	}
 	if o.PromptTokens > 0 {
 		r.usageReports++
 	}
@@ -208,6 +244,9 @@ type Summary struct {
 	// ShareMaxMin cannot be expected below it on a finite sample.
 	ShareFloor float64          `json:"share_max_min_floor,omitempty"`
 	Decisions  map[string]int64 `json:"decisions,omitempty"`
+	// DecisionTokens splits the successful requests' prompt and cached
+	// tokens (from usage) by decision.
+	DecisionTokens map[string]DecisionTokens `json:"decision_tokens,omitempty"`
 
 	// KV is the hit rate from the backends' counters; nil when no metrics
 	// were scraped.
@@ -245,6 +284,12 @@ func (r *Recorder) Summarize(window time.Duration, expected []string) Summary {
 		TTFTCDF:          cdf(r.ttft),
 		Backends:         copyMap(r.backends),
 		Decisions:        copyMap(r.decisions),
+	}
+	if len(r.byDecision) > 0 {
+		s.DecisionTokens = make(map[string]DecisionTokens, len(r.byDecision))
+		for k, d := range r.byDecision {
+			s.DecisionTokens[k] = *d
+		}
 	}
 	if sec := window.Seconds(); sec > 0 {
 		s.RequestsPerSec = float64(r.ok) / sec

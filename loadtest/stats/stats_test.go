@@ -2,6 +2,7 @@ package stats
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"sync"
 	"testing"
@@ -179,5 +180,36 @@ func TestRecorderConcurrent(t *testing.T) {
 	wg.Wait()
 	if s := r.Summarize(time.Second, nil); s.OK != 4000 || s.Backends["x"] != 4000 || s.ShareMaxMin != 1 {
 		t.Fatalf("summary %+v", s)
+	}
+}
+
+// TestDecisionTokens: successful requests' prompt and cached tokens are
+// split by decision; failures and requests without usage are not; the
+// kinds are bounded.
+func TestDecisionTokens(t *testing.T) {
+	r := NewRecorder()
+	r.Record(&Outcome{Decision: "affinity", PromptTokens: 100, CachedTokens: 90})
+	r.Record(&Outcome{Decision: "affinity", PromptTokens: 100, CachedTokens: 70})
+	r.Record(&Outcome{Decision: "overflow", PromptTokens: 200, CachedTokens: 0})
+	r.Record(&Outcome{Decision: "overflow", Err: "timeout", PromptTokens: 50})
+	r.Record(&Outcome{Decision: "fallback"})
+	s := r.Summarize(time.Second, nil)
+	want := map[string]DecisionTokens{"affinity": {2, 200, 160}, "overflow": {1, 200, 0}}
+	if len(s.DecisionTokens) != len(want) {
+		t.Fatalf("decision tokens %+v, want %+v", s.DecisionTokens, want)
+	}
+	for k, w := range want {
+		if s.DecisionTokens[k] != w {
+			t.Fatalf("%s: %+v, want %+v", k, s.DecisionTokens[k], w)
+		}
+	}
+	if got := s.DecisionTokens["affinity"].CachedRate(); got != 0.8 {
+		t.Fatalf("affinity cached rate %v", got)
+	}
+	for i := 0; i < 2*maxDecisionKinds; i++ {
+		r.Record(&Outcome{Decision: fmt.Sprint("kind", i), PromptTokens: 1})
+	}
+	if n := len(r.Summarize(time.Second, nil).DecisionTokens); n != maxDecisionKinds {
+		t.Fatalf("%d decision kinds kept, want at most %d", n, maxDecisionKinds)
 	}
 }

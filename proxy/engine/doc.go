@@ -12,5 +12,8 @@
 // (the cluster assigns each backend to one node) and hands each result to
 // a callback; the node shares them with the other nodes. The prefix-cache
 // hit rate of engines that export hit and query counters (vLLM V1) is
-// computed from their growth over a sliding window.
+// computed from their growth over a sliding window. Trigger asks for a
+// scrape of one backend before the next round: the proxy does when the
+// cluster's in-flight count on it passes the highest level seen without a
+// queue, so that a queue forming between rounds is seen at once.
 package engine

@@ -55,7 +55,7 @@ func TestScraperHostileEngines(t *testing.T) {
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
 			start := time.Now()
-			s.round(context.Background())
+			s.round(context.Background(), nil)
 			runtime.ReadMemStats(&after)
 			st, n := pub.last("b")
 			if n != 1 || st.OK {
@@ -90,7 +90,7 @@ func TestScraperDoesNotFollowRedirects(t *testing.T) {
 	defer srv.Close()
 	var pub published
 	s := newTestScraper(t, DefaultConfig(), []Target{{"b", srv.URL + "/metrics"}}, func(string) bool { return true }, &pub)
-	s.round(context.Background())
+	s.round(context.Background(), nil)
 	if st, n := pub.last("b"); n != 1 || st.OK {
 		t.Fatalf("published %+v (%d), want a failed scrape", st, n)
 	}

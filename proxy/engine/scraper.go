@@ -98,7 +98,12 @@ type Scraper struct {
 
 	// state is only touched by the goroutine running Run.
 	state map[string]*targetState
-	bufs  sync.Pool
+	// triggered holds the backends Trigger asked for (at most
+	// maxTriggered), guarded by trigMu; wake tells Run.
+	trigMu    sync.Mutex
+	triggered map[string]struct{}
+	wake      chan struct{}
+	bufs      sync.Pool
 
 	scrapes  *prometheus.CounterVec
 	duration prometheus.Histogram
@@ -134,8 +139,10 @@ func New(cfg Config, targets func() []Target, owner func(id string) bool, publis
 	s := &Scraper{
 		cfg: cfg, parser: p, client: cfg.Client, log: cfg.Logger,
 		targets: targets, owner: owner, publish: publish,
-		state: make(map[string]*targetState),
-		bufs:  sync.Pool{New: func() any { return new(bytes.Buffer) }},
+		state:     make(map[string]*targetState),
+		triggered: make(map[string]struct{}),
+		wake:      make(chan struct{}, 1),
+		bufs:      sync.Pool{New: func() any { return new(bytes.Buffer) }},
 		scrapes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "warmroute", Subsystem: "engine", Name: "scrapes_total",
 			Help: "Engine metrics scrapes by result (ok, error, empty: no known metric).",
@@ -182,17 +189,58 @@ func (s *Scraper) Run(ctx context.Context) error {
 	t := time.NewTicker(s.cfg.Interval)
 	defer t.Stop()
 	for {
-		s.round(ctx)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
+		s.round(ctx, nil)
+		for again := true; again; {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+				again = false
+			case <-s.wake:
+				s.round(ctx, s.takeTriggered())
+			}
 		}
 	}
 }
 
-// round scrapes the owned targets once and publishes the results.
-func (s *Scraper) round(ctx context.Context) {
+// maxTriggered bounds the backends waiting for a triggered scrape.
+const maxTriggered = 4096
+
+// Trigger asks for a scrape of backend's engine now, before the next
+// round, if this scraper owns it. It never blocks; a backend asked for
+// twice before the scrape is scraped once. The caller bounds how often
+// (the proxy asks when a backend's in-flight count passes the highest
+// level seen without a queue, at most every 250 ms).
+func (s *Scraper) Trigger(backend string) {
+	s.trigMu.Lock()
+	if len(s.triggered) < maxTriggered {
+		s.triggered[backend] = struct{}{}
+	}
+	s.trigMu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// TriggerScrape is Trigger, for proxy.ScrapeTrigger.
+func (s *Scraper) TriggerScrape(backend string) { s.Trigger(backend) }
+
+// takeTriggered returns and clears the backends Trigger asked for.
+func (s *Scraper) takeTriggered() map[string]struct{} {
+	s.trigMu.Lock()
+	defer s.trigMu.Unlock()
+	if len(s.triggered) == 0 {
+		return map[string]struct{}{}
+	}
+	out := s.triggered
+	s.triggered = make(map[string]struct{}, len(out))
+	return out
+}
+
+// round scrapes the owned targets once (only those in only, when only is
+// not nil) and publishes the results.
+func (s *Scraper) round(ctx context.Context, only map[string]struct{}) {
 	var owned []Target
 	seen := make(map[string]bool)
 	for _, t := range s.targets() {
@@ -200,6 +248,11 @@ func (s *Scraper) round(ctx context.Context) {
 			continue
 		}
 		seen[t.ID] = true
+		if only != nil {
+			if _, ok := only[t.ID]; !ok {
+				continue
+			}
+		}
 		owned = append(owned, t)
 	}
 	// Forget targets we no longer own: if one comes back its hit-rate

@@ -109,7 +109,7 @@ func TestScraperRoundAndHitRate(t *testing.T) {
 	s := newTestScraper(t, cfg, targets, func(id string) bool { return mine.Load().(map[string]bool)[id] }, &pub)
 	ctx := context.Background()
 
-	s.round(ctx)
+	s.round(ctx, nil)
 	st, n := pub.last("b1")
 	if n != 1 || !st.OK || st.Running != 2 || st.Waiting != 1 || st.KVUsage != 0.5 || st.Known != KnownRunning|KnownWaiting|KnownKVUsage {
 		t.Fatalf("b1 after first round: %+v (%d)", st, n)
@@ -126,32 +126,32 @@ func TestScraperRoundAndHitRate(t *testing.T) {
 
 	// Hit rate from counter growth: 100 queries, 40 hits since the base.
 	e1.set(func(e *fakeEngine) { e.queries, e.hits = 100, 40 })
-	s.round(ctx)
+	s.round(ctx, nil)
 	if st, _ := pub.last("b1"); !st.Has(KnownPrefixHitRate) || !near(st.PrefixHitRate, 0.4) {
 		t.Fatalf("hit rate %+v", st)
 	}
 	e1.set(func(e *fakeEngine) { e.queries, e.hits = 200, 130 })
-	s.round(ctx)
+	s.round(ctx, nil)
 	if st, _ := pub.last("b1"); !near(st.PrefixHitRate, 0.65) {
 		t.Fatalf("hit rate over the window %v, want 130/200", st.PrefixHitRate)
 	}
 	// No new queries: the last rate stands.
-	s.round(ctx)
+	s.round(ctx, nil)
 	if st, _ := pub.last("b1"); !near(st.PrefixHitRate, 0.65) {
 		t.Fatalf("idle hit rate %v", st.PrefixHitRate)
 	}
 	// The engine restarted (counters went back): the window starts over.
 	e1.set(func(e *fakeEngine) { e.queries, e.hits = 10, 10 })
-	s.round(ctx)
+	s.round(ctx, nil)
 	e1.set(func(e *fakeEngine) { e.queries, e.hits = 20, 15 })
-	s.round(ctx)
+	s.round(ctx, nil)
 	if st, _ := pub.last("b1"); !near(st.PrefixHitRate, 0.5) {
 		t.Fatalf("hit rate after restart %v, want 5/10", st.PrefixHitRate)
 	}
 
 	// Ownership moves: b1 is dropped (and its state), b2 is scraped.
 	mine.Store(map[string]bool{"b2": true})
-	s.round(ctx)
+	s.round(ctx, nil)
 	if st, n := pub.last("b2"); n != 1 || st.Running != 7 {
 		t.Fatalf("b2 after takeover: %+v (%d)", st, n)
 	}
@@ -206,7 +206,7 @@ func TestScraperFailures(t *testing.T) {
 	var pub published
 	s := newTestScraper(t, cfg, targets, func(string) bool { return true }, &pub)
 	start := time.Now()
-	s.round(context.Background())
+	s.round(context.Background(), nil)
 	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("round took %v with a 200 ms timeout", d)
 	}
@@ -287,5 +287,58 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if _, err := New(c, nil, nil, nil); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("nil callbacks: %v", err)
+	}
+}
+
+// TestTrigger: with rounds an hour apart, Trigger scrapes the backend
+// asked for (and only it) at once; a backend this scraper does not own is
+// not scraped; Trigger never blocks, even with Run not running.
+func TestTrigger(t *testing.T) {
+	a, b, c := &fakeEngine{}, &fakeEngine{}, &fakeEngine{}
+	srvs := []*httptest.Server{httptest.NewServer(a), httptest.NewServer(b), httptest.NewServer(c)}
+	for _, s := range srvs {
+		defer s.Close()
+	}
+	targets := []Target{{ID: "a", MetricsURL: srvs[0].URL}, {ID: "b", MetricsURL: srvs[1].URL}, {ID: "c", MetricsURL: srvs[2].URL}}
+	cfg := DefaultConfig()
+	cfg.Interval, cfg.HitRateWindow = time.Hour, time.Hour
+	var mu sync.Mutex
+	got := map[string]int{}
+	s, err := New(cfg, func() []Target { return targets }, func(id string) bool { return id != "c" }, func(id string, _ Stats) {
+		mu.Lock()
+		got[id]++
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 100; i++ {
+		s.Trigger("b") // Run is not running: none of these may block
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	count := func(id string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return got[id]
+	}
+	wait := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: scrapes a=%d b=%d c=%d", what, count("a"), count("b"), count("c"))
+			}
+		}
+	}
+	wait("the first round", func() bool { return count("a") == 1 && count("b") >= 1 })
+	before := count("b")
+	s.Trigger("b")
+	s.Trigger("c")
+	wait("a triggered scrape of b", func() bool { return count("b") > before })
+	time.Sleep(50 * time.Millisecond)
+	if count("a") != 1 || count("c") != 0 {
+		t.Fatalf("a triggered scrape of b scraped a %d times and c (not owned) %d", count("a"), count("c"))
 	}
 }

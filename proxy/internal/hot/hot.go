@@ -1,6 +1,8 @@
 package hot
 
 import (
+	"cmp"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -10,19 +12,37 @@ import (
 const (
 	width = 1 << 13 // counters per row
 	mask  = width - 1
-	// unit is what one request adds to a count: counts are fixed-point,
+	// Unit is what one request adds to a count: counts are fixed-point,
 	// so that decaying a count of a few requests does not round it away.
-	unit = 16
-	// minCount is the smallest decayed count that splits a prefix: four
-	// requests, about one a rotation in steady state (a router routing a
-	// few requests a second still learns within seconds), so that a
-	// request or two never splits anything.
-	minCount = 4 * unit
+	Unit = 16
+	// minCount is the smallest decayed count a Counter reports a prefix
+	// at: one request. Its reports are candidates, not splits: the leader
+	// adds up every router's counts and splits only a prefix whose owner
+	// is pressed (node/splits.go), so a router that sees a prefix at one
+	// request a second, an eighth of a fleet behind eight routers, still
+	// counts.
+	minCount = Unit
 	// maxCandidates bounds the prefixes tracked by name.
 	maxCandidates = 2048
-	// MaxSplits bounds what Rotate proposes.
-	MaxSplits = 1024
+	// MaxReport bounds what Rotate reports.
+	MaxReport = 1024
 )
+
+// Candidate is a prefix a Counter reports: its key and depth, its decayed
+// request count (in Unit per request) and the ring partition its requests
+// were last routed on.
+type Candidate struct {
+	Key   uint64
+	Depth int
+	Count uint64
+	Part  uint32
+}
+
+// cand is what the Counter remembers of a prefix by name.
+type cand struct {
+	depth int
+	part  uint32
+}
 
 // Counter estimates each prefix key's share of the requests. Add and
 // Request may be called concurrently with each other and with Rotate; Rotate
@@ -34,13 +54,13 @@ type Counter struct {
 	trigger atomic.Uint32
 
 	mu   sync.Mutex
-	cand map[uint64]int // key -> depth
+	cand map[uint64]cand
 }
 
 // New returns an empty Counter.
 func New() *Counter {
-	c := &Counter{cand: make(map[uint64]int)}
-	c.trigger.Store(minCount / 2)
+	c := &Counter{cand: make(map[uint64]cand)}
+	c.trigger.Store(minCount)
 	return c
 }
 
@@ -49,19 +69,20 @@ func slots(key uint64) (uint64, uint64) {
 }
 
 // Request counts one routed request: the denominator of every share.
-func (c *Counter) Request() { c.total.Add(unit) }
+func (c *Counter) Request() { c.total.Add(Unit) }
 
-// Add counts one request's prefix key at depth.
-func (c *Counter) Add(key uint64, depth int) {
+// Add counts one request's prefix key at depth; part is the ring partition
+// the request routes on.
+func (c *Counter) Add(key uint64, depth int, part uint32) {
 	i, j := slots(key)
-	est := min(c.rows[0][i].Add(unit), c.rows[1][j].Add(unit))
+	est := min(c.rows[0][i].Add(Unit), c.rows[1][j].Add(Unit))
 	// Remember a key by name once it reaches the trigger, and again every
 	// 8 requests past it (a key already above a lowered trigger is caught
 	// too); the lock is taken only then.
-	if t := c.trigger.Load(); est >= t && (est-t)%(8*unit) < unit {
+	if t := c.trigger.Load(); est >= t && (est-t)%(8*Unit) < Unit {
 		c.mu.Lock()
 		if _, ok := c.cand[key]; ok || len(c.cand) < maxCandidates {
-			c.cand[key] = depth
+			c.cand[key] = cand{depth: depth, part: part}
 		}
 		c.mu.Unlock()
 	}
@@ -72,32 +93,33 @@ func (c *Counter) estimate(key uint64) uint32 {
 	return min(c.rows[0][i].Load(), c.rows[1][j].Load())
 }
 
-// Rotate returns the splits for a fleet of backends eligible backends,
-// given the current ones: the current splits whose share is still at least
-// half a backend's fair share, and the prefixes whose share reached a fair
-// share. Then it decays every count by a quarter. The result is in
-// canonical order and holds at most MaxSplits splits, the shallowest first.
-func (c *Counter) Rotate(backends int, cur []ring.Split) []ring.Split {
+// Rotate closes a counting period on a fleet of backends eligible
+// backends, given the splits in use, cur. It returns the requests counted
+// (decayed, in Unit per request) and the candidates: every prefix of cur
+// still counted, with its count, and every other prefix whose share of
+// the requests reached a backend's fair share (1/backends) and at least
+// one request. Then it decays every count by a quarter. The candidates
+// are the busiest first, at most MaxReport.
+func (c *Counter) Rotate(backends int, cur []ring.Split) (uint64, []Candidate) {
 	backends = max(backends, 1)
 	total := c.total.Load()
-	split := max(uint64(minCount), total/uint64(backends))
-	keep := split / 2
-	out := make([]ring.Split, 0, len(cur))
+	share := max(uint64(minCount), total/uint64(backends))
+	out := make([]Candidate, 0, len(cur))
 	seen := make(map[uint64]bool, len(cur))
+	c.mu.Lock()
 	for _, sp := range cur {
-		if uint64(c.estimate(sp.Key)) >= keep {
-			out = append(out, sp)
+		if est := uint64(c.estimate(sp.Key)); est > 0 {
+			out = append(out, Candidate{Key: sp.Key, Depth: sp.Depth, Count: est, Part: c.cand[sp.Key].part})
 			seen[sp.Key] = true
 		}
 	}
-	c.mu.Lock()
-	for k, d := range c.cand {
+	for k, cd := range c.cand {
 		est := uint64(c.estimate(k))
 		switch {
-		case est < keep/2:
+		case est < share/4:
 			delete(c.cand, k) // cold: forget it
-		case !seen[k] && est >= split:
-			out = append(out, ring.Split{Key: k, Depth: d})
+		case !seen[k] && est >= share:
+			out = append(out, Candidate{Key: k, Depth: cd.depth, Count: est, Part: cd.part})
 			seen[k] = true
 		}
 	}
@@ -112,10 +134,18 @@ func (c *Counter) Rotate(backends int, cur []ring.Split) []ring.Split {
 		}
 	}
 	c.total.Store(total - (total+3)/4)
-	c.trigger.Store(uint32(min(max(uint64(minCount/2), split/4), 1<<31)))
-	ring.SortSplits(out)
-	if len(out) > MaxSplits {
-		out = out[:MaxSplits]
+	c.trigger.Store(uint32(min(max(uint64(minCount), share/4), 1<<31)))
+	slices.SortFunc(out, func(a, b Candidate) int {
+		switch {
+		case a.Count != b.Count:
+			return cmp.Compare(b.Count, a.Count)
+		case a.Depth != b.Depth:
+			return a.Depth - b.Depth
+		}
+		return cmp.Compare(a.Key, b.Key)
+	})
+	if len(out) > MaxReport {
+		out = out[:MaxReport]
 	}
-	return out
+	return total, out
 }

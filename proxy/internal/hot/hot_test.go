@@ -16,66 +16,100 @@ func feed(c *Counter, rng *rand.Rand, n int, share float64, hotKey uint64) {
 	for i := 0; i < n; i++ {
 		c.Request()
 		if rng.Float64() < share {
-			c.Add(hotKey, 0)
-			c.Add(rng.Uint64(), 1)
+			c.Add(hotKey, 0, 3)
+			c.Add(rng.Uint64(), 1, 3)
 			continue
 		}
-		c.Add(rng.Uint64(), 0)
+		c.Add(rng.Uint64(), 0, 5)
 	}
 }
 
-func TestRotateSplitsHotPrefix(t *testing.T) {
+// splitsOf returns the candidates as splits, and the count of key.
+func splitsOf(cands []Candidate, key uint64) ([]ring.Split, uint64) {
+	var out []ring.Split
+	var n uint64
+	for _, c := range cands {
+		out = append(out, ring.Split{Key: c.Key, Depth: c.Depth})
+		if c.Key == key {
+			n = c.Count
+		}
+	}
+	return out, n
+}
+
+// TestRotateReportsHotPrefix: a prefix with 40% of the requests is
+// reported with its count and routing partition, and the splits in use
+// are reported while they are counted at all, with their counts, for the
+// leader to judge; a cold one is dropped.
+func TestRotateReportsHotPrefix(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	c := New()
 	const hotKey = 0xfeed
 	var cur []ring.Split
+	var total uint64
 	for round := 0; round < 4; round++ {
 		feed(c, rng, 400, 0.4, hotKey)
-		cur = c.Rotate(7, cur)
+		var cands []Candidate
+		total, cands = c.Rotate(7, cur)
+		if len(cands) != 1 || cands[0].Key != hotKey || cands[0].Depth != 0 || cands[0].Part != 3 {
+			t.Fatalf("round %d: candidates %+v, want the hot prefix alone, on partition 3", round, cands)
+		}
+		cur, _ = splitsOf(cands, hotKey)
 	}
-	if len(cur) != 1 || cur[0] != (ring.Split{Key: hotKey, Depth: 0}) {
-		t.Fatalf("splits %+v, want the hot prefix alone", cur)
+	if total < 400*Unit {
+		t.Fatalf("total %d after four rounds of 400 requests", total)
 	}
-	// Below a fair share (1/7) but above half of it: kept.
-	for round := 0; round < 6; round++ {
-		feed(c, rng, 400, 0.10, hotKey)
-		cur = c.Rotate(7, cur)
+	// Below a fair share: still reported, being in use, with its count.
+	var n uint64
+	for round := 0; round < 10; round++ {
+		feed(c, rng, 400, 0.05, hotKey)
+		var cands []Candidate
+		total, cands = c.Rotate(7, cur)
+		if _, n = splitsOf(cands, hotKey); n == 0 {
+			t.Fatalf("round %d: a split at 5%% of traffic not reported", round)
+		}
 	}
-	if len(cur) != 1 {
-		t.Fatalf("a split at 10%% of traffic (keep above 7%%) was dropped: %+v", cur)
+	if n*7 >= total {
+		t.Fatalf("a split at 5%% of traffic reported with count %d of %d", n, total)
 	}
-	// Cold: dropped after the counts decay.
-	for round := 0; round < 8; round++ {
-		feed(c, rng, 400, 0.01, hotKey)
-		cur = c.Rotate(7, cur)
+	// Cold: no longer reported once the counts decay to nothing.
+	for round := 0; round < 40; round++ {
+		feed(c, rng, 400, 0, hotKey)
+		_, cands := c.Rotate(7, cur)
+		if _, n := splitsOf(cands, hotKey); n == 0 {
+			return
+		}
 	}
-	if len(cur) != 0 {
-		t.Fatalf("a cold prefix stays split: %+v", cur)
-	}
+	t.Fatal("a cold prefix is still reported")
 }
 
-func TestRotateNeedsVolumeAndShare(t *testing.T) {
+func TestRotateNeedsShare(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	c := New()
-	// A request or three never splits, whatever their share.
-	feed(c, rng, 3, 1, 7)
-	if got := c.Rotate(7, nil); len(got) != 0 {
-		t.Fatalf("3 requests split %+v", got)
-	}
 	// 10% of traffic on 7 backends is under a fair share.
-	c = New()
+	c := New()
 	for round := 0; round < 4; round++ {
 		feed(c, rng, 1000, 0.10, 7)
-		if got := c.Rotate(7, nil); len(got) != 0 {
-			t.Fatalf("round %d: a 10%% prefix split on 7 backends: %+v", round, got)
+		if _, got := c.Rotate(7, nil); len(got) != 0 {
+			t.Fatalf("round %d: a 10%% prefix reported on 7 backends: %+v", round, got)
 		}
 	}
-	// On 2 backends a fair share is 50%: 40% does not split either.
+	// On 2 backends a fair share is 50%: 40% is not reported either.
 	for round := 0; round < 4; round++ {
 		feed(c, rng, 1000, 0.40, 7)
-		if got := c.Rotate(2, nil); len(got) != 0 {
-			t.Fatalf("round %d: a 40%% prefix split on 2 backends: %+v", round, got)
+		if _, got := c.Rotate(2, nil); len(got) != 0 {
+			t.Fatalf("round %d: a 40%% prefix reported on 2 backends: %+v", round, got)
 		}
+	}
+	// One request a period, all on one prefix (an eighth of a fleet's
+	// traffic behind eight routers): reported, for the leader to add up.
+	c = New()
+	var cands []Candidate
+	for round := 0; round < 4; round++ {
+		feed(c, rng, 1, 1, 7)
+		_, cands = c.Rotate(7, nil)
+	}
+	if _, n := splitsOf(cands, 7); n == 0 {
+		t.Fatalf("a prefix at one request a period is not reported: %+v", cands)
 	}
 }
 
@@ -92,12 +126,13 @@ func TestConcurrentAdd(t *testing.T) {
 	}
 	var cur []ring.Split
 	for i := 0; i < 20; i++ {
-		cur = c.Rotate(4, cur)
+		_, cands := c.Rotate(4, cur)
+		cur, _ = splitsOf(cands, 0)
 	}
 	wg.Wait()
-	cur = c.Rotate(4, cur)
-	if len(cur) > MaxSplits {
-		t.Fatalf("%d splits", len(cur))
+	_, cands := c.Rotate(4, cur)
+	if len(cands) > MaxReport {
+		t.Fatalf("%d candidates", len(cands))
 	}
 }
 
@@ -107,7 +142,7 @@ func BenchmarkAdd(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		k += 0x9e3779b97f4a7c15
-		c.Add(k, 1)
+		c.Add(k, 1, 0)
 	}
 }
 
@@ -134,20 +169,21 @@ func TestSharedPrefixSplitInOneRound(t *testing.T) {
 		}
 		c.Request()
 		for d := 0; d < info.Blocks; d++ {
-			c.Add(info.KeyAt(d), d)
+			c.Add(info.KeyAt(d), d, 0)
 		}
 	}
-	got := c.Rotate(7, nil)
+	_, cands := c.Rotate(7, nil)
+	got, _ := splitsOf(cands, 0)
 	depths := map[int]bool{}
 	for _, s := range got {
 		depths[s.Depth] = true
 	}
 	for d := 0; d < 7; d++ {
 		if !depths[d] {
-			t.Fatalf("after one period the shared prefix's block %d is not split (splits at depths %v, %d blocks read)", d, depths, info.Blocks)
+			t.Fatalf("after one period the shared prefix's block %d is not a candidate (candidates at depths %v, %d blocks read)", d, depths, info.Blocks)
 		}
 	}
 	if len(got) != 7 {
-		t.Fatalf("%d splits, want the 7 shared blocks only: %+v", len(got), got)
+		t.Fatalf("%d candidates, want the 7 shared blocks only: %+v", len(got), got)
 	}
 }
