@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/loadtest/proc"
 	"github.com/warmroute/warmroute/node"
-	"github.com/warmroute/warmroute/node/identity"
 	"github.com/warmroute/warmroute/ring"
 )
 

@@ -14,7 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -107,7 +107,7 @@ type State struct {
 	// sorted, in canonical form (identity.CheckName,
 	// identity.CanonicalSerial): a router certificate that names one of
 	// the routers, or carries one of the serial numbers, proves nothing
-	// to any router (node/identity.Revocations).
+	// to any router (internal/identity.Revocations).
 	RevokedNames   []string `json:"revoked_names,omitempty"`
 	RevokedSerials []string `json:"revoked_serials,omitempty"`
 }

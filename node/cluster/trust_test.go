@@ -15,7 +15,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/warmroute/warmroute/gossip"
-	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/node/limit"
 )
 
