@@ -64,7 +64,7 @@ const (
 	rejTooMany                    // a node reports more than MaxBackends backends
 	rejMemberName                 // a member whose name is not a valid router name
 	rejStateSize                  // a push/pull state over maxStateBytes
-	rejStreamLimit                // a TCP stream over the listener's caps (node/limit)
+	rejStreamLimit                // a TCP stream over the listener's caps (internal/limit)
 	rejRevoked                    // chain revoked by the cluster (its name or serial number)
 	numRejects
 )
