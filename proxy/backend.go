@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"net"
-	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+	"github.com/warmroute/warmroute/internal/hostname"
 	"github.com/warmroute/warmroute/proxy/internal/rawio"
 )
 
@@ -53,7 +53,7 @@ func ParseTarget(raw string) (Target, error) {
 	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
 		return Target{}, fmt.Errorf("backend address %q: a base URL takes no user info, query or fragment", raw)
 	}
-	if !validHost(u.Hostname()) {
+	if !hostname.Valid(u.Hostname()) {
 		return Target{}, fmt.Errorf("backend address %q: host must be an IP address or a DNS name", raw)
 	}
 	port := u.Port()
@@ -155,24 +155,6 @@ func newBackend(id string, target Target, cfg *Config, m *metrics) *backend {
 	b.client.RetryIfErr = retryUnsent(b.client)
 	b.m = m.forBackend(id)
 	return b
-}
-
-// validHost reports whether h is an IP address (an IPv6 zone included) or
-// a DNS name: letters, digits, '-', '_' and '.'.
-func validHost(h string) bool {
-	if _, err := netip.ParseAddr(h); err == nil {
-		return true
-	}
-	if h == "" || len(h) > 253 {
-		return false
-	}
-	for i := 0; i < len(h); i++ {
-		c := h[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
-			return false
-		}
-	}
-	return true
 }
 
 func hostOnly(hostport string) string {
