@@ -13,8 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warmroute/warmroute/internal/backendspec"
 	"github.com/warmroute/warmroute/internal/identity"
-	"github.com/warmroute/warmroute/node/cluster"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/proxy/reqlog"
 	"github.com/warmroute/warmroute/ring"
@@ -30,16 +30,16 @@ type Config struct {
 	// default.
 	AdminListen string `yaml:"admin_listen"`
 	// Backends seeds the backend set.
-	Backends []BackendSpec `yaml:"backends"`
-	Routing  ring.Settings `yaml:"routing"`
-	Limits   Limits        `yaml:"limits"`
-	Upstream Upstream      `yaml:"upstream"`
-	Health   Health        `yaml:"health"`
-	Log      Log           `yaml:"log"`
-	Cluster  ClusterConfig `yaml:"cluster"`
-	Engine   Engine        `yaml:"engine"`
-	Admin    Admin         `yaml:"admin"`
-	TLS      TLS           `yaml:"tls"`
+	Backends []backendspec.Spec `yaml:"backends"`
+	Routing  ring.Settings      `yaml:"routing"`
+	Limits   Limits             `yaml:"limits"`
+	Upstream Upstream           `yaml:"upstream"`
+	Health   Health             `yaml:"health"`
+	Log      Log                `yaml:"log"`
+	Cluster  ClusterConfig      `yaml:"cluster"`
+	Engine   Engine             `yaml:"engine"`
+	Admin    Admin              `yaml:"admin"`
+	TLS      TLS                `yaml:"tls"`
 	// ExtProc is the endpoint-picker listener (off by default).
 	ExtProc ExtProc `yaml:"ext_proc"`
 	// AccessLog, Tracing and Record are what the router reports of each
@@ -567,7 +567,7 @@ func (c *Config) RingBackends() ([]ring.Backend, error) {
 	out := make([]ring.Backend, 0, len(c.Backends))
 	seen := map[string]bool{}
 	for _, s := range c.Backends {
-		b, err := s.RingBackend()
+		b, err := ringBackend(s)
 		if err != nil {
 			return nil, err
 		}
@@ -578,20 +578,6 @@ func (c *Config) RingBackends() ([]ring.Backend, error) {
 		out = append(out, b)
 	}
 	return out, nil
-}
-
-// BackendSpec describes one backend. In YAML it is a mapping or a string
-// "[id=]url[;zone=z][;weight=n]"; the --backends flag takes a comma-separated
-// list of such strings. The ID defaults to the URL's host:port.
-type BackendSpec struct {
-	ID     string `yaml:"id"`
-	URL    string `yaml:"url"`
-	Zone   string `yaml:"zone"`
-	Weight int    `yaml:"weight"`
-	// Models declares what the backend serves (model ids, adapters
-	// included) until its /v1/models answers; empty: learned from that
-	// alone. YAML mapping form only.
-	Models []string `yaml:"models"`
 }
 
 // checkModels bounds a declared model list as the agreed state does: at
@@ -608,77 +594,13 @@ func checkModels(id string, ms []string) error {
 	return nil
 }
 
-// ParseBackendSpec parses "[id=]url[;zone=z][;weight=n]".
-func ParseBackendSpec(s string) (BackendSpec, error) {
-	var b BackendSpec
-	parts := strings.Split(strings.TrimSpace(s), ";")
-	main := parts[0]
-	if i := strings.Index(main, "="); i >= 0 && !strings.Contains(main[:i], "/") {
-		b.ID, main = strings.TrimSpace(main[:i]), main[i+1:]
-	}
-	b.URL = strings.TrimSpace(main)
-	for _, kv := range parts[1:] {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok {
-			return b, fmt.Errorf("backend %q: option %q is not key=value", s, kv)
-		}
-		switch strings.TrimSpace(k) {
-		case "zone":
-			b.Zone = strings.TrimSpace(v)
-		case "weight":
-			w, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil || w < 1 || w > 1000 {
-				return b, fmt.Errorf("backend %q: weight %q must be an integer in [1, 1000]", s, v)
-			}
-			b.Weight = w
-		default:
-			return b, fmt.Errorf("backend %q: unknown option %q (want zone or weight)", s, k)
-		}
-	}
-	_, err := b.RingBackend()
-	return b, err
-}
-
-// UnmarshalYAML accepts a mapping or a spec string.
-func (b *BackendSpec) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind == yaml.ScalarNode {
-		v, err := ParseBackendSpec(n.Value)
-		if err != nil {
-			return err
-		}
-		*b = v
-		return nil
-	}
-	type plain BackendSpec
-	var p plain
-	if err := n.Decode(&p); err != nil {
-		return err
-	}
-	*b = BackendSpec(p)
-	return nil
-}
-
-// RingBackend checks the spec and returns the ring's view of it.
-func (b BackendSpec) RingBackend() (ring.Backend, error) {
-	t, err := proxy.ParseTarget(b.URL)
+// ringBackend checks a backend spec and returns the ring's view of it.
+func ringBackend(b backendspec.Spec) (ring.Backend, error) {
+	id, addr, err := b.Check()
 	if err != nil {
 		return ring.Backend{}, err
 	}
-	id := b.ID
-	if id == "" {
-		id = t.HostPort
-	}
-	if err := cluster.CheckBackendID(id); err != nil {
-		return ring.Backend{}, fmt.Errorf("backend id %q: 1-253 printable ASCII characters, no spaces or commas", id)
-	}
-	if b.Weight < 0 || b.Weight > 1000 {
-		return ring.Backend{}, fmt.Errorf("backend %s: weight %d must be in [1, 1000]", id, b.Weight)
-	}
-	scheme := "http://"
-	if t.TLS {
-		scheme = "https://"
-	}
-	return ring.Backend{ID: id, Addr: scheme + t.HostPort, Zone: b.Zone, Weight: b.Weight}, nil
+	return ring.Backend{ID: id, Addr: addr, Zone: b.Zone, Weight: b.Weight}, nil
 }
 
 func hostname() string {

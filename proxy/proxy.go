@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+	"github.com/warmroute/warmroute/internal/backendspec"
 	"github.com/warmroute/warmroute/proxy/internal/hot"
 	"github.com/warmroute/warmroute/proxy/internal/relay"
 	"github.com/warmroute/warmroute/ring"
@@ -211,7 +212,7 @@ func (p *Proxy) SetRing(r *ring.Ring, epoch uint64) error {
 	t := &table{ring: r, bs: make([]*backend, r.Len()), epoch: epoch, epochHdr: strconv.AppendUint(nil, epoch, 10)}
 	next := make(map[string]*backend, r.Len())
 	for i, rb := range r.Backends() {
-		target, err := ParseTarget(rb.Addr)
+		target, err := backendspec.ParseTarget(rb.Addr)
 		if err != nil {
 			return fmt.Errorf("backend %s: %w", rb.ID, err)
 		}

@@ -11,13 +11,14 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/warmroute/warmroute/internal/backendspec"
 	"github.com/warmroute/warmroute/node"
 	"github.com/warmroute/warmroute/ring"
 )
 
 // backendsFlag parses --backends: a comma-separated list of
 // "[id=]url[;zone=z][;weight=n]".
-type backendsFlag struct{ dst *[]node.BackendSpec }
+type backendsFlag struct{ dst *[]backendspec.Spec }
 
 func (f backendsFlag) String() string {
 	if f.dst == nil {
@@ -31,12 +32,12 @@ func (f backendsFlag) String() string {
 }
 
 func (f backendsFlag) Set(v string) error {
-	var out []node.BackendSpec
+	var out []backendspec.Spec
 	for _, s := range strings.Split(v, ",") {
 		if strings.TrimSpace(s) == "" {
 			continue
 		}
-		b, err := node.ParseBackendSpec(s)
+		b, err := backendspec.Parse(s)
 		if err != nil {
 			return err
 		}
