@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/internal/backendspec"
+	"github.com/warmroute/warmroute/internal/bytesize"
 	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/proxy/reqlog"
@@ -65,13 +66,13 @@ type SageMakerRouting struct {
 
 // Limits bound what clients may send.
 type Limits struct {
-	MaxBodySize Size `yaml:"max_body_size"`
+	MaxBodySize bytesize.Size `yaml:"max_body_size"`
 	// MaxBodyMemory bounds the request bodies held in memory at once,
 	// across all connections; BodyMemoryWait is how long a body waits for
 	// room before 503 body_memory_full.
-	MaxBodyMemory  Size          `yaml:"max_body_memory"`
+	MaxBodyMemory  bytesize.Size `yaml:"max_body_memory"`
 	BodyMemoryWait time.Duration `yaml:"body_memory_wait"`
-	MaxHeaderSize  Size          `yaml:"max_header_size"`
+	MaxHeaderSize  bytesize.Size `yaml:"max_header_size"`
 	ReadTimeout    time.Duration `yaml:"read_timeout"`
 	IdleTimeout    time.Duration `yaml:"idle_timeout"`
 	// WriteTimeout bounds how long one write to a client may make no
@@ -92,7 +93,7 @@ type Upstream struct {
 	Retries            int           `yaml:"retries"`
 	// MaxBufferedResponse bounds a complete (not streamed) backend answer;
 	// larger ones get 502. Streamed answers are passed through unbounded.
-	MaxBufferedResponse Size `yaml:"max_buffered_response"`
+	MaxBufferedResponse bytesize.Size `yaml:"max_buffered_response"`
 	// MaxHops bounds the warmroute routers a request may already have
 	// passed (X-Warmroute-Hops); more is a loop: 508.
 	MaxHops int `yaml:"max_hops"`
@@ -292,8 +293,8 @@ type Record struct {
 	// kept as Path.1.
 	Path string `yaml:"path"`
 	// MaxSize and MaxRecords bound the recording: it stops at either.
-	MaxSize    Size `yaml:"max_size"`
-	MaxRecords int  `yaml:"max_records"`
+	MaxSize    bytesize.Size `yaml:"max_size"`
+	MaxRecords int           `yaml:"max_records"`
 }
 
 // maxRecordRecords is loadtest/trace's default bound on a file's records:
@@ -367,10 +368,10 @@ func DefaultConfig() Config {
 		AdminListen: "127.0.0.1:9090",
 		Routing:     ring.DefaultSettings(),
 		Limits: Limits{
-			MaxBodySize:    Size(pc.MaxBodySize),
-			MaxBodyMemory:  Size(pc.MaxBodyMemory),
+			MaxBodySize:    bytesize.Size(pc.MaxBodySize),
+			MaxBodyMemory:  bytesize.Size(pc.MaxBodyMemory),
 			BodyMemoryWait: pc.BodyMemoryWait,
-			MaxHeaderSize:  Size(pc.MaxHeaderSize),
+			MaxHeaderSize:  bytesize.Size(pc.MaxHeaderSize),
 			ReadTimeout:    pc.ReadTimeout,
 			IdleTimeout:    pc.IdleTimeout,
 			WriteTimeout:   pc.WriteTimeout,
@@ -384,7 +385,7 @@ func DefaultConfig() Config {
 			MaxConnWait:         pc.MaxConnWait,
 			IdleConnTimeout:     pc.IdleConnTimeout,
 			Retries:             pc.Retries,
-			MaxBufferedResponse: Size(pc.MaxBufferedResponse),
+			MaxBufferedResponse: bytesize.Size(pc.MaxBufferedResponse),
 			MaxHops:             pc.MaxHops,
 			StreamRelay:         pc.StreamRelay,
 		},
