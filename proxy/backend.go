@@ -87,7 +87,7 @@ func newBackend(id string, target backendspec.Target, cfg *Config, m *metrics) *
 		// up to MaxBufferedResponse (checked against a Content-Length before
 		// anything is allocated for it). Streams are not bounded.
 		StreamResponseBody:            false,
-		MaxResponseBodySize:           cfg.MaxBufferedResponse,
+		MaxResponseBodySize:           int(cfg.MaxBufferedResponse),
 		ReadBufferSize:                16 << 10,
 		WriteBufferSize:               16 << 10,
 		DisablePathNormalizing:        true,

@@ -192,7 +192,7 @@ func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, rt route, rb *reqBody) bool {
 		// streamed, as in tests that call the handler directly).
 		return true
 	}
-	maxSize := p.cfg.MaxBodySize
+	maxSize := int(p.cfg.MaxBodySize)
 	if cl > maxSize {
 		p.bodyRefused(ctx, rt, fasthttp.StatusRequestEntityTooLarge, "body_too_large",
 			"request body of "+strconv.Itoa(cl)+" bytes exceeds the limit of "+strconv.Itoa(maxSize)+" bytes (maxSize-body-size)")

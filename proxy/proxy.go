@@ -128,7 +128,7 @@ func New(cfg Config) (*Proxy, error) {
 		backends: map[string]*backend{},
 		stop:     make(chan struct{}),
 		hot:      hot.New(),
-		bodies:   newBodyBudget(cfg.MaxBodyMemory),
+		bodies:   newBodyBudget(int64(cfg.MaxBodyMemory)),
 		splitsGauge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "warmroute_prefix_splits",
 			Help: "Prompt prefixes in use as split (ADAPTIVE keys route one block past them): those carrying more traffic than one backend should take.",
@@ -179,11 +179,11 @@ func New(cfg Config) (*Proxy, error) {
 		// fasthttp's own limit, with headroom for workers between two
 		// connections, never applies.
 		Concurrency:        cfg.MaxConns + cfg.MaxConns/4 + 16,
-		MaxRequestBodySize: cfg.MaxBodySize,
+		MaxRequestBodySize: int(cfg.MaxBodySize),
 		// The handler reads each body itself, against the body budget
 		// (readBody), instead of fasthttp reading it whole first.
 		StreamRequestBody:             true,
-		ReadBufferSize:                cfg.MaxHeaderSize,
+		ReadBufferSize:                int(cfg.MaxHeaderSize),
 		ReadTimeout:                   cfg.ReadTimeout,
 		IdleTimeout:                   cfg.IdleTimeout,
 		DisableHeaderNamesNormalizing: false,
