@@ -89,7 +89,9 @@ func (c *Config) Validate() error {
 	if c.MaxBodySize < 1<<10 {
 		errs = append(errs, fmt.Errorf("max request body size must be at least 1KiB, got %d", c.MaxBodySize))
 	}
-	if c.MaxBodyMemory < 2*c.MaxBodySize {
+	// Halved rather than doubled: a size may be 2^62, which doubled
+	// overflows int64 and passed with any budget.
+	if c.MaxBodyMemory/2 < c.MaxBodySize {
 		errs = append(errs, fmt.Errorf("max body memory must be at least twice the max request body size (%d bytes; bodies over 1 MiB share half of it), got %d", c.MaxBodySize, c.MaxBodyMemory))
 	}
 	if c.BodyMemoryWait < 0 {
