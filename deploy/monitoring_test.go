@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/internal/identity"
 	"go.yaml.in/yaml/v3"
 )
 

@@ -415,7 +415,7 @@ func benchPacket(seq uint64) []byte {
 }
 
 // BenchmarkSign: signing one publish packet of 100 figures (P-256,
-// node/identity), as a node does once per packet it sends.
+// internal/identity), as a node does once per packet it sends.
 func BenchmarkSign(b *testing.B) {
 	s, _ := newTestCA(b).signer(b, "node-a")
 	msg := benchPacket(1)

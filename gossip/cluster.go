@@ -17,7 +17,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/warmroute/warmroute/node/notify"
+	"github.com/warmroute/warmroute/internal/notify"
 )
 
 // Mesh is this node's membership in the router cluster and its shared

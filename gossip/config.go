@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/warmroute/warmroute/internal/hostname"
 )
 
 // defaultPort is the gossip port (TCP and UDP) used when none is given.
@@ -312,7 +313,7 @@ func splitSeed(s string, defPort int) (string, int, error) {
 		if strings.ContainsAny(host, "[]") {
 			return "", 0, fmt.Errorf("%w: join address %q: %v", ErrInvalidConfig, s, err)
 		}
-		if !validSeedHost(host) {
+		if !hostname.Valid(host) {
 			return "", 0, fmt.Errorf("%w: join address %q: host must be an IP address or a DNS name", ErrInvalidConfig, s)
 		}
 		return host, defPort, nil
@@ -324,26 +325,8 @@ func splitSeed(s string, defPort int) (string, int, error) {
 	if host == "" {
 		return "", 0, fmt.Errorf("%w: join address %q: no host", ErrInvalidConfig, s)
 	}
-	if !validSeedHost(host) {
+	if !hostname.Valid(host) {
 		return "", 0, fmt.Errorf("%w: join address %q: host must be an IP address or a DNS name", ErrInvalidConfig, s)
 	}
 	return host, port, nil
-}
-
-// validSeedHost reports whether h can name a seed: an IP address (an IPv6
-// zone included) or a DNS name (letters, digits, '-', '_' and '.').
-func validSeedHost(h string) bool {
-	if _, err := netip.ParseAddr(h); err == nil {
-		return true
-	}
-	if h == "" || len(h) > 253 {
-		return false
-	}
-	for i := 0; i < len(h); i++ {
-		c := h[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
-			return false
-		}
-	}
-	return true
 }

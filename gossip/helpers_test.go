@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/internal/identity"
 	"go.uber.org/goleak"
 )
 

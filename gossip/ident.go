@@ -5,14 +5,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/internal/identity"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
 // Identity is this router's cluster identity (the node implements it with
-// node/identity.Bundle). With one in Config, every load packet, goodbye
+// internal/identity.Bundle). With one in Config, every load packet, goodbye
 // and push/pull state this node sends is signed, and figures from another
 // node count only when signed by a certificate, issued by the cluster CA,
 // that proves that node's name.
@@ -64,7 +64,7 @@ const (
 	rejTooMany                    // a node reports more than MaxBackends backends
 	rejMemberName                 // a member whose name is not a valid router name
 	rejStateSize                  // a push/pull state over maxStateBytes
-	rejStreamLimit                // a TCP stream over the listener's caps (node/limit)
+	rejStreamLimit                // a TCP stream over the listener's caps (internal/limit)
 	rejRevoked                    // chain revoked by the cluster (its name or serial number)
 	numRejects
 )

@@ -15,7 +15,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/internal/identity"
 )
 
 // lyingIdentity is a hostile node's identity: a certificate (valid or

@@ -3,7 +3,7 @@ package gossip
 import (
 	"errors"
 	"fmt"
-	"github.com/warmroute/warmroute/node/limit"
+	"github.com/warmroute/warmroute/internal/limit"
 	"log"
 	"net"
 	"net/netip"

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/internal/identity"
 )
 
 // Wire format. All integers are varints (encoding/binary); strings are a

@@ -2,6 +2,7 @@ package node
 
 import (
 	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/internal/backendspec"
 	"github.com/warmroute/warmroute/node/admin"
 	"github.com/warmroute/warmroute/node/cluster"
 )
@@ -54,8 +55,7 @@ var _ admin.Members = gossipMembers{}
 // rules for ids and addresses and returns the backend to add. The ID
 // defaults to the URL's host:port.
 func ParseBackend(req admin.BackendRequest) (cluster.Backend, error) {
-	spec := BackendSpec{ID: req.ID, URL: req.URL, Zone: req.Zone, Weight: req.Weight}
-	rb, err := spec.RingBackend()
+	rb, err := ringBackend(backendspec.Spec{ID: req.ID, URL: req.URL, Zone: req.Zone, Weight: req.Weight})
 	if err != nil {
 		return cluster.Backend{}, err
 	}

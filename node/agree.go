@@ -11,8 +11,8 @@ import (
 
 	"github.com/hashicorp/go-sockaddr"
 	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/internal/backendspec"
 	"github.com/warmroute/warmroute/node/cluster"
-	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -142,7 +142,7 @@ func (n *Node) validateState(s cluster.State) error {
 	rc.LocalZone = n.cfg.Cluster.Zone
 	rbs := s.RingBackends()
 	for _, b := range rbs {
-		if _, err := proxy.ParseTarget(b.Addr); err != nil {
+		if _, err := backendspec.ParseTarget(b.Addr); err != nil {
 			return fmt.Errorf("backend %s: %w", b.ID, err)
 		}
 	}

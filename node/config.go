@@ -13,8 +13,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/warmroute/warmroute/node/cluster"
-	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/internal/backendspec"
+	"github.com/warmroute/warmroute/internal/bytesize"
+	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/proxy/reqlog"
 	"github.com/warmroute/warmroute/ring"
@@ -30,16 +31,18 @@ type Config struct {
 	// default.
 	AdminListen string `yaml:"admin_listen"`
 	// Backends seeds the backend set.
-	Backends []BackendSpec `yaml:"backends"`
-	Routing  ring.Settings `yaml:"routing"`
-	Limits   Limits        `yaml:"limits"`
-	Upstream Upstream      `yaml:"upstream"`
-	Health   Health        `yaml:"health"`
-	Log      Log           `yaml:"log"`
-	Cluster  ClusterConfig `yaml:"cluster"`
-	Engine   Engine        `yaml:"engine"`
-	Admin    Admin         `yaml:"admin"`
-	TLS      TLS           `yaml:"tls"`
+	Backends []backendspec.Spec `yaml:"backends"`
+	Routing  ring.Settings      `yaml:"routing"`
+	// Limits, Upstream and Health are the proxy's settings, declared
+	// there once and handed to it whole (ProxyConfig).
+	Limits   proxy.Limits   `yaml:"limits"`
+	Upstream proxy.Upstream `yaml:"upstream"`
+	Health   proxy.Health   `yaml:"health"`
+	Log      Log            `yaml:"log"`
+	Cluster  ClusterConfig  `yaml:"cluster"`
+	Engine   Engine         `yaml:"engine"`
+	Admin    Admin          `yaml:"admin"`
+	TLS      TLS            `yaml:"tls"`
 	// ExtProc is the endpoint-picker listener (off by default).
 	ExtProc ExtProc `yaml:"ext_proc"`
 	// AccessLog, Tracing and Record are what the router reports of each
@@ -63,127 +66,85 @@ type SageMakerRouting struct {
 	} `yaml:"PrefixAwareRoutingConfig"`
 }
 
-// Limits bound what clients may send.
-type Limits struct {
-	MaxBodySize Size `yaml:"max_body_size"`
-	// MaxBodyMemory bounds the request bodies held in memory at once,
-	// across all connections; BodyMemoryWait is how long a body waits for
-	// room before 503 body_memory_full.
-	MaxBodyMemory  Size          `yaml:"max_body_memory"`
-	BodyMemoryWait time.Duration `yaml:"body_memory_wait"`
-	MaxHeaderSize  Size          `yaml:"max_header_size"`
-	ReadTimeout    time.Duration `yaml:"read_timeout"`
-	IdleTimeout    time.Duration `yaml:"idle_timeout"`
-	// WriteTimeout bounds how long one write to a client may make no
-	// progress (a client that stopped reading); a stream the client keeps
-	// reading is never cut.
-	WriteTimeout time.Duration `yaml:"write_timeout"`
-	MaxConns     int           `yaml:"max_conns"`
-}
-
-// Upstream bounds what the node does with backends.
-type Upstream struct {
-	ConnectTimeout     time.Duration `yaml:"connect_timeout"`
-	FirstByteTimeout   time.Duration `yaml:"first_byte_timeout"`
-	StreamIdleTimeout  time.Duration `yaml:"stream_idle_timeout"`
-	MaxConnsPerBackend int           `yaml:"max_conns_per_backend"`
-	MaxConnWait        time.Duration `yaml:"max_conn_wait"`
-	IdleConnTimeout    time.Duration `yaml:"idle_conn_timeout"`
-	Retries            int           `yaml:"retries"`
-	// MaxBufferedResponse bounds a complete (not streamed) backend answer;
-	// larger ones get 502. Streamed answers are passed through unbounded.
-	MaxBufferedResponse Size `yaml:"max_buffered_response"`
-	// MaxHops bounds the warmroute routers a request may already have
-	// passed (X-Warmroute-Hops); more is a loop: 508.
-	MaxHops int `yaml:"max_hops"`
-	// StreamRelay passes streamed answers on event loops (Linux, plain
-	// TCP on both sides) instead of a goroutine and buffers per stream.
-	StreamRelay bool `yaml:"stream_relay"`
-}
-
-// Health configures active and passive health checking.
-type Health struct {
-	ProbePath          string        `yaml:"probe_path"`
-	ProbeInterval      time.Duration `yaml:"probe_interval"`
-	ProbeTimeout       time.Duration `yaml:"probe_timeout"`
-	ProbeFailThreshold int           `yaml:"fail_threshold"`
-	ProbeRiseThreshold int           `yaml:"rise_threshold"`
-	EjectAfter         int           `yaml:"eject_after"`
-	EjectFor           time.Duration `yaml:"eject_for"`
-}
-
 // ClusterConfig configures membership, load sharing and agreement with other
 // router nodes. With GossipListen empty the node runs alone.
+//
+// Each field's tags name it everywhere, as proxy.Limits' do: yaml under
+// the cluster: block, flag the serve flag (and its WARMROUTE_ variable),
+// help the flag's help text; env, instead of flag, a secret that only its
+// variable carries.
 type ClusterConfig struct {
 	// NodeName identifies the node: letters, digits, '.', '_' and '-'.
 	// Default: the name in the cluster certificate when there is one,
 	// else the host name. With a cluster certificate it must be the name
 	// the certificate proves.
-	NodeName string `yaml:"node_name"`
+	NodeName string `yaml:"node_name" flag:"node-name" help:"this router's name in the cluster (unique, stable; letters, digits, '.', '_', '-'); default: the name in --cluster-tls-cert-file, else the host name"`
 	// GossipListen turns cluster mode on: memberlist's TCP and UDP address.
-	GossipListen string `yaml:"gossip_listen"`
+	GossipListen string `yaml:"gossip_listen" flag:"gossip-listen" help:"gossip address (TCP and UDP), e.g. 0.0.0.0:7946; empty runs the router alone"`
 	// GossipAdvertise is the address other nodes reach this one on.
-	GossipAdvertise string `yaml:"gossip_advertise"`
+	GossipAdvertise string `yaml:"gossip_advertise" flag:"gossip-advertise" help:"address other routers reach this one on, when it differs from --gossip-listen"`
 	// Join lists seeds: host:port, host, or a DNS name whose A records are
 	// seeds (a headless Kubernetes Service).
-	Join []string `yaml:"join"`
+	Join []string `yaml:"join" flag:"join" help:"comma-separated seeds: host:port, host, or a DNS name whose A records are seeds"`
 	// GossipKeyFile holds the base64 gossip key (16, 24 or 32 bytes);
 	// WARMROUTE_GOSSIP_KEY may carry it instead.
-	GossipKeyFile string `yaml:"gossip_key_file"`
-	GossipKey     string `yaml:"-"`
+	GossipKeyFile string `yaml:"gossip_key_file" flag:"gossip-key-file" help:"file holding the base64 gossip encryption key (16, 24 or 32 bytes); or WARMROUTE_GOSSIP_KEY"`
+	// GossipKey is the key itself: a secret, so only its variable carries
+	// it, never a flag (process lists show flags) or the file.
+	GossipKey string `yaml:"-" env:"WARMROUTE_GOSSIP_KEY" help:"the base64 gossip encryption key itself, instead of --gossip-key-file"`
 	// AllowPlaintextGossip permits an unencrypted cluster on non-loopback
 	// addresses.
-	AllowPlaintextGossip bool `yaml:"allow_plaintext_gossip"`
+	AllowPlaintextGossip bool `yaml:"allow_plaintext_gossip" flag:"allow-plaintext-gossip" help:"allow an unencrypted cluster on non-loopback addresses"`
 	// AllowInsecureCluster permits cluster mode on non-loopback addresses
 	// without cluster TLS: Raft, forwarded admin writes and gossiped
 	// figures are then accepted from anyone who reaches the cluster
 	// ports (and knows the gossip key). For networks where every host is
 	// trusted.
-	AllowInsecureCluster bool `yaml:"allow_insecure_cluster"`
+	AllowInsecureCluster bool `yaml:"allow_insecure_cluster" flag:"allow-insecure-cluster" help:"allow cluster mode on non-loopback addresses without cluster TLS (Raft, admin forwarding and gossiped figures then trust anyone who reaches the cluster ports): trusted networks only"`
 	// PublishInterval is how often this node shares its in-flight counts.
-	PublishInterval time.Duration `yaml:"publish_interval"`
+	PublishInterval time.Duration `yaml:"publish_interval" flag:"publish-interval" help:"how often this router shares its in-flight counts"`
 	// Zone is this router's availability zone.
-	Zone string `yaml:"zone"`
+	Zone string `yaml:"zone" flag:"zone" help:"this router's availability zone"`
 
 	// RaftListen is the Raft transport address (cluster mode). Default:
 	// the gossip address's host, port gossip port + 1 (7947 next to 7946).
-	RaftListen string `yaml:"raft_listen"`
+	RaftListen string `yaml:"raft_listen" flag:"raft-listen" help:"Raft transport address (cluster mode); default: --gossip-listen's host, its port + 1"`
 	// RaftAdvertise is the Raft address other nodes dial, when it differs.
-	RaftAdvertise string `yaml:"raft_advertise"`
+	RaftAdvertise string `yaml:"raft_advertise" flag:"raft-advertise" help:"Raft address other routers dial, when it differs from --raft-listen"`
 	// DataDir keeps the Raft log, snapshots and the last applied state.
 	// Empty keeps them in memory: the node then re-seeds from its config on
 	// every start.
-	DataDir string `yaml:"data_dir"`
+	DataDir string `yaml:"data_dir" flag:"data-dir" help:"directory for the Raft log, snapshots and the last agreed state (empty: memory only, re-seeded from the config on every start)"`
 	// BootstrapExpect is how many voter-eligible routers form a new cluster
 	// (set the same N on the first N routers; 1 for a single seed). 0 waits
 	// to be added by an existing cluster's leader.
-	BootstrapExpect int `yaml:"bootstrap_expect"`
+	BootstrapExpect int `yaml:"bootstrap_expect" flag:"bootstrap-expect" help:"routers that form a new cluster: the same N on the first N routers (1 for a single seed); 0 joins an existing cluster"`
 	// Voters is how many routers vote in Raft (1, 3 or 5); the others
 	// follow as non-voters.
-	Voters int `yaml:"voters"`
+	Voters int `yaml:"voters" flag:"voters" help:"Raft voters the leader keeps (1, 3 or 5); other routers follow as non-voters"`
 	// NonVoter keeps this router from ever voting.
-	NonVoter bool `yaml:"non_voter"`
+	NonVoter bool `yaml:"non_voter" flag:"non-voter" help:"never take a Raft vote"`
 	// DeadNodeTimeout is how long a router may be gone before the leader
 	// removes it from Raft.
-	DeadNodeTimeout time.Duration `yaml:"dead_node_timeout"`
+	DeadNodeTimeout time.Duration `yaml:"dead_node_timeout" flag:"dead-node-timeout" help:"how long a router may be gone before the leader removes it from Raft"`
 	// RaftTimeout scales Raft's heartbeat and election timeouts (the default
 	// 1s elects a new leader in 1.4-2 s).
-	RaftTimeout time.Duration `yaml:"raft_timeout"`
+	RaftTimeout time.Duration `yaml:"raft_timeout" flag:"raft-timeout" help:"Raft heartbeat and election timeout (failover takes about 1.5-2x this)"`
 
 	// DiscoveryDNS polls DNS for backends: an A/AAAA name (with
 	// DiscoveryPort) or an SRV name starting with '_'.
-	DiscoveryDNS      string        `yaml:"discovery_dns"`
-	DiscoveryPort     int           `yaml:"discovery_port"`
-	DiscoveryInterval time.Duration `yaml:"discovery_interval"`
+	DiscoveryDNS      string        `yaml:"discovery_dns" flag:"discovery-dns" help:"DNS name polled for backends: A/AAAA (with --discovery-port) or SRV (a name starting with '_')"`
+	DiscoveryPort     int           `yaml:"discovery_port" flag:"discovery-port" help:"backend port for A/AAAA discovery"`
+	DiscoveryInterval time.Duration `yaml:"discovery_interval" flag:"discovery-interval" help:"DNS or Kubernetes discovery polling interval"`
 
 	// Kubernetes discovery (node/kube), polled every DiscoveryInterval
 	// like DNS, instead of it: the ready pods of an InferencePool
 	// (DiscoveryK8sPool), or of a label selector on DiscoveryK8sPorts.
-	DiscoveryK8sPool       string   `yaml:"discovery_k8s_pool"`
-	DiscoveryK8sSelector   string   `yaml:"discovery_k8s_selector"`
-	DiscoveryK8sPorts      PortList `yaml:"discovery_k8s_ports"`
-	DiscoveryK8sNamespace  string   `yaml:"discovery_k8s_namespace"`
-	DiscoveryK8sKubeconfig string   `yaml:"discovery_k8s_kubeconfig"`
+	DiscoveryK8sPool       string   `yaml:"discovery_k8s_pool" flag:"discovery-k8s-pool" help:"find backends in Kubernetes: the ready pods of this InferencePool (inference.networking.k8s.io/v1), each podIP:targetPort"`
+	DiscoveryK8sSelector   string   `yaml:"discovery_k8s_selector" flag:"discovery-k8s-selector" help:"find backends in Kubernetes: the ready pods of this label selector (with --discovery-k8s-ports)"`
+	DiscoveryK8sPorts      PortList `yaml:"discovery_k8s_ports" flag:"discovery-k8s-ports" help:"the backends' ports for --discovery-k8s-selector, comma-separated (1-8)"`
+	DiscoveryK8sNamespace  string   `yaml:"discovery_k8s_namespace" flag:"discovery-k8s-namespace" help:"namespace of the pool and its pods (default: this pod's)"`
+	DiscoveryK8sKubeconfig string   `yaml:"discovery_k8s_kubeconfig" flag:"discovery-k8s-kubeconfig" help:"kubeconfig file for Kubernetes discovery (default: the pod's service account)"`
 }
 
 // Admin configures the admin API's authentication.
@@ -191,16 +152,18 @@ type Admin struct {
 	// TokenFile holds the bearer token admin writes need (and reads from
 	// off loopback); WARMROUTE_ADMIN_TOKEN may carry it instead. Without a
 	// token, admin writes are accepted only from loopback clients.
-	TokenFile string `yaml:"token_file"`
-	Token     string `yaml:"-"`
+	TokenFile string `yaml:"token_file" flag:"admin-token-file" help:"file holding the admin API bearer token (or WARMROUTE_ADMIN_TOKEN); without one, admin writes are accepted from loopback only"`
+	// Token is the token itself: a secret, so only its variable carries
+	// it.
+	Token string `yaml:"-" env:"WARMROUTE_ADMIN_TOKEN" help:"the admin API bearer token itself, instead of --admin-token-file"`
 	// Insecure allows an admin listener on a non-loopback address without
 	// a token (anyone who reaches it may read status and explain routes;
 	// writes are still refused off loopback).
-	Insecure bool `yaml:"insecure"`
+	Insecure bool `yaml:"insecure" flag:"admin-insecure" help:"allow an admin listener reachable from other hosts without an admin token"`
 	// PublicMetrics serves /metrics to other hosts without the token, as
 	// reads without a token are (Insecure, or no token set). Off by
 	// default: with a token, every read from another host needs it.
-	PublicMetrics bool `yaml:"public_metrics"`
+	PublicMetrics bool `yaml:"public_metrics" flag:"admin-public-metrics" help:"serve /metrics to other hosts without the admin token (reads from loopback never need it)"`
 }
 
 // token returns the configured admin token ("" when none).
@@ -227,11 +190,11 @@ func (a *Admin) token() (string, error) {
 type Engine struct {
 	// MetricsPath is appended to each backend's URL; empty turns scraping
 	// off.
-	MetricsPath string `yaml:"metrics_path"`
+	MetricsPath string `yaml:"metrics_path" flag:"engine-metrics-path" help:"path of the engines' Prometheus metrics on each backend (empty: do not scrape)"`
 	// Interval between scrapes of one backend.
-	Interval time.Duration `yaml:"interval"`
+	Interval time.Duration `yaml:"interval" flag:"engine-scrape-interval" help:"engine metrics scrape interval"`
 	// Timeout of one scrape.
-	Timeout time.Duration `yaml:"timeout"`
+	Timeout time.Duration `yaml:"timeout" flag:"engine-scrape-timeout" help:"engine metrics scrape timeout"`
 }
 
 // AccessLog configures the access log: a line per request with its
@@ -240,11 +203,11 @@ type Engine struct {
 type AccessLog struct {
 	// Mode is "off", "on" (every request) or a sampling rate in (0, 1]
 	// (0.01: one request in a hundred, chosen at random).
-	Mode string `yaml:"mode"`
+	Mode string `yaml:"mode" flag:"access-log" help:"access log: off, on, or a sampling rate in (0, 1]; a line per request (route, model, tenant hash, backend, decision, status, bytes, times; never prompt text)"`
 	// Format is "json" or "text" (logfmt).
-	Format string `yaml:"format"`
+	Format string `yaml:"format" flag:"access-log-format" help:"access log format: json or text"`
 	// Output is "stdout", "stderr" or a file path (appended to).
-	Output string `yaml:"output"`
+	Output string `yaml:"output" flag:"access-log-output" help:"access log destination: stdout, stderr or a file path"`
 }
 
 // sample returns the share of requests Mode logs.
@@ -270,11 +233,11 @@ type Tracing struct {
 	// OTEL_EXPORTER_OTLP_ENDPOINT variable is set (OTEL_SDK_DISABLED=true
 	// keeps it off). The exporter also reads the other
 	// OTEL_EXPORTER_OTLP_* variables (headers, timeout, certificate).
-	Endpoint string `yaml:"endpoint"`
+	Endpoint string `yaml:"endpoint" flag:"tracing-endpoint" help:"OpenTelemetry collector's OTLP/HTTP URL (http://host:4318) to export spans to; empty: off, unless OTEL_EXPORTER_OTLP_ENDPOINT is set"`
 	// SampleRatio is the share of requests without a sampled parent that
 	// are traced; a request whose traceparent says sampled always is
 	// (parent-based sampling).
-	SampleRatio float64 `yaml:"sample_ratio"`
+	SampleRatio float64 `yaml:"sample_ratio" flag:"tracing-sample-ratio" help:"share of requests without a sampled traceparent that are traced (0-1); a sampled traceparent is always followed"`
 }
 
 // enabled reports whether tracing is on, reading the OTEL_* variables.
@@ -290,10 +253,10 @@ func (t *Tracing) enabled() bool {
 type Record struct {
 	// Path is the file; empty turns recording off. An existing file is
 	// kept as Path.1.
-	Path string `yaml:"path"`
+	Path string `yaml:"path" flag:"record-trace" help:"record the routed traffic to this file as a Mooncake-format trace (replay with warmroute loadtest --trace FILE --trace-block-tokens 256); empty: off"`
 	// MaxSize and MaxRecords bound the recording: it stops at either.
-	MaxSize    Size `yaml:"max_size"`
-	MaxRecords int  `yaml:"max_records"`
+	MaxSize    bytesize.Size `yaml:"max_size" flag:"record-trace-max-size" help:"the recording stops at this size"`
+	MaxRecords int           `yaml:"max_records" flag:"record-trace-max-records" help:"the recording stops after this many requests (at most 1048576)"`
 }
 
 // maxRecordRecords is loadtest/trace's default bound on a file's records:
@@ -355,8 +318,8 @@ func (c *ClusterConfig) Enabled() bool { return c.GossipListen != "" }
 
 // Log configures logging.
 type Log struct {
-	Level  string `yaml:"level"`
-	Format string `yaml:"format"`
+	Level  string `yaml:"level" flag:"log-level" help:"debug, info, warn or error"`
+	Format string `yaml:"format" flag:"log-format" help:"text or json"`
 }
 
 // DefaultConfig returns the defaults every knob documents.
@@ -366,38 +329,10 @@ func DefaultConfig() Config {
 		Listen:      ":8080",
 		AdminListen: "127.0.0.1:9090",
 		Routing:     ring.DefaultSettings(),
-		Limits: Limits{
-			MaxBodySize:    Size(pc.MaxBodySize),
-			MaxBodyMemory:  Size(pc.MaxBodyMemory),
-			BodyMemoryWait: pc.BodyMemoryWait,
-			MaxHeaderSize:  Size(pc.MaxHeaderSize),
-			ReadTimeout:    pc.ReadTimeout,
-			IdleTimeout:    pc.IdleTimeout,
-			WriteTimeout:   pc.WriteTimeout,
-			MaxConns:       pc.MaxConns,
-		},
-		Upstream: Upstream{
-			ConnectTimeout:      pc.ConnectTimeout,
-			FirstByteTimeout:    pc.FirstByteTimeout,
-			StreamIdleTimeout:   pc.StreamIdleTimeout,
-			MaxConnsPerBackend:  pc.MaxConnsPerBackend,
-			MaxConnWait:         pc.MaxConnWait,
-			IdleConnTimeout:     pc.IdleConnTimeout,
-			Retries:             pc.Retries,
-			MaxBufferedResponse: Size(pc.MaxBufferedResponse),
-			MaxHops:             pc.MaxHops,
-			StreamRelay:         pc.StreamRelay,
-		},
-		Health: Health{
-			ProbePath:          pc.ProbePath,
-			ProbeInterval:      pc.ProbeInterval,
-			ProbeTimeout:       pc.ProbeTimeout,
-			ProbeFailThreshold: pc.ProbeFailThreshold,
-			ProbeRiseThreshold: pc.ProbeRiseThreshold,
-			EjectAfter:         pc.EjectAfter,
-			EjectFor:           pc.EjectFor,
-		},
-		Log: Log{Level: "info", Format: "text"},
+		Limits:      pc.Limits,
+		Upstream:    pc.Upstream,
+		Health:      pc.Health,
+		Log:         Log{Level: "info", Format: "text"},
 		Cluster: ClusterConfig{PublishInterval: 50 * time.Millisecond,
 			Voters: 3, DeadNodeTimeout: 2 * time.Minute, RaftTimeout: time.Second,
 			DiscoveryInterval: 10 * time.Second},
@@ -459,31 +394,7 @@ func (c *Config) RingConfig() ring.Config {
 // describe.
 func (c *Config) ProxyConfig() proxy.Config {
 	pc := proxy.DefaultConfig()
-	pc.MaxBodySize = int(c.Limits.MaxBodySize)
-	pc.MaxBodyMemory = int64(c.Limits.MaxBodyMemory)
-	pc.BodyMemoryWait = c.Limits.BodyMemoryWait
-	pc.MaxHeaderSize = int(c.Limits.MaxHeaderSize)
-	pc.ReadTimeout = c.Limits.ReadTimeout
-	pc.IdleTimeout = c.Limits.IdleTimeout
-	pc.WriteTimeout = c.Limits.WriteTimeout
-	pc.MaxConns = c.Limits.MaxConns
-	pc.ConnectTimeout = c.Upstream.ConnectTimeout
-	pc.FirstByteTimeout = c.Upstream.FirstByteTimeout
-	pc.StreamIdleTimeout = c.Upstream.StreamIdleTimeout
-	pc.MaxConnsPerBackend = c.Upstream.MaxConnsPerBackend
-	pc.MaxConnWait = c.Upstream.MaxConnWait
-	pc.IdleConnTimeout = c.Upstream.IdleConnTimeout
-	pc.Retries = c.Upstream.Retries
-	pc.MaxBufferedResponse = int(c.Upstream.MaxBufferedResponse)
-	pc.MaxHops = c.Upstream.MaxHops
-	pc.StreamRelay = c.Upstream.StreamRelay
-	pc.ProbePath = c.Health.ProbePath
-	pc.ProbeInterval = c.Health.ProbeInterval
-	pc.ProbeTimeout = c.Health.ProbeTimeout
-	pc.ProbeFailThreshold = c.Health.ProbeFailThreshold
-	pc.ProbeRiseThreshold = c.Health.ProbeRiseThreshold
-	pc.EjectAfter = c.Health.EjectAfter
-	pc.EjectFor = c.Health.EjectFor
+	pc.Limits, pc.Upstream, pc.Health = c.Limits, c.Upstream, c.Health
 	return pc
 }
 
@@ -567,7 +478,7 @@ func (c *Config) RingBackends() ([]ring.Backend, error) {
 	out := make([]ring.Backend, 0, len(c.Backends))
 	seen := map[string]bool{}
 	for _, s := range c.Backends {
-		b, err := s.RingBackend()
+		b, err := ringBackend(s)
 		if err != nil {
 			return nil, err
 		}
@@ -578,20 +489,6 @@ func (c *Config) RingBackends() ([]ring.Backend, error) {
 		out = append(out, b)
 	}
 	return out, nil
-}
-
-// BackendSpec describes one backend. In YAML it is a mapping or a string
-// "[id=]url[;zone=z][;weight=n]"; the --backends flag takes a comma-separated
-// list of such strings. The ID defaults to the URL's host:port.
-type BackendSpec struct {
-	ID     string `yaml:"id"`
-	URL    string `yaml:"url"`
-	Zone   string `yaml:"zone"`
-	Weight int    `yaml:"weight"`
-	// Models declares what the backend serves (model ids, adapters
-	// included) until its /v1/models answers; empty: learned from that
-	// alone. YAML mapping form only.
-	Models []string `yaml:"models"`
 }
 
 // checkModels bounds a declared model list as the agreed state does: at
@@ -608,77 +505,13 @@ func checkModels(id string, ms []string) error {
 	return nil
 }
 
-// ParseBackendSpec parses "[id=]url[;zone=z][;weight=n]".
-func ParseBackendSpec(s string) (BackendSpec, error) {
-	var b BackendSpec
-	parts := strings.Split(strings.TrimSpace(s), ";")
-	main := parts[0]
-	if i := strings.Index(main, "="); i >= 0 && !strings.Contains(main[:i], "/") {
-		b.ID, main = strings.TrimSpace(main[:i]), main[i+1:]
-	}
-	b.URL = strings.TrimSpace(main)
-	for _, kv := range parts[1:] {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok {
-			return b, fmt.Errorf("backend %q: option %q is not key=value", s, kv)
-		}
-		switch strings.TrimSpace(k) {
-		case "zone":
-			b.Zone = strings.TrimSpace(v)
-		case "weight":
-			w, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil || w < 1 || w > 1000 {
-				return b, fmt.Errorf("backend %q: weight %q must be an integer in [1, 1000]", s, v)
-			}
-			b.Weight = w
-		default:
-			return b, fmt.Errorf("backend %q: unknown option %q (want zone or weight)", s, k)
-		}
-	}
-	_, err := b.RingBackend()
-	return b, err
-}
-
-// UnmarshalYAML accepts a mapping or a spec string.
-func (b *BackendSpec) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind == yaml.ScalarNode {
-		v, err := ParseBackendSpec(n.Value)
-		if err != nil {
-			return err
-		}
-		*b = v
-		return nil
-	}
-	type plain BackendSpec
-	var p plain
-	if err := n.Decode(&p); err != nil {
-		return err
-	}
-	*b = BackendSpec(p)
-	return nil
-}
-
-// RingBackend checks the spec and returns the ring's view of it.
-func (b BackendSpec) RingBackend() (ring.Backend, error) {
-	t, err := proxy.ParseTarget(b.URL)
+// ringBackend checks a backend spec and returns the ring's view of it.
+func ringBackend(b backendspec.Spec) (ring.Backend, error) {
+	id, addr, err := b.Check()
 	if err != nil {
 		return ring.Backend{}, err
 	}
-	id := b.ID
-	if id == "" {
-		id = t.HostPort
-	}
-	if err := cluster.CheckBackendID(id); err != nil {
-		return ring.Backend{}, fmt.Errorf("backend id %q: 1-253 printable ASCII characters, no spaces or commas", id)
-	}
-	if b.Weight < 0 || b.Weight > 1000 {
-		return ring.Backend{}, fmt.Errorf("backend %s: weight %d must be in [1, 1000]", id, b.Weight)
-	}
-	scheme := "http://"
-	if t.TLS {
-		scheme = "https://"
-	}
-	return ring.Backend{ID: id, Addr: scheme + t.HostPort, Zone: b.Zone, Weight: b.Weight}, nil
+	return ring.Backend{ID: id, Addr: addr, Zone: b.Zone, Weight: b.Weight}, nil
 }
 
 func hostname() string {

@@ -8,6 +8,14 @@
 // with cluster.discovery_k8s_* the Raft leader finds backends in
 // Kubernetes (k8s.go, package node/kube).
 //
+// Config holds the settings in sections, each one tagged type declared
+// once where it is used: ring.Settings (routing), proxy.Limits,
+// proxy.Upstream and proxy.Health (handed to the proxy whole), and the
+// node's own ClusterConfig, Admin, Engine, Log, AccessLog, Tracing and
+// Record. Their yaml, flag, help and env tags name each setting in the
+// config file, on the command line, in --help and in
+// docs/configuration.md.
+//
 // Cluster concerns (gossip of load, Raft agreement on backends and routing
 // config) are wired here and nowhere else: ring and proxy stay free of them.
 package node

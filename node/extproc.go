@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/warmroute/warmroute/node/limit"
+	"github.com/warmroute/warmroute/internal/limit"
 	"github.com/warmroute/warmroute/proxy/extproc"
 )
 

@@ -4,17 +4,15 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
-	"github.com/warmroute/warmroute/node/admin"
 	"net"
-	"net/netip"
-	"net/url"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/warmroute/warmroute/internal/backendspec"
+	"github.com/warmroute/warmroute/node/admin"
 	"github.com/warmroute/warmroute/ring"
 	"go.yaml.in/yaml/v3"
 )
@@ -48,141 +46,6 @@ func FuzzParseBackend(f *testing.F) {
 		}
 		if _, err := ring.New(ring.DefaultConfig(), []ring.Backend{{ID: b.ID, Addr: b.URL, Zone: b.Zone, Weight: b.Weight, State: st}}); err != nil {
 			t.Fatalf("accepted %q, but no ring builds from it: %v", body, err)
-		}
-	})
-}
-
-// formatBackendSpec writes b back in the "[id=]url[;zone=z][;weight=n]"
-// syntax. The id is written when set, and as an empty "=" prefix when the
-// URL would otherwise be read as "id=url".
-func formatBackendSpec(b BackendSpec) string {
-	s := b.URL
-	if i := strings.Index(s, "="); b.ID != "" || (i >= 0 && !strings.Contains(s[:i], "/")) {
-		s = b.ID + "=" + s
-	}
-	if b.Zone != "" {
-		s += ";zone=" + b.Zone
-	}
-	if b.Weight != 0 {
-		s += ";weight=" + strconv.Itoa(b.Weight)
-	}
-	return s
-}
-
-// FuzzParseBackendSpec: the --backends and YAML scalar syntax never
-// panics; an accepted spec builds a ring, and formatting it re-parses to
-// the same spec.
-func FuzzParseBackendSpec(f *testing.F) {
-	for _, s := range []string{
-		"http://10.0.0.11:8000", "10.0.0.11:8000", "https://gpu-3.example", "gpu-1=http://10.0.0.12:8000",
-		"gpu-big=http://10.0.0.12:8000;zone=us-east-1b;weight=2", " http://[::1]:9000 ; zone = z1 ",
-		"http://h:1;weight=1000", "http://h:1;weight=0", "http://h:1;weight=1001", "http://h:1;weight=x",
-		"http://h:1;colour=red", "http://h:1;zone", "a b=http://h:1", "=http://h:1", "id=", "",
-		"http://h:1/v1", "ftp://h:1", "http://h:99999", "http://u@h:1/?a=b", "x=y=h:1",
-	} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		b, err := ParseBackendSpec(s)
-		if err != nil {
-			return
-		}
-		rb, err := b.RingBackend()
-		if err != nil {
-			t.Fatalf("accepted %q as %+v, but RingBackend fails: %v", s, b, err)
-		}
-		if b.Weight < 0 || b.Weight > 1000 {
-			t.Fatalf("accepted %q with weight %d", s, b.Weight)
-		}
-		// The id ends at the first '=', options at ';', and spaces around
-		// each part are not part of it.
-		if strings.ContainsAny(b.ID, "=;") || strings.Contains(b.Zone, ";") || strings.Contains(b.URL, ";") {
-			t.Fatalf("%q split wrongly: %+v", s, b)
-		}
-		for _, v := range []string{b.ID, b.URL, b.Zone} {
-			if v != strings.TrimSpace(v) {
-				t.Fatalf("%q: part %q not trimmed", s, v)
-			}
-		}
-		checkBackendAddr(t, s, b.URL, rb.Addr)
-		rc := ring.DefaultConfig()
-		rc.PartitionCount = 7 // a small ring: the backend is what is checked
-		if _, err := ring.New(rc, []ring.Backend{rb}); err != nil {
-			t.Fatalf("accepted %q, but no ring builds from it: %v", s, err)
-		}
-		out := formatBackendSpec(b)
-		back, err := ParseBackendSpec(out)
-		if err != nil {
-			t.Fatalf("%q parsed to %+v, formatted as %q, which fails: %v", s, b, out, err)
-		}
-		if !reflect.DeepEqual(back, b) {
-			t.Fatalf("%q parsed to %+v, formatted as %q, re-parsed to %+v", s, b, out, back)
-		}
-	})
-}
-
-// checkBackendAddr: an accepted backend URL names a host that can be
-// dialled (an IP address or a DNS name) and carries nothing the router
-// would silently drop (user info, query, fragment).
-func checkBackendAddr(t *testing.T, spec, rawURL, addr string) {
-	t.Helper()
-	withScheme := rawURL
-	if !strings.Contains(withScheme, "://") {
-		withScheme = "http://" + withScheme
-	}
-	u, err := url.Parse(withScheme)
-	if err != nil {
-		t.Fatalf("%q accepted, but its URL %q does not parse: %v", spec, rawURL, err)
-	}
-	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-		t.Fatalf("%q accepted, dropping user info, query or fragment of %q", spec, rawURL)
-	}
-	hostport := addr[strings.Index(addr, "://")+3:]
-	host, _, err := net.SplitHostPort(hostport)
-	if err != nil {
-		t.Fatalf("%q accepted as address %q: %v", spec, addr, err)
-	}
-	if _, err := netip.ParseAddr(host); err == nil {
-		return
-	}
-	for _, c := range []byte(host) {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_') {
-			t.Fatalf("%q accepted with host %q, neither an IP address nor a DNS name", spec, host)
-		}
-	}
-}
-
-// FuzzParseSize: an accepted size is non-negative and within the parser's
-// bound, and its String form (and MarshalText) parses back to it.
-func FuzzParseSize(f *testing.F) {
-	for _, s := range []string{
-		"32MiB", "512KiB", "4096", "1GB", "1GiB", "0", " 64 K ", "2M", "3G", "7B", "10KB", "5MB",
-		"-1", "1.5MiB", "MiB", "", "4194304GiB", "4194305GiB", "9223372036854775807", "+5", "0x10", "1e3",
-	} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		n, err := ParseSize(s)
-		if err != nil {
-			if n != 0 {
-				t.Fatalf("ParseSize(%q) failed but returned %d", s, n)
-			}
-			return
-		}
-		if n < 0 || n > 1<<62 {
-			t.Fatalf("ParseSize(%q) = %d, out of [0, 2^62]", s, n)
-		}
-		back, err := ParseSize(n.String())
-		if err != nil || back != n {
-			t.Fatalf("ParseSize(%q) = %d, String %q parses to %d, %v", s, n, n.String(), back, err)
-		}
-		if plain, err := ParseSize(strconv.FormatInt(int64(n), 10)); err != nil || plain != n {
-			t.Fatalf("%d in bytes parses to %d, %v", n, plain, err)
-		}
-		text, _ := n.MarshalText()
-		var u Size
-		if err := u.UnmarshalText(text); err != nil || u != n {
-			t.Fatalf("MarshalText(%d) = %q, UnmarshalText gives %d, %v", n, text, u, err)
 		}
 	})
 }
@@ -286,7 +149,7 @@ func FuzzLoadConfig(f *testing.F) {
 func TestValidateRejectsPartitionCountBelowBackends(t *testing.T) {
 	c := DefaultConfig()
 	c.Routing.PartitionCount = 1
-	c.Backends = []BackendSpec{{URL: "http://a:1"}, {URL: "http://b:1"}}
+	c.Backends = []backendspec.Spec{{URL: "http://a:1"}, {URL: "http://b:1"}}
 	err := c.Validate()
 	if err == nil || !strings.Contains(err.Error(), "PartitionCount 1 is below the backend count 2") {
 		t.Fatalf("Validate = %v, want the partition count refused", err)
@@ -294,22 +157,6 @@ func TestValidateRejectsPartitionCountBelowBackends(t *testing.T) {
 	c.Routing.PartitionCount = 2
 	if err := c.Validate(); err != nil {
 		t.Fatalf("partition_count 2 with 2 backends: %v", err)
-	}
-}
-
-// Found by FuzzParseBackendSpec: backend URLs whose host could never be
-// dialled ("y=h", "%80+++", a C1 control character) or whose user info,
-// query or fragment the router silently dropped were accepted.
-func TestParseBackendSpecRejectsUndiallableHosts(t *testing.T) {
-	for _, s := range []string{"x=y=h:1", "AA@0", "http://user:pass@h:1", "%80+++", "\u0088", "http://h:1/?a=b", "http://h:1#f", "+BBYBY"} {
-		if b, err := ParseBackendSpec(s); err == nil {
-			t.Errorf("ParseBackendSpec(%q) = %+v, want an error", s, b)
-		}
-	}
-	for _, s := range []string{"http://[fe80::1%25eth0]:1", "gpu_0.gpusim.svc.cluster.local.:8000", "https://10.0.0.1", "[::1]:9"} {
-		if _, err := ParseBackendSpec(s); err != nil {
-			t.Errorf("ParseBackendSpec(%q): %v", s, err)
-		}
 	}
 }
 

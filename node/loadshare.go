@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/node/cluster"
-	"github.com/warmroute/warmroute/node/identity"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/proxy/engine"
 )

@@ -18,10 +18,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/internal/identity"
+	"github.com/warmroute/warmroute/internal/limit"
 	"github.com/warmroute/warmroute/node/admin"
 	"github.com/warmroute/warmroute/node/cluster"
-	"github.com/warmroute/warmroute/node/identity"
-	"github.com/warmroute/warmroute/node/limit"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/proxy/engine"
 	"github.com/warmroute/warmroute/proxy/reqlog"
@@ -211,7 +211,7 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 	return n, nil
 }
 
-// Caps on the admin listener's connections (node/limit); its requests are
+// Caps on the admin listener's connections (internal/limit); its requests are
 // bounded by the http.Server's timeouts.
 const (
 	maxAdminConns      = 256

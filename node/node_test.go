@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/internal/backendspec"
 )
 
 // holdEngine answers every request after hold; it tracks concurrency.
@@ -60,7 +62,7 @@ func testConfig(backends []string) Config {
 	c := DefaultConfig()
 	c.Listen, c.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
 	for _, b := range backends {
-		c.Backends = append(c.Backends, BackendSpec{URL: b})
+		c.Backends = append(c.Backends, backendspec.Spec{URL: b})
 	}
 	c.Health.ProbeInterval = 100 * time.Millisecond
 	c.Engine.MetricsPath = ""

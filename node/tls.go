@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/internal/identity"
 )
 
 // TLS configures transport security.

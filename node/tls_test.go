@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/internal/identity"
 )
 
 type testCA struct {

@@ -3,81 +3,23 @@ package proxy
 import (
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"math"
 	"net"
-	"net/netip"
-	"net/url"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+	"github.com/warmroute/warmroute/internal/backendspec"
 	"github.com/warmroute/warmroute/proxy/internal/rawio"
 )
-
-// Target is a backend's network address parsed from its base URL.
-type Target struct {
-	// HostPort is host:port.
-	HostPort string
-	// TLS is true for https URLs.
-	TLS bool
-}
-
-// ParseTarget parses a backend base URL ("http://10.0.0.5:8000",
-// "https://gpu-3.example:443", or a bare "host:port", taken as http).
-func ParseTarget(raw string) (Target, error) {
-	s := strings.TrimSpace(raw)
-	if s == "" {
-		return Target{}, errors.New("empty backend address")
-	}
-	if !strings.Contains(s, "://") {
-		s = "http://" + s
-	}
-	u, err := url.Parse(s)
-	if err != nil {
-		return Target{}, fmt.Errorf("backend address %q: %w", raw, err)
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return Target{}, fmt.Errorf("backend address %q: scheme must be http or https", raw)
-	}
-	if u.Host == "" || u.Hostname() == "" {
-		return Target{}, fmt.Errorf("backend address %q: no host", raw)
-	}
-	if u.Path != "" && u.Path != "/" {
-		return Target{}, fmt.Errorf("backend address %q: a base URL takes no path", raw)
-	}
-	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-		return Target{}, fmt.Errorf("backend address %q: a base URL takes no user info, query or fragment", raw)
-	}
-	if !validHost(u.Hostname()) {
-		return Target{}, fmt.Errorf("backend address %q: host must be an IP address or a DNS name", raw)
-	}
-	port := u.Port()
-	if port == "" {
-		port = "80"
-		if u.Scheme == "https" {
-			port = "443"
-		}
-	}
-	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
-		return Target{}, fmt.Errorf("backend address %q: port must be 1-65535", raw)
-	}
-	hp := net.JoinHostPort(u.Hostname(), port)
-	if h, _, err := net.SplitHostPort(hp); err != nil || h == "" || strings.ContainsAny(h, "[]/ ") {
-		return Target{}, fmt.Errorf("backend address %q: invalid host", raw)
-	}
-	return Target{HostPort: hp, TLS: u.Scheme == "https"}, nil
-}
 
 // backend is the live state of one backend. It is shared by every table
 // that contains the backend's ID, so counters survive ring changes.
 type backend struct {
 	id     string
-	target Target
+	target backendspec.Target
 	scheme []byte // "http" or "https", for upstream request URIs
 	client *fasthttp.HostClient
 
@@ -135,7 +77,7 @@ type backend struct {
 	m *backendMetrics
 }
 
-func newBackend(id string, target Target, cfg *Config, m *metrics) *backend {
+func newBackend(id string, target backendspec.Target, cfg *Config, m *metrics) *backend {
 	b := &backend{id: id, target: target, scheme: []byte("http")}
 	b.inflight.b, b.remote.b, b.probeDown.b, b.ejectedUntil.b = b, b, b, b
 	b.queueAt.Store(math.MaxInt64)
@@ -156,7 +98,7 @@ func newBackend(id string, target Target, cfg *Config, m *metrics) *backend {
 		// up to MaxBufferedResponse (checked against a Content-Length before
 		// anything is allocated for it). Streams are not bounded.
 		StreamResponseBody:            false,
-		MaxResponseBodySize:           cfg.MaxBufferedResponse,
+		MaxResponseBodySize:           int(cfg.MaxBufferedResponse),
 		ReadBufferSize:                16 << 10,
 		WriteBufferSize:               16 << 10,
 		DisablePathNormalizing:        true,
@@ -166,24 +108,6 @@ func newBackend(id string, target Target, cfg *Config, m *metrics) *backend {
 	b.client.RetryIfErr = retryUnsent(b.client)
 	b.m = m.forBackend(id)
 	return b
-}
-
-// validHost reports whether h is an IP address (an IPv6 zone included) or
-// a DNS name: letters, digits, '-', '_' and '.'.
-func validHost(h string) bool {
-	if _, err := netip.ParseAddr(h); err == nil {
-		return true
-	}
-	if h == "" || len(h) > 253 {
-		return false
-	}
-	for i := 0; i < len(h); i++ {
-		c := h[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
-			return false
-		}
-	}
-	return true
 }
 
 func hostOnly(hostport string) string {

@@ -192,10 +192,10 @@ func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, rt route, rb *reqBody) bool {
 		// streamed, as in tests that call the handler directly).
 		return true
 	}
-	maxSize := p.cfg.MaxBodySize
+	maxSize := int(p.cfg.MaxBodySize)
 	if cl > maxSize {
 		p.bodyRefused(ctx, rt, fasthttp.StatusRequestEntityTooLarge, "body_too_large",
-			"request body of "+strconv.Itoa(cl)+" bytes exceeds the limit of "+strconv.Itoa(maxSize)+" bytes (maxSize-body-size)")
+			"request body of "+strconv.Itoa(cl)+" bytes exceeds the limit of "+strconv.Itoa(maxSize)+" bytes (max-body-size)")
 		return false
 	}
 	deadline := time.Now().Add(p.cfg.BodyMemoryWait)
@@ -225,7 +225,7 @@ func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, rt route, rb *reqBody) bool {
 				}
 				if more {
 					p.bodyRefused(ctx, rt, fasthttp.StatusRequestEntityTooLarge, "body_too_large",
-						"request body exceeds the limit of "+strconv.Itoa(maxSize)+" bytes (maxSize-body-size)")
+						"request body exceeds the limit of "+strconv.Itoa(maxSize)+" bytes (max-body-size)")
 					return false
 				}
 				break

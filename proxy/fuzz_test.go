@@ -1,41 +1,10 @@
 package proxy
 
 import (
-	"net"
 	"strings"
 	"testing"
 	"unicode/utf8"
 )
-
-// FuzzParseTarget: backend addresses never panic the parser, and what it
-// accepts is a host:port that parses back to itself (but for IPv6 zones,
-// which a URL must write escaped, %25).
-func FuzzParseTarget(f *testing.F) {
-	for _, s := range []string{"http://10.0.0.5:8000", "https://gpu-3.example", "gpu:80", "[::1]:9", "http://[fe80::1%25eth0]:1", "ftp://x", "http://x/p", " http://h:1 ", "http://:80", "http://h:99999"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, raw string) {
-		tg, err := ParseTarget(raw)
-		if err != nil {
-			return
-		}
-		host, port, err := net.SplitHostPort(tg.HostPort)
-		if err != nil || host == "" || port == "" {
-			t.Fatalf("ParseTarget(%q) = %q: not host:port (%v)", raw, tg.HostPort, err)
-		}
-		if strings.Contains(host, "%") {
-			return
-		}
-		scheme := "http://"
-		if tg.TLS {
-			scheme = "https://"
-		}
-		again, err := ParseTarget(scheme + tg.HostPort)
-		if err != nil || again != tg {
-			t.Fatalf("ParseTarget(%q) = %+v, but its address parses to %+v (%v)", raw, tg, again, err)
-		}
-	})
-}
 
 // FuzzRedactQuoted: the log scrubber never panics, is idempotent, and
 // leaves no quoted text but addresses.

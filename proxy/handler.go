@@ -691,7 +691,7 @@ func (p *Proxy) upstreamFailed(ctx *fasthttp.RequestCtx, b *backend, d ring.Deci
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		b.m.upErrors["protocol"].Inc()
 		writeError(ctx, fasthttp.StatusBadGateway, "upstream_response_too_large",
-			"backend "+b.id+" sent a response over "+strconv.Itoa(p.cfg.MaxBufferedResponse)+
+			"backend "+b.id+" sent a response over "+strconv.Itoa(int(p.cfg.MaxBufferedResponse))+
 				" bytes, the limit for answers that are not streamed (max-buffered-response); ask for a streamed answer (\"stream\": true)")
 		p.m.countRequest(b.m, rt, d.Reason, fasthttp.StatusBadGateway)
 		return false, err

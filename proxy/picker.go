@@ -84,7 +84,7 @@ func (p *Proxy) SessionHeader() string {
 }
 
 // MaxBodySize is the largest request body the router accepts.
-func (p *Proxy) MaxBodySize() int { return p.cfg.MaxBodySize }
+func (p *Proxy) MaxBodySize() int { return int(p.cfg.MaxBodySize) }
 
 // Synced reports whether the router routes on an agreed state (an epoch
 // above 0) and can take requests: what a gateway's readiness check asks.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+	"github.com/warmroute/warmroute/internal/backendspec"
 	"github.com/warmroute/warmroute/proxy/internal/hot"
 	"github.com/warmroute/warmroute/proxy/internal/relay"
 	"github.com/warmroute/warmroute/ring"
@@ -129,7 +130,7 @@ func New(cfg Config) (*Proxy, error) {
 		backends: map[string]*backend{},
 		stop:     make(chan struct{}),
 		hot:      hot.New(),
-		bodies:   newBodyBudget(cfg.MaxBodyMemory),
+		bodies:   newBodyBudget(int64(cfg.MaxBodyMemory)),
 		splitsGauge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "warmroute_prefix_splits",
 			Help: "Prompt prefixes in use as split (ADAPTIVE keys route one block past them): those carrying more traffic than one backend should take.",
@@ -180,11 +181,11 @@ func New(cfg Config) (*Proxy, error) {
 		// fasthttp's own limit, with headroom for workers between two
 		// connections, never applies.
 		Concurrency:        cfg.MaxConns + cfg.MaxConns/4 + 16,
-		MaxRequestBodySize: cfg.MaxBodySize,
+		MaxRequestBodySize: int(cfg.MaxBodySize),
 		// The handler reads each body itself, against the body budget
 		// (readBody), instead of fasthttp reading it whole first.
 		StreamRequestBody:             true,
-		ReadBufferSize:                cfg.MaxHeaderSize,
+		ReadBufferSize:                int(cfg.MaxHeaderSize),
 		ReadTimeout:                   cfg.ReadTimeout,
 		IdleTimeout:                   cfg.IdleTimeout,
 		DisableHeaderNamesNormalizing: false,
@@ -213,7 +214,7 @@ func (p *Proxy) SetRing(r *ring.Ring, epoch uint64) error {
 	t := &table{ring: r, bs: make([]*backend, r.Len()), epoch: epoch, epochHdr: strconv.AppendUint(nil, epoch, 10)}
 	next := make(map[string]*backend, r.Len())
 	for i, rb := range r.Backends() {
-		target, err := ParseTarget(rb.Addr)
+		target, err := backendspec.ParseTarget(rb.Addr)
 		if err != nil {
 			return fmt.Errorf("backend %s: %w", rb.ID, err)
 		}

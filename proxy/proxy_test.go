@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/warmroute/warmroute/internal/backendspec"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -58,7 +59,7 @@ func startProxy(t *testing.T, pcfg Config, rcfg ring.Config, stubs ...*stub) *ha
 	t.Helper()
 	var bs []ring.Backend
 	for _, s := range stubs {
-		tg, err := ParseTarget(s.srv.URL)
+		tg, err := backendspec.ParseTarget(s.srv.URL)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -653,25 +654,5 @@ func TestHealthEndpoints(t *testing.T) {
 	r.Body.Close()
 	if r.StatusCode != 200 || r.Header.Get(HeaderBackend) == "" {
 		t.Fatalf("/v1/models: %v", r)
-	}
-}
-
-func TestParseTarget(t *testing.T) {
-	for in, want := range map[string]Target{
-		"http://10.0.0.1:8000": {HostPort: "10.0.0.1:8000"},
-		"10.0.0.1:8000":        {HostPort: "10.0.0.1:8000"},
-		"https://gpu.example":  {HostPort: "gpu.example:443", TLS: true},
-		"http://[::1]:9000/":   {HostPort: "[::1]:9000"},
-		" http://h:1 ":         {HostPort: "h:1"},
-	} {
-		got, err := ParseTarget(in)
-		if err != nil || got != want {
-			t.Errorf("ParseTarget(%q) = %+v, %v", in, got, err)
-		}
-	}
-	for _, bad := range []string{"", "ftp://x:1", "http://", "http://h:1/v1", "http://h:bad"} {
-		if _, err := ParseTarget(bad); err == nil {
-			t.Errorf("ParseTarget(%q) accepted", bad)
-		}
 	}
 }

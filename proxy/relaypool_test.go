@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/internal/backendspec"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -333,7 +334,7 @@ func expectClosed(t *testing.T, fd int) {
 func TestIdleUpstreamBound(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.MaxConnsPerBackend = 2
-	b := newBackend("b/", Target{HostPort: "127.0.0.1:1"}, &cfg, newMetrics(nil))
+	b := newBackend("b/", backendspec.Target{HostPort: "127.0.0.1:1"}, &cfg, newMetrics(nil))
 	var peers []int
 	var mine []int
 	for range 4 {

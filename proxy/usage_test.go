@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/valyala/fasthttp"
+	"github.com/warmroute/warmroute/internal/backendspec"
 	"github.com/warmroute/warmroute/loadtest/gpusim"
 	"github.com/warmroute/warmroute/ring"
 )
@@ -370,7 +371,7 @@ func TestUsageThroughProxyGpusim(t *testing.T) {
 		_ = in.Close()
 		srv.Close()
 	})
-	tg, err := ParseTarget(srv.URL)
+	tg, err := backendspec.ParseTarget(srv.URL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -187,11 +187,11 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
-// otherEnvNames are the WARMROUTE_* variables that are not serve flags:
-// secrets, the admin commands' defaults, and what the build, the tests and
-// the deployment files read.
+// otherEnvNames are the WARMROUTE_* variables that are neither serve
+// flags nor the secrets of serve's settings (settings.go): the admin
+// commands' defaults, and what the build, the tests and the deployment
+// files read.
 var otherEnvNames = []string{
-	"WARMROUTE_GOSSIP_KEY", "WARMROUTE_ADMIN_TOKEN",
 	"WARMROUTE_ADMIN_URL", "WARMROUTE_ADMIN_CA_FILE",
 	"WARMROUTE_IMAGE", "WARMROUTE_BIN", "WARMROUTE_E2E_BIN", "WARMROUTE_SKIP_E2E",
 	"WARMROUTE_TEST_LOG", "WARMROUTE_SOAK_DURATION", "WARMROUTE_COMMIT_LATENCY",

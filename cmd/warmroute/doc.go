@@ -15,5 +15,7 @@
 // `warmroute help` lists the commands and `warmroute <command> --help` every
 // flag with its default. Flags may follow a command's arguments; durations
 // take a unit (500ms, 2s). Exit status: 0 ok, 1 failed, 2 bad command line.
-// The README describes configuration, deployment and metrics.
+// The README describes configuration, deployment and metrics;
+// docs/configuration.md lists every serve setting, by section, with its
+// flag, variable, YAML key and default.
 package main

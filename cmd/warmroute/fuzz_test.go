@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/warmroute/warmroute/node"
+	"github.com/warmroute/warmroute/internal/backendspec"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -60,7 +60,7 @@ func FuzzBackendsFlag(f *testing.F) {
 	f.Add(",, ,")
 	f.Add("a=b=c,;zone=")
 	f.Fuzz(func(t *testing.T, v string) {
-		var got []node.BackendSpec
+		var got []backendspec.Spec
 		if err := (backendsFlag{&got}).Set(v); err != nil {
 			return
 		}
@@ -69,7 +69,7 @@ func FuzzBackendsFlag(f *testing.F) {
 				t.Fatalf("accepted a backend without a URL from %q: %+v", v, b)
 			}
 		}
-		var again []node.BackendSpec
+		var again []backendspec.Spec
 		if err := (backendsFlag{&again}).Set(v); err != nil || len(again) != len(got) {
 			t.Fatalf("%q: second parse differs: %v", v, err)
 		}

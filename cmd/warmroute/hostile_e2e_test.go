@@ -24,8 +24,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/loadtest/proc"
-	"github.com/warmroute/warmroute/node/identity"
 )
 
 // The hostile-member tests play what issue 29 found against the real

@@ -13,9 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/internal/backendspec"
+	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/loadtest/proc"
 	"github.com/warmroute/warmroute/node"
-	"github.com/warmroute/warmroute/node/identity"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -150,7 +151,7 @@ func TestServeArgsFlagTable(t *testing.T) {
 		checkAll(t, cfg, def, []c{
 			{"listen", func(c node.Config) any { return c.Listen }, a.Listen},
 			{"admin-listen", func(c node.Config) any { return c.AdminListen }, a.AdminListen},
-			{"backends", func(c node.Config) any { return c.Backends }, []node.BackendSpec{
+			{"backends", func(c node.Config) any { return c.Backends }, []backendspec.Spec{
 				{URL: "http://10.0.0.1:8000"}, {ID: "big", URL: "http://10.0.0.2:8000", Zone: "z2", Weight: 2}}},
 			{"strategy", func(c node.Config) any { return c.Routing.Strategy }, strategy},
 			{"prefix-length", func(c node.Config) any { return c.Routing.PrefixLength }, a.PrefixLength},

@@ -18,8 +18,8 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/node/admin"
-	"github.com/warmroute/warmroute/node/identity"
 )
 
 // The cluster CA and router certificates that 'warmroute tls' makes.

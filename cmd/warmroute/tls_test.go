@@ -25,8 +25,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/loadtest/proc"
-	"github.com/warmroute/warmroute/node/identity"
 )
 
 // parseCase is one command line for a flag parser: the settings it

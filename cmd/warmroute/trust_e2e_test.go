@@ -25,8 +25,8 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/gossip/gossiptest"
+	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/loadtest/proc"
-	"github.com/warmroute/warmroute/node/identity"
 )
 
 // The trust tests play an attacker against the real binary: a process on

@@ -9,7 +9,7 @@ import (
 
 	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/gossip/gossiptest"
-	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/internal/identity"
 )
 
 var key = []byte("0123456789abcdef")

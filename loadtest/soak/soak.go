@@ -21,8 +21,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/loadtest/proc"
-	"github.com/warmroute/warmroute/node/identity"
 )
 
 // Config is a soak run. Start from DefaultConfig.

@@ -14,9 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/internal/identity"
+	"github.com/warmroute/warmroute/internal/limit"
 	"github.com/warmroute/warmroute/node/cluster"
-	"github.com/warmroute/warmroute/node/identity"
-	"github.com/warmroute/warmroute/node/limit"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/ring"
 )
@@ -206,7 +206,7 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, write bool) b
 type connKey struct{}
 
 // ConnContext is the admin http.Server's ConnContext: it keeps each
-// request's connection, so that authorize can promote it (node/limit)
+// request's connection, so that authorize can promote it (internal/limit)
 // once a request proved who sent it: the token, loopback, or a router's
 // certificate. A promoted connection leaves the pool that idle
 // connections of neighbours without credentials contend for.

@@ -17,8 +17,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/node/cluster"
-	"github.com/warmroute/warmroute/node/identity"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/ring"
 )

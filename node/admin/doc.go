@@ -20,5 +20,5 @@
 // cluster certificate (checked against the revocation list at every
 // request). A request that proved who sent it (the token, loopback, a
 // router's certificate) promotes its connection out of the listener's
-// pool of unproven connections (ConnContext, node/limit).
+// pool of unproven connections (ConnContext, internal/limit).
 package admin

@@ -12,8 +12,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/node/cluster"
-	"github.com/warmroute/warmroute/node/identity"
 )
 
 // write commits cmd, forwarding it to the leader when this node is not the

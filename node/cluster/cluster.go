@@ -17,7 +17,7 @@ import (
 	"github.com/hashicorp/raft"
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
-	"github.com/warmroute/warmroute/node/notify"
+	"github.com/warmroute/warmroute/internal/notify"
 )
 
 // Agreement is one node's membership in the Raft group that agrees on

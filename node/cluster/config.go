@@ -8,7 +8,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -42,7 +42,7 @@ type Config struct {
 	// RaftMaxConns bounds the inbound Raft connections that have not
 	// proved a router yet (handshaking), RaftMaxConnsPerIP those from one
 	// address: a newcomer over either closes the oldest of its address,
-	// or of the busiest one (node/limit). Connections that proved a
+	// or of the busiest one (internal/limit). Connections that proved a
 	// router are held apart: RaftMaxConns in all, RaftMaxConnsPerIP per
 	// router.
 	RaftMaxConns      int

@@ -3,7 +3,7 @@ package cluster
 import (
 	"errors"
 
-	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/internal/identity"
 )
 
 // errNoProbe: the Agreement runs on an in-memory network, where there is

@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/warmroute/warmroute/gossip"
-	"github.com/warmroute/warmroute/node/notify"
+	"github.com/warmroute/warmroute/internal/notify"
 	"go.uber.org/goleak"
 )
 

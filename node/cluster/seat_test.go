@@ -10,7 +10,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/warmroute/warmroute/gossip"
-	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/internal/identity"
 )
 
 // raftAddrOf is server id's address in n's Raft configuration.

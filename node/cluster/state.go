@@ -14,7 +14,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/internal/backendspec"
+	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -43,7 +44,6 @@ const (
 
 // Limits the state machine enforces on every node.
 const (
-	maxIDLen     = 253
 	maxZoneLen   = 64
 	maxWeight    = 1000
 	maxLabels    = 32
@@ -107,7 +107,7 @@ type State struct {
 	// sorted, in canonical form (identity.CheckName,
 	// identity.CanonicalSerial): a router certificate that names one of
 	// the routers, or carries one of the serial numbers, proves nothing
-	// to any router (node/identity.Revocations).
+	// to any router (internal/identity.Revocations).
 	RevokedNames   []string `json:"revoked_names,omitempty"`
 	RevokedSerials []string `json:"revoked_serials,omitempty"`
 }
@@ -766,17 +766,12 @@ func subtractSorted(a, b []string) []string {
 	return out
 }
 
-// CheckBackendID reports whether id can name a backend: 1-253 printable
-// ASCII characters, no spaces or commas. IDs appear in metric labels,
-// response headers and logs, so control characters are refused.
+// CheckBackendID reports whether id can name a backend
+// (backendspec.CheckID: 1-253 printable ASCII characters, no spaces or
+// commas), as ErrInvalid.
 func CheckBackendID(id string) error {
-	if id == "" || len(id) > maxIDLen {
-		return fmt.Errorf("%w: backend id %q: 1-%d characters", ErrInvalid, id, maxIDLen)
-	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; c <= ' ' || c > '~' || c == ',' {
-			return fmt.Errorf("%w: backend id %q: printable ASCII only, no spaces or commas", ErrInvalid, id)
-		}
+	if err := backendspec.CheckID(id); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return nil
 }

@@ -14,8 +14,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	"github.com/warmroute/warmroute/node/identity"
-	"github.com/warmroute/warmroute/node/limit"
+	"github.com/warmroute/warmroute/internal/identity"
+	"github.com/warmroute/warmroute/internal/limit"
 )
 
 // tcpStream is Raft's stream layer: TCP, mutual TLS when the node has an
@@ -23,7 +23,7 @@ import (
 // raft.TCPStreamLayer it defends its listener:
 //
 //   - at most MaxConns inbound connections that proved nothing yet,
-//     MaxConnsPerIP from one address (node/limit): a newcomer closes the
+//     MaxConnsPerIP from one address (internal/limit): a newcomer closes the
 //     oldest of the busiest address, so idle connections of a neighbour
 //     never keep a router out; a connection that proved a router (TLS
 //     and preamble) moves to a pool of its own, MaxConnsPerIP per router;
@@ -204,7 +204,7 @@ func (s *tcpStream) handshake(sc *serverConn) {
 		return // a probe: it has its answer
 	}
 	// Proven: the connection leaves the pending pool, which neighbours
-	// without credentials contend for (node/limit).
+	// without credentials contend for (internal/limit).
 	key := "router:" + name
 	if name == "" {
 		key = "addr:" + limitKey(sc.RemoteAddr())

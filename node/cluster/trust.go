@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	"github.com/warmroute/warmroute/node/identity"
+	"github.com/warmroute/warmroute/internal/identity"
 )
 
 // clusterIDFile keeps the cluster ID in the data directory, so the Raft

@@ -15,8 +15,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/warmroute/warmroute/gossip"
-	"github.com/warmroute/warmroute/node/identity"
-	"github.com/warmroute/warmroute/node/limit"
+	"github.com/warmroute/warmroute/internal/identity"
+	"github.com/warmroute/warmroute/internal/limit"
 )
 
 // testIdentity issues a router certificate for name from ca.

@@ -97,7 +97,7 @@ func FuzzProcess(f *testing.F) {
 	r, _ := ring.New(ring.DefaultConfig(), bs)
 	p.SetRing(r, 1)
 	cfg := DefaultConfig()
-	cfg.MaxBodySize = pc.MaxBodySize
+	cfg.MaxBodySize = int(pc.MaxBodySize)
 	cfg.MaxStreams = 1 << 20
 	s, err := New(cfg, p)
 	if err != nil {

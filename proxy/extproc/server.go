@@ -83,7 +83,7 @@ func DefaultConfig() Config {
 	return Config{
 		MaxStreams:        4096,
 		MaxStreamsPerConn: 1024,
-		MaxBodySize:       pc.MaxBodySize,
+		MaxBodySize:       int(pc.MaxBodySize),
 		Fallbacks:         pc.Retries,
 		ReadTimeout:       pc.ReadTimeout,
 		FirstByteTimeout:  pc.FirstByteTimeout,

@@ -24,8 +24,8 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/net/netutil"
 
+	"github.com/warmroute/warmroute/internal/backendspec"
 	"github.com/warmroute/warmroute/loadtest/gpusim"
-	"github.com/warmroute/warmroute/node"
 )
 
 // Environment variables read by TestMain and the children.
@@ -189,7 +189,7 @@ func routerMain(ctx context.Context, mode string, args []string) int {
 	rt := &router{strategy: *strategy, prefixLen: *prefixLen, threshold: int64(*threshold)}
 	for _, b := range strings.Split(*backends, ",") {
 		// [id=]url, parsed as warmroute serve parses it.
-		spec, err := node.ParseBackendSpec(b)
+		spec, err := backendspec.Parse(b)
 		if err != nil {
 			return 2
 		}

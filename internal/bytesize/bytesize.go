@@ -1,4 +1,4 @@
-package node
+package bytesize
 
 import (
 	"fmt"
@@ -18,8 +18,8 @@ var sizeUnits = []struct {
 	{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1},
 }
 
-// ParseSize parses a byte count with an optional unit.
-func ParseSize(s string) (Size, error) {
+// Parse parses a byte count with an optional unit.
+func Parse(s string) (Size, error) {
 	t := strings.TrimSpace(s)
 	mult := int64(1)
 	for _, u := range sizeUnits {
@@ -49,7 +49,7 @@ func (s Size) String() string {
 
 // Set implements flag.Value.
 func (s *Size) Set(v string) error {
-	n, err := ParseSize(v)
+	n, err := Parse(v)
 	if err != nil {
 		return err
 	}
