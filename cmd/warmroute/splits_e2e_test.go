@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/loadtest/proc"
-	"github.com/warmroute/warmroute/node/identity"
 	"github.com/warmroute/warmroute/ring"
 )
 
