@@ -16,20 +16,18 @@ import (
 )
 
 // TestE2EDemoReportOpensWithVerdict runs a small demo (rag under
-// CONSISTENT_HASH and PREFIX_AWARE, one router, three instances, a few
-// seconds each) and reads what it wrote. The terminal ends with the
+// CONSISTENT_HASH and PREFIX_AWARE, one router, three instances, 3 s of
+// load each) and reads what it wrote. The terminal ends with the
 // verdict; the HTML report opens with it, names the build that ran (the
 // binary's own version and commit) and says that the engines are
 // simulated before any figure, and every table fits a screen 1,400 pixels
 // wide; the JSON carries the same verdict as its runs.
 func TestE2EDemoReportOpensWithVerdict(t *testing.T) {
 	needBinary(t)
-	if testing.Short() {
-		t.Skip("runs a demo of about 15 s")
-	}
+	t.Parallel() // about 12 s, nearly all of it waiting on the demo's load
 	out := t.TempDir()
 	cmd := exec.Command(binPath, "demo", "--workloads", "rag", "--strategies", "CONSISTENT_HASH,PREFIX_AWARE",
-		"--routers", "1", "--instances", "3", "--warmup", "2s", "--duration", "3s", "--quiet", "--out", out)
+		"--routers", "1", "--instances", "3", "--warmup", "1s", "--duration", "2s", "--quiet", "--out", out)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	done := make(chan error, 1)
@@ -181,6 +179,7 @@ func estimateTableWidths(page string) []int {
 // it win. --dry-run starts nothing.
 func TestE2EDemoDefaultFitsThreeMinutes(t *testing.T) {
 	needBinary(t)
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "out")
 	plan := func(args ...string) string {
 		t.Helper()
