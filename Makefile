@@ -5,7 +5,8 @@ GO       ?= go
 BIN      := bin/warmroute
 PKGS     := ./...
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS  := -s -w -X main.version=$(VERSION)
+COMMIT   ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS  := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 FUZZTIME ?= 60s
 SHORTFUZZ ?= 5s
 
@@ -49,8 +50,11 @@ lint:
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
+# About 2.5 minutes: the strategies on rag and agent. DEMO_ARGS=--full runs
+# the complete comparison (about 7 minutes); any 'warmroute demo' flags go
+# there too.
 demo: build
-	./$(BIN) demo
+	./$(BIN) demo $(DEMO_ARGS)
 
 # FROM-scratch image warmroute:dev (needs a Docker engine).
 images:

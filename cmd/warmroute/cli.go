@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -244,7 +245,7 @@ func versionText() string {
 	for _, s := range bi.Settings {
 		settings[s.Key] = s.Value
 	}
-	if rev := settings["vcs.revision"]; rev != "" {
+	if rev := cmp.Or(settings["vcs.revision"], commit); rev != "" {
 		if settings["vcs.modified"] == "true" {
 			rev += " (modified)"
 		}

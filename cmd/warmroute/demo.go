@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -8,6 +9,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -33,9 +36,30 @@ const (
 	demoLoadFactor   = 0
 	demoMaxTokens    = 96
 	demoWarmup       = 8 * time.Second
-	demoDuration     = 20 * time.Second
-	demoNoReuse      = 10 * time.Second
 )
+
+// The demo's two lengths. A first run should take under three minutes on
+// a 2-core machine, and nearly all of a run is wall-clock load: the fleet
+// starts and stops in about a second. So the default compares the
+// strategies on two workloads, one of each kind that matters (rag: every
+// prefix distinct within the routing key; agent: a shared prompt longer
+// than the fixed key, the case adaptive keys are for), measured for 10 s
+// after the same 8 s warm-up as --full, and waits at most 10 s for the
+// last answers: what a queueing strategy still has waiting then is
+// counted unanswered. --full is the complete comparison: chat and
+// preamble too (the same two kinds again), 20 s measured, 30 s to drain;
+// about seven minutes.
+const (
+	demoDuration     = 10 * time.Second
+	demoDrain        = 10 * time.Second
+	demoFullDuration = 20 * time.Second
+	demoFullDrain    = 30 * time.Second
+)
+
+// demoDefaultWorkloads and demoFullWorkloads are the workloads run without
+// and with --full.
+func demoDefaultWorkloads() []string { return []string{"rag", "agent"} }
+func demoFullWorkloads() []string    { return []string{"rag", "chat", "preamble", "agent"} }
 
 // demoWorkloads lists the workloads demoCase knows.
 const demoWorkloads = "rag, chat, noreuse, bot, code, mix, sysprompt, preamble, agent"
@@ -50,7 +74,7 @@ func demoCase(name string, seed uint64, warmup, duration time.Duration, rateScal
 	l.Seed = seed
 	l.Warmup = warmup
 	l.Duration = duration
-	l.Drain = 30 * time.Second
+	l.Drain = demoFullDrain
 	l.Timeout = 60 * time.Second
 	l.MetricsInterval = time.Second
 	switch name {
@@ -72,9 +96,6 @@ func demoCase(name string, seed uint64, warmup, duration time.Duration, rateScal
 		w.NoReuse.PromptTokens = 2000
 		l.Rate = 8
 		l.Warmup = 0
-		if duration == demoDuration {
-			l.Duration = demoNoReuse
-		}
 	case "bot":
 		w.Kind = workload.KindBot
 		w.Bot = workload.BotConfig{Templates: 24, PolicyTokens: 8000, UserTokens: 60}
@@ -164,11 +185,13 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	strategies := []string{"CONSISTENT_HASH", fleet.PrefixAwareFixed, "PREFIX_AWARE"}
-	workloads := []string{"rag", "chat", "preamble", "agent"}
+	workloads := demoDefaultWorkloads()
+	full := fs.Bool("full", false, "the complete comparison, about 7 minutes: workloads "+strings.Join(demoFullWorkloads(), ",")+", --duration "+demoFullDuration.String()+", --drain "+demoFullDrain.String()+" (flags given as well win)")
 	fs.Var(listFlag{&strategies}, "strategies", "routing strategies to compare, comma-separated, or 'all' ("+strings.Join(fleet.Strategies(), ", ")+")")
 	fs.Var(listFlag{&workloads}, "workloads", "workloads, comma-separated: "+demoWorkloads)
 	warmup := fs.Duration("warmup", demoWarmup, "load before the measured part of each run (noreuse has none)")
-	duration := fs.Duration("duration", demoDuration, "measured load per run (noreuse runs half as long by default)")
+	duration := fs.Duration("duration", demoDuration, "measured load per run ("+demoFullDuration.String()+" with --full; noreuse runs half as long unless this is given)")
+	drain := fs.Duration("drain", demoDrain, "longest wait for the answers after a run's load stops; requests still waiting are counted unanswered ("+demoFullDrain.String()+" with --full)")
 	rateScale := fs.Float64("rate-scale", 1, "multiply every workload's calibrated arrival rate")
 	seed := fs.Uint64("seed", 1, "seed of the workloads and arrivals")
 	instances := fs.Int("instances", demoInstances, "simulated GPU instances")
@@ -186,14 +209,30 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	rc := bindReplayFlags(fs)
 	out := fs.String("out", "", "directory for report.html, report.json and the fleet's logs (default out/demo-TIMESTAMP)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
+	dryRun := fs.Bool("dry-run", false, "print the runs and how long they will take, and start nothing")
 	usage := "usage: warmroute demo [flags]\n\n" +
-		"Starts a local fleet (gpusim instances behind warmroute routers, all child processes\n" +
-		"of this executable on free loopback ports), runs each workload under each routing\n" +
-		"strategy against a cold fleet, prints one table and writes an HTML and a JSON report.\n" +
-		"Everything it starts is stopped on exit, including on Ctrl-C.\n" +
+		"Starts a local fleet (gpusim instances, simulated vLLM engines, behind warmroute\n" +
+		"routers, all child processes of this executable on free loopback ports), runs each\n" +
+		"workload under each routing strategy against a cold fleet, prints one table and a\n" +
+		"verdict, and writes an HTML and a JSON report. By default it compares the strategies\n" +
+		"on rag and agent in about 2.5 minutes; --full runs four workloads for longer (about\n" +
+		"7 minutes). Everything it starts is stopped on exit, including on Ctrl-C.\n" +
 		"See docs/loadtest.md for the sizing.\n\nflags:\n"
 	if err := parseCommand(fs, args, usage); err != nil {
 		return err
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if *full {
+		if !given["workloads"] {
+			workloads = demoFullWorkloads()
+		}
+		if !given["duration"] {
+			*duration = demoFullDuration
+		}
+		if !given["drain"] {
+			*drain = demoFullDrain
+		}
 	}
 	if len(strategies) == 1 && strings.EqualFold(strategies[0], "all") {
 		strategies = fleet.Strategies()
@@ -203,6 +242,9 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if *rateScale <= 0 {
 		return fmt.Errorf("--rate-scale %g must be > 0", *rateScale)
+	}
+	if *drain < 0 || *drain > 10*time.Minute {
+		return fmt.Errorf("--drain %s outside 0-10m", *drain)
 	}
 
 	fc := fleet.DefaultConfig()
@@ -229,6 +271,10 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if err != nil {
 			return err
 		}
+		if c.Workload.Kind == workload.KindNoReuse && !given["duration"] {
+			c.Load.Duration = *duration / 2
+		}
+		c.Load.Drain = *drain
 		c.Load.Bounds.Instances, c.Load.Bounds.KVBlocks = *instances, *kvBlocks // the fleet bound's caches are the fleet's
 		plan.Cases = append(plan.Cases, c)
 	}
@@ -237,10 +283,24 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if err != nil {
 			return err
 		}
+		c.Load.Drain = *drain
 		plan.Cases = append(plan.Cases, c)
 	}
 	if err := plan.Validate(); err != nil {
 		return err
+	}
+	engines, err := demoEngines(fc.GpusimArgs)
+	if err != nil {
+		return err
+	}
+	setup := demoSetup(&plan, *kvBlocks)
+	estimate := demoEstimate(&plan)
+	if *dryRun {
+		for _, s := range setup {
+			fmt.Fprintln(stdout, "demo:", s)
+		}
+		fmt.Fprintln(stdout, "demo:", estimate)
+		return nil
 	}
 	if !*quiet {
 		runs := len(plan.Cases) * len(strategies)
@@ -261,11 +321,14 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	setup := demoSetup(&plan, *kvBlocks)
+	if la := loadAverage(); la != "" {
+		setup = append(setup, fmt.Sprintf("machine: %d CPUs, load average %s at the start", runtime.NumCPU(), la))
+	}
 	if !*quiet {
 		for _, s := range setup {
 			fmt.Fprintln(stderr, "demo:", s)
 		}
+		fmt.Fprintln(stderr, "demo:", estimate)
 	}
 
 	started := time.Now()
@@ -284,6 +347,9 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		Title:       "warmroute routing strategy comparison",
 		GeneratedAt: time.Now(),
 		Command:     strings.TrimSpace("warmroute demo " + strings.Join(args, " ")),
+		Build:       buildSummary(),
+		Engines:     engines,
+		Notes:       demoNotes(*full, given),
 		Setup:       setup,
 		Partial:     interrupted,
 		Instances:   instanceNames(*instances, gpusimArgs),
@@ -302,6 +368,111 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return runErr
 }
 
+// demoEstimate says how long the plan will take: its load (warm-up and
+// measured part of every run), at most the drain more per run for the
+// last answers, and about two seconds a run to start and stop the fleet.
+func demoEstimate(p *compare.Plan) string {
+	runs := len(p.Strategies)
+	if p.Fleet.Routers == 0 {
+		runs = 1
+	}
+	var load, drain time.Duration
+	replays := 0
+	for _, c := range p.Cases {
+		if c.Generator != nil {
+			replays++ // its length is the trace's
+			load += time.Duration(runs) * c.Load.Warmup
+		} else {
+			load += time.Duration(runs) * (c.Load.Warmup + c.Load.Duration)
+		}
+		drain += time.Duration(runs) * c.Load.Drain
+	}
+	n := runs * len(p.Cases)
+	fleet := time.Duration(n) * 2 * time.Second
+	s := fmt.Sprintf("%d runs: %s of load, up to %s more waiting for the last answers, about %s starting and stopping fleets: %s to %s",
+		n, load, drain, fleet, minutes(load+fleet), minutes(load+drain+fleet))
+	if replays > 0 {
+		s += ", plus the trace replay's own length under each strategy"
+	}
+	return s
+}
+
+// minutes writes d as minutes and seconds, "2m20s".
+func minutes(d time.Duration) string {
+	return d.Round(10 * time.Second).String()
+}
+
+// demoNotes says what the run left out, or that it is the complete one.
+func demoNotes(full bool, given map[string]bool) []string {
+	if full {
+		return []string{"The complete comparison (--full)."}
+	}
+	if given["workloads"] || given["duration"] || given["strategies"] {
+		return nil // the reader chose the plan
+	}
+	return []string{fmt.Sprintf("The short comparison: rag (prefixes distinct within the key) and agent (a shared prompt longer than the fixed key), %s measured per run. "+
+		"warmroute demo --full (make demo DEMO_ARGS=--full, about 7 minutes) adds chat and preamble, the same two kinds again, and measures %s per run; "+
+		"--strategies all adds the load-only strategies (RANDOM, ROUND_ROBIN, LEAST_OUTSTANDING_REQUESTS).", demoDuration, demoFullDuration)}
+}
+
+// demoEngines says what the demo's instances are: simulated engines, and
+// the latency model that their gpusim flags give them.
+func demoEngines(gpusimArgs []string) (string, error) {
+	fs := flag.NewFlagSet("gpusim", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	s := gpusimFlags(fs)
+	if err := fs.Parse(expandListFlags(gpusimArgs)); err != nil {
+		return "", fmt.Errorf("--gpusim-args: %w", err)
+	}
+	m := s.model
+	ts := ""
+	if m.TimeScale != 1 {
+		ts = fmt.Sprintf(", every duration x%g (--time-scale)", m.TimeScale)
+	}
+	return fmt.Sprintf("The engines are simulated: no GPU ran. Each instance is gpusim, a model of one vLLM instance serving %s on 8 GPUs: "+
+		"time to first token is %s plus the prompt tokens not found in its prefix KV cache at %.0f tokens/s (shared by the prefills running at once), "+
+		"a decode step takes %s plus %s per running request%s, and the KV cache holds %d blocks of %d tokens (LRU). "+
+		"The routing, the caches' hits and misses and the queueing are real; the times are the model's (docs/gpusim.md).",
+		m.Model, m.Overhead, m.PrefillTokensPerSec, m.ITLBase, m.ITLPerSeq, ts, m.KVCacheBlocks, m.BlockSize), nil
+}
+
+// buildSummary names this build: its version, the commit it was built
+// from (Go's VCS stamp, else the one the Makefile passes) and the
+// toolchain.
+func buildSummary() string {
+	rev, modified, toolchain := commit, strings.HasSuffix(version, "-dirty"), ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		toolchain = ", " + bi.GoVersion
+		for _, kv := range bi.Settings {
+			switch {
+			case kv.Key == "vcs.revision" && kv.Value != "":
+				rev = kv.Value
+			case kv.Key == "vcs.modified" && kv.Value == "true":
+				modified = true
+			}
+		}
+	}
+	s := "warmroute " + version + ", commit " + cmp.Or(rev, "unknown")
+	if modified {
+		s += " (modified)"
+	}
+	return s + toolchain
+}
+
+// loadAverage is the 1-minute load average as the kernel reports it
+// ("" where there is no /proc/loadavg).
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
+}
+
 // demoTraceCase replays a trace file: every record, at the trace's times,
 // the first warmup of them unmeasured.
 func demoTraceCase(path string, rc *trace.ReplayConfig, warmup time.Duration) (compare.Case, error) {
@@ -316,7 +487,7 @@ func demoTraceCase(path string, rc *trace.ReplayConfig, warmup time.Duration) (c
 	l := loadtest.DefaultConfig()
 	l.Mode = loadtest.OpenLoop
 	l.Warmup, l.Duration, l.Requests = warmup, 0, probe.Len()
-	l.Drain, l.Timeout, l.MetricsInterval = 30*time.Second, 60*time.Second, time.Second
+	l.Drain, l.Timeout, l.MetricsInterval = demoFullDrain, 60*time.Second, time.Second
 	w := workload.DefaultConfig()
 	w.Kind = workload.KindNoReuse // unused: the replay makes the requests
 	return compare.Case{

@@ -34,8 +34,13 @@ func commands() map[string]command {
 	}
 }
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version is set at build time with -ldflags "-X main.version=...", and
+// commit, the full commit id, with "-X main.commit=..." (the Makefile sets
+// both; Go's own VCS stamp, when the build has one, names the commit too).
+var (
+	version = "dev"
+	commit  = ""
+)
 
 func usage(w io.Writer, cmds map[string]command) {
 	names := make([]string, 0, len(cmds))

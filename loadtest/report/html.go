@@ -23,53 +23,109 @@ type htmlWorkload struct {
 	Charts      []template.HTML
 }
 
+// verdictRow is one baseline of one workload in the verdict's table.
+type verdictRow struct {
+	Workload, Baseline, TTFT50, TTFT90, Recomputed, Saved string
+}
+
 type htmlPage struct {
 	*Report
-	Comparisons    []string
+	Sentences      []string
+	VerdictRows    []verdictRow
 	Workloads      []htmlWorkload
 	ShareNote      string
 	PredictionNote string
 }
 
+// The page is laid out for a screen 1,400 pixels wide: the body is at
+// most 1,320 pixels, every table fits in it (the per-workload figures are
+// split in two tables for that), and a table that would not still
+// scrolls inside its own box instead of being cut.
 var page = template.Must(template.New("report").Parse(`<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{{.Title}}</title>
 <style>
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1180px;padding:0 16px;color:#222}
-h1{font-size:22px;margin-bottom:4px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1320px;padding:0 16px;color:#222}
+h1{font-size:22px;margin-bottom:4px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd}h3{font-size:15px;margin:18px 0 4px}
 .meta{color:#666;font-size:13px}code{background:#f3f3f3;padding:1px 4px;border-radius:3px}
+.wide{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;font-variant-numeric:tabular-nums;margin:8px 0}
 th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
 th:first-child,td:first-child{text-align:left}th{background:#fafafa;font-weight:600}
 .warn{background:#fff3cd;padding:8px;border:1px solid #e0c36a}
+.verdict{background:#f4f8fc;border:1px solid #c9daea;padding:4px 16px 10px;margin:12px 0}
+.verdict h2{margin-top:8px;border:0}.verdict li{margin:4px 0}
+.verdict td:nth-child(2),.verdict th:nth-child(2){text-align:left}
+.engines{background:#f7f7f7;border-left:3px solid #999;padding:6px 10px}
 .charts{display:flex;flex-wrap:wrap;gap:12px}
 svg{background:#fff;border:1px solid #eee}
 svg .title{font-size:13px;font-weight:600}svg .tick{font-size:10px;fill:#555}svg .axis{font-size:11px;fill:#333}
 svg .legend{font-size:11px}svg .grid{stroke:#eee}svg .ref{stroke:#555;stroke-dasharray:4 3}
 </style></head><body>
 <h1>{{.Title}}</h1>
-<p class="meta">Generated {{.GeneratedAt.Format "2006-01-02 15:04:05 MST"}}{{if .Command}} by <code>{{.Command}}</code>{{end}}</p>
+<p class="meta">Generated {{.GeneratedAt.Format "2006-01-02 15:04:05 MST"}}{{if .Command}} by <code>{{.Command}}</code>{{end}}{{if .Build}}; build: {{.Build}}{{end}}</p>
 {{if .Partial}}<p class="warn">Interrupted: the runs below are partial.</p>{{end}}
-{{if .Setup}}<ul class="meta">{{range .Setup}}<li>{{.}}</li>{{end}}</ul>{{end}}
-{{if .Comparisons}}<ul>{{range .Comparisons}}<li>{{.}}</li>{{end}}</ul>{{end}}
+{{if .Sentences}}<section class="verdict">
+<h2>Verdict: what {{.Verdict.Candidate}} bought on this fleet</h2>
+<ul>{{range .Sentences}}<li>{{.}}</li>{{end}}</ul>
+<div class="wide"><table>
+<tr><th>workload</th><th>against</th><th>p50 TTFT</th><th>p90 TTFT</th><th>prompt recomputed</th><th>prefill saved a request</th></tr>
+{{range .VerdictRows}}<tr><td>{{.Workload}}</td><td>{{.Baseline}}</td><td>{{.TTFT50}}</td><td>{{.TTFT90}}</td><td>{{.Recomputed}}</td><td>{{.Saved}}</td></tr>
+{{end}}</table></div>
+<p class="meta">Each pair of figures is {{.Verdict.Candidate}}'s, then the other strategy's. Prompt recomputed: the share of prompt tokens the engines prefilled rather than found in their KV cache (their prefix-cache counters over the measured window). Prefill saved: the difference in that share, in tokens, at {{.Verdict.Candidate}}'s average prompt (in parentheses); a minus sign means more prefill.</p>
+</section>{{end}}
+{{if .Engines}}<p class="engines">{{.Engines}}</p>{{end}}
+{{if .Notes}}<ul class="meta">{{range .Notes}}<li>{{.}}</li>{{end}}</ul>{{end}}
+{{if .Setup}}<h3>Setup</h3><ul class="meta">{{range .Setup}}<li>{{.}}</li>{{end}}</ul>{{end}}
 {{range .Workloads}}
 <h2>{{.Name}}</h2>
-<table>
-<tr><th>strategy</th><th>KV hit</th><th>bound</th><th>fleet bound</th><th>req/s</th><th>out tok/s</th><th>TTFT p50 ms</th><th>p90</th><th>p99</th><th>ITL p50 ms</th><th>E2E p50 ms</th><th>p99</th><th>share min-max</th><th>max/min (even)</th><th>errors</th><th>decisions</th></tr>
-{{range .Rows}}<tr><td>{{.Label}}{{if .Partial}} (partial){{end}}</td><td>{{.KV}}</td><td>{{.Bound}}</td><td>{{.FleetBound}}</td><td>{{.ReqS}}</td><td>{{.TokS}}</td><td>{{.TTFT50}}</td><td>{{.TTFT90}}</td><td>{{.TTFT99}}</td><td>{{.ITL50}}</td><td>{{.E2E50}}</td><td>{{.E2E99}}</td><td>{{.Range}}</td><td>{{.Ratio}}</td><td>{{.Errors}}</td><td>{{.Decisions}}</td></tr>
-{{end}}</table>
+<div class="wide"><table>
+<tr><th>strategy</th><th>req/s</th><th>out tok/s</th><th>TTFT p50 ms</th><th>p90</th><th>p99</th><th>ITL p50 ms</th><th>E2E p50 ms</th><th>p99</th><th>KV hit</th><th>bound</th><th>fleet bound</th></tr>
+{{range .Rows}}<tr><td>{{.Label}}{{if .Partial}} (partial){{end}}</td><td>{{.ReqS}}</td><td>{{.TokS}}</td><td>{{.TTFT50}}</td><td>{{.TTFT90}}</td><td>{{.TTFT99}}</td><td>{{.ITL50}}</td><td>{{.E2E50}}</td><td>{{.E2E99}}</td><td>{{.KV}}</td><td>{{.Bound}}</td><td>{{.FleetBound}}</td></tr>
+{{end}}</table></div>
 {{if .BoundsNote}}<p class="meta">{{.BoundsNote}}</p>{{end}}
+<div class="wide"><table>
+<tr><th>strategy</th><th>errors</th><th>share min-max</th><th>max/min (even)</th><th>decisions</th></tr>
+{{range .Rows}}<tr><td>{{.Label}}{{if .Partial}} (partial){{end}}</td><td>{{.Errors}}</td><td>{{.Range}}</td><td>{{.Ratio}}</td><td>{{.Decisions}}</td></tr>
+{{end}}</table></div>
 <p class="meta">{{$.ShareNote}}</p>
 {{if .Predictions}}<h3>Predicted against delivered, per decision kind</h3>
-<table>
+<div class="wide"><table>
 <tr><th>strategy</th><th>kind</th><th>answers</th><th>with usage</th><th>predicted warm</th><th>delivered warm</th><th>both</th><th>token hit</th></tr>
 {{range .Predictions}}<tr><td>{{.Label}}</td><td>{{.Kind}}</td><td>{{.Answers}}</td><td>{{.Reported}}</td><td>{{.Predicted}}</td><td>{{.Delivered}}</td><td>{{.Both}}</td><td>{{.TokenHitRate}}</td></tr>
-{{end}}</table>
+{{end}}</table></div>
 <p class="meta">{{$.PredictionNote}}</p>{{end}}
 <div class="charts">{{range .Charts}}{{.}}{{end}}</div>
 {{end}}
 </body></html>
 `))
+
+// verdictRows lays the verdict out as a table: one row per baseline of
+// each workload, the candidate's figure first.
+func verdictRows(v *Verdict) []verdictRow {
+	if v == nil {
+		return nil
+	}
+	var out []verdictRow
+	for _, w := range v.Workloads {
+		c := w.Candidate
+		for _, b := range w.Baselines {
+			saved := "-"
+			if c.PromptTokens > 0 {
+				saved = grouped((b.Recomputed-c.Recomputed)*c.PromptTokens) + " (of " + grouped(c.PromptTokens) + ")"
+			}
+			out = append(out, verdictRow{
+				Workload: w.Workload, Baseline: b.Label,
+				TTFT50:     duration(c.TTFTP50Ms) + " / " + duration(b.TTFTP50Ms),
+				TTFT90:     duration(c.TTFTP90Ms) + " / " + duration(b.TTFTP90Ms),
+				Recomputed: pct(c.Recomputed) + " / " + pct(b.Recomputed),
+				Saved:      saved,
+			})
+		}
+	}
+	return out
+}
 
 // colours assigns every label a colour.
 func colours(runs []stats.Summary) map[string]string {
@@ -91,10 +147,9 @@ func colours(runs []stats.Summary) map[string]string {
 
 // WriteHTML writes r as one self-contained HTML page.
 func WriteHTML(w io.Writer, r *Report) error {
-	p := htmlPage{Report: r, ShareNote: shareNote, PredictionNote: predictionNote}
-	for _, c := range comparisons(r.Runs, "RANDOM", "PREFIX_AWARE") {
-		p.Comparisons = append(p.Comparisons, c.String())
-	}
+	r = r.withVerdict()
+	p := htmlPage{Report: r, Sentences: r.Verdict.Sentences(), VerdictRows: verdictRows(r.Verdict),
+		ShareNote: shareNote, PredictionNote: predictionNote}
 	col := colours(r.Runs)
 	for _, wl := range workloads(r.Runs) {
 		hw := htmlWorkload{Name: wl}

@@ -20,6 +20,17 @@ type Report struct {
 	GeneratedAt time.Time `json:"generated_at"`
 	// Command is how the report was produced.
 	Command string `json:"command,omitempty"`
+	// Build names the warmroute build that ran the comparison: version,
+	// commit, toolchain.
+	Build string `json:"build,omitempty"`
+	// Engines says what served the requests: for the demo, simulated
+	// engines and their latency model.
+	Engines string `json:"engines,omitempty"`
+	// Notes say what the comparison left out and how to run more.
+	Notes []string `json:"notes,omitempty"`
+	// Verdict is what PREFIX_AWARE bought against the other strategies
+	// run; WriteHTML and WriteJSON fill it from Runs when nil.
+	Verdict *Verdict `json:"verdict,omitempty"`
 	// Setup describes the fleet and the workloads, one line each.
 	Setup []string `json:"setup,omitempty"`
 	// Partial is set when the comparison was interrupted.
@@ -33,11 +44,22 @@ type Report struct {
 	Runs      []stats.Summary `json:"runs"`
 }
 
-// WriteJSON writes r as indented JSON.
+// WriteJSON writes r as indented JSON, with the verdict of its runs.
 func WriteJSON(w io.Writer, r *Report) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	return enc.Encode(r)
+	return enc.Encode(r.withVerdict())
+}
+
+// withVerdict returns r, or a copy of it with the verdict of its runs when
+// it has none.
+func (r *Report) withVerdict() *Report {
+	if r.Verdict != nil {
+		return r
+	}
+	c := *r
+	c.Verdict = NewVerdict(r.Runs, Candidate)
+	return &c
 }
 
 // workloads returns the workloads of runs in first-seen order.
@@ -205,9 +227,9 @@ func boundsNote(runs []stats.Summary) string {
 const shareNote = "max/min: the busiest backend's share of the requests over the least busy one's; (even): the median max/min of as many requests each sent to a backend drawn at random, what hashing with perfect luck gives (only choosing per request by load, as least-outstanding does, goes below it)"
 
 // WriteTable writes one row per run, grouped by workload, then for every
-// workload run under both RANDOM and PREFIX_AWARE the ratios between them.
-// Next to the measured KV hit rate are the offline bounds of the requests
-// sent, when computed.
+// workload run under both RANDOM and PREFIX_AWARE the ratios between them,
+// the routers' predictions and, last, the verdict. Next to the measured
+// KV hit rate are the offline bounds of the requests sent, when computed.
 func WriteTable(w io.Writer, runs []stats.Summary) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "workload\tstrategy\treq/s\tout tok/s\tKV hit\tbound\tfleet bound\tTTFT p50\tp90\tp99\tITL p50\tE2E p50\tp99\tshare min-max\tmax/min (even)\terrors\tdecisions\t")
@@ -247,7 +269,26 @@ func WriteTable(w io.Writer, runs []stats.Summary) error {
 	for _, c := range comparisons(runs, "RANDOM", "PREFIX_AWARE") {
 		fmt.Fprintln(w, c.String())
 	}
-	return writePredictions(w, runs)
+	if err := writePredictions(w, runs); err != nil {
+		return err
+	}
+	return writeVerdict(w, NewVerdict(runs, Candidate))
+}
+
+// writeVerdict writes the verdict's sentences last, where a terminal
+// leaves them in view.
+func writeVerdict(w io.Writer, v *Verdict) error {
+	ss := v.Sentences()
+	if len(ss) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\nverdict: what %s bought on this fleet\n", v.Candidate)
+	for _, s := range ss {
+		if _, err := fmt.Fprintln(w, "- "+s); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // predictionRow is one decision kind of one run, as text.
