@@ -37,8 +37,11 @@ type Agreement struct {
 	addr    string
 	fsm     *fsm
 
-	wal  *wal.WAL
-	meta *metadb.BoltMetaDB
+	wal *wal.WAL
+	// stable is the WAL as Raft's stable store, shut before the WAL
+	// closes (stable.go).
+	stable *shutStable
+	meta   *metadb.BoltMetaDB
 
 	notifyCh   chan bool
 	observer   *raft.Observer
@@ -169,7 +172,10 @@ func Open(cfg Config, members Membership, validate func(State) error) (c *Agreem
 		if err := checkLog(c.wal, fs); err != nil {
 			return nil, c.damaged(err)
 		}
-		logs, stable, snaps = c.wal, c.wal, fs
+		c.stable = &shutStable{StableStore: c.wal, dropped: func() {
+			lg.Debug("a Raft term or vote write came after Raft stopped; dropped")
+		}}
+		logs, stable, snaps = c.wal, c.stable, fs
 	}
 
 	if cfg.Network != nil {
@@ -334,6 +340,9 @@ func (c *Agreement) Close() error {
 		}
 		if c.cfg.Network != nil {
 			c.cfg.Network.leave(c.cfg.NodeID)
+		}
+		if c.stable != nil {
+			c.stable.shutdown()
 		}
 		if c.wal != nil {
 			if err := c.wal.Close(); err != nil {
