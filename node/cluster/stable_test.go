@@ -11,7 +11,7 @@ import (
 // failingStable fails every write, as a closed raft-wal does.
 type failingStable struct{ raft.StableStore }
 
-func (failingStable) Set([]byte, []byte) error        { return errors.New("closed") }
+func (failingStable) Set([]byte, []byte) error       { return errors.New("closed") }
 func (failingStable) SetUint64([]byte, uint64) error { return errors.New("closed") }
 
 // TestShutStableDropsLateWrites: a term write that reaches the stable store
