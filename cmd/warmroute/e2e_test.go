@@ -10,7 +10,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,18 +33,13 @@ func TestMain(m *testing.M) {
 		if os.Getenv("WARMROUTE_SKIP_E2E") != "" {
 			return m.Run()
 		}
-		if p := os.Getenv("WARMROUTE_E2E_BIN"); p != "" {
-			binPath = p
-			return m.Run()
-		}
 		dir, err := os.MkdirTemp("", "warmroute-e2e")
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
 		defer os.RemoveAll(dir)
-		binPath = filepath.Join(dir, "warmroute")
-		if err := proc.Build(".", binPath); err != nil {
+		if binPath, err = proc.Binary(dir); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}

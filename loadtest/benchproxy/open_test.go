@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -388,8 +387,8 @@ func TestOpenPhase(t *testing.T) {
 		t.Skip("no taskset")
 	}
 	dir := t.TempDir()
-	wr := filepath.Join(dir, "warmroute")
-	if err := proc.Build("github.com/warmroute/warmroute/cmd/warmroute", wr); err != nil {
+	wr, err := proc.Binary(dir)
+	if err != nil {
 		t.Fatal(err)
 	}
 	o := options{Warmroute: wr, Taskset: taskset, SUTCPUs: "0", GenCPUs: "0", PrefixBytes: 2048, BalanceFactor: 125,

@@ -17,3 +17,21 @@ func Build(pkg, out string) error {
 	}
 	return nil
 }
+
+// BinaryEnv names the environment variable that points the end-to-end tests
+// at an already built warmroute binary; `make test` builds it once and sets
+// it for every package, so no test package builds its own.
+const BinaryEnv = "WARMROUTE_E2E_BIN"
+
+// Binary returns the warmroute executable the end-to-end tests run: the
+// one BinaryEnv names when set, else a fresh build of cmd/warmroute in dir.
+func Binary(dir string) (string, error) {
+	if p := os.Getenv(BinaryEnv); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("%s: %w", BinaryEnv, err)
+		}
+		return p, nil
+	}
+	out := dir + string(os.PathSeparator) + "warmroute"
+	return out, Build("github.com/warmroute/warmroute/cmd/warmroute", out)
+}

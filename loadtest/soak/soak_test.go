@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -26,8 +25,7 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		defer os.RemoveAll(dir)
-		binary = filepath.Join(dir, "warmroute")
-		if err := proc.Build("github.com/warmroute/warmroute/cmd/warmroute", binary); err != nil {
+		if binary, err = proc.Binary(dir); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
