@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -19,6 +18,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/warmroute/warmroute/loadtest/proc"
 )
 
 // repoRoot is the module root, relative to this package's directory.
@@ -85,27 +86,28 @@ func checkBreakers[T interface{ validate() []error }](t *testing.T, load func(*t
 	}
 }
 
-// binary builds cmd/warmroute once per test run.
+// binary builds cmd/warmroute once per test run (or returns the build
+// WARMROUTE_E2E_BIN names, as `make test` sets).
 var binary = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "warmroute-deploy-test-")
 	if err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, "warmroute")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/warmroute")
-	cmd.Dir = repoRoot
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return "", errors.New("go build ./cmd/warmroute: " + err.Error() + "\n" + string(out))
-	}
-	return bin, nil
+	binDir = dir
+	return proc.Binary(dir)
 })
+
+// binDir is the directory binary built in, removed after the tests.
+var binDir string
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if bin, err := binary(); err == nil && built.Load() {
-		os.RemoveAll(filepath.Dir(bin))
+	// Only a test that asked for the binary built it; asking here would
+	// build it just to remove it.
+	if built.Load() {
+		if _, err := binary(); err == nil {
+			os.RemoveAll(binDir)
+		}
 	}
 	os.Exit(code)
 }
