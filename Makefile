@@ -12,7 +12,7 @@ SHORTFUZZ ?= 5s
 
 export CGO_ENABLED ?= 0
 
-.PHONY: all build test test-unit test-alloc fuzz-short fuzz bench bench-proxy lint demo clean
+.PHONY: all build e2e-bin test test-unit test-alloc fuzz-short fuzz bench bench-proxy lint demo clean
 .PHONY: images compose-smoke chaos soak integ
 
 all: build
@@ -20,22 +20,37 @@ all: build
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/warmroute
 
-# The race detector needs cgo.
-test-unit:
-	CGO_ENABLED=1 $(GO) test -race -shuffle=on -count=1 -timeout 15m $(PKGS)
+# The binary every end-to-end test runs, built once per 'make test' or
+# 'make integ' (the test packages read it from WARMROUTE_E2E_BIN).
+E2E_BIN := $(CURDIR)/bin/warmroute-e2e
+
+e2e-bin:
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(E2E_BIN) ./cmd/warmroute
+
+# The gate ('make test', what .ci/run calls): vet and gofmt, then every
+# package's tests with -race -short: unit and multi-node tests, the fuzz
+# targets' seeds and committed corpora as plain tests, and the end-to-end
+# tests of the real binary (in parallel: most of their time is waiting).
+# -short leaves out only what is long rather than important; 'make integ'
+# runs it. README "Tests" lists the tiers.
+TEST_PARALLEL ?= 6
+test-unit: e2e-bin
+	CGO_ENABLED=1 WARMROUTE_E2E_BIN=$(E2E_BIN) $(GO) test -race -short -shuffle=on -count=1 \
+	  -parallel $(TEST_PARALLEL) -timeout 10m $(PKGS)
 
 # Allocation bounds hold without the race detector (its pools refill).
 test-alloc:
 	$(GO) test -count=1 -run 'Allocations' ./ring ./proxy
 
-# Short runs of every fuzz target (the long ones are 'make fuzz').
+test: lint test-unit test-alloc
+
+# Short runs of every fuzz target, one after another (about 6 minutes).
 fuzz-short:
 	@FUZZTIME=$(SHORTFUZZ) ./scripts/fuzz.sh
 
+# Long fuzzing: every target for FUZZTIME (60s by default).
 fuzz:
 	@FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
-
-test: lint test-unit test-alloc fuzz-short compose-smoke
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
@@ -81,13 +96,16 @@ chaos: build
 soak:
 	SOAK_DURATION=$(SOAK_DURATION) ./scripts/soak.sh
 
-# Integration tier: the end-to-end tests' long runs, built with the integ
-# tag. TestE2ECrashRestart kills routers (all three, the leader, a
-# follower) with admin writes in flight for 20 rounds (3 in 'make test');
-# every router must restart and no acknowledged write may be lost. About a
-# minute. WARMROUTE_E2E_BIN=/path runs it against another build.
-integ:
-	CGO_ENABLED=1 $(GO) test -race -count=1 -tags integ -timeout 30m -run 'TestE2ECrash' -v ./cmd/warmroute
+# Integration tier: every test without -short (what the gate leaves out:
+# the Raft listener flood, the soak's short run, the multi-node tests that
+# take longest), built with the integ tag for the long versions
+# (TestE2ECrashRestart: 20 rounds of kill -9 with admin writes in flight,
+# 3 in 'make test'), then compose-smoke. WARMROUTE_E2E_BIN=/path runs the
+# end-to-end tests against another build.
+integ: e2e-bin
+	CGO_ENABLED=1 WARMROUTE_E2E_BIN=$${WARMROUTE_E2E_BIN:-$(E2E_BIN)} $(GO) test -race -count=1 -tags integ \
+	  -parallel 4 -timeout 45m $(PKGS)
+	$(MAKE) --no-print-directory compose-smoke
 
 clean:
 	rm -rf bin out

@@ -15,6 +15,7 @@ import (
 // missing IP SAN (before). Every hint now names https:// and --ca-file,
 // and the token on a 401; a bare host:port with --ca-file is https.
 func TestE2EAdminCLIOverTLS(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	e := newEngine(t, 0, 0, 1)
 	pki := newClusterPKI(t)
@@ -68,6 +69,7 @@ func TestE2EAdminCLIOverTLS(t *testing.T) {
 // routers listed or every member where a request would go; the routers
 // agree, and the pick is the backend the request then reaches.
 func TestE2ERouteExplainCLI(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	var urls []string
 	for range 4 {

@@ -227,6 +227,7 @@ func badInputCases() []badCase {
 // back to where they were, and that nothing of the requests reached its
 // logs.
 func TestE2EBadInputMatrix(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	be := startGpusim(t)
 	// The logs are read once the router has stopped: this cleanup runs
@@ -352,6 +353,7 @@ func readAnswer(c net.Conn) (<-chan struct{}, *exchange) {
 // A client trickling its headers, or its body, is cut at --read-timeout
 // with 408; an idle keep-alive connection is closed at --idle-timeout.
 func TestE2ESlowClientsCut(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	e := newEngine(t, 0, 0, 1)
 	r := startRouter(t, proc.ServeArgs{Backends: []string{e.srv.URL}, ReadTimeout: time.Second, IdleTimeout: time.Second})
@@ -405,6 +407,7 @@ func TestE2ESlowClientsCut(t *testing.T) {
 
 // Connections over --max-conns get an OpenAI-style 503.
 func TestE2EMaxConns(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	e := newEngine(t, 0, 0, 1)
 	r := startRouter(t, proc.ServeArgs{Backends: []string{e.srv.URL}, MaxConns: 3})
@@ -482,6 +485,7 @@ func blackhole(t *testing.T) string {
 // error event); a backend
 // at --max-conns-per-backend makes requests wait --max-conn-wait, then 503.
 func TestE2EUpstreamLimits(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	t.Run("connect timeout", func(t *testing.T) {
 		r := startRouterNoWait(t, proc.ServeArgs{Backends: []string{"http://" + blackhole(t)}, ConnectTimeout: 200 * time.Millisecond, NoProbes: true})
@@ -559,6 +563,7 @@ func postChat(t *testing.T, url, body string) (*http.Response, []byte) {
 // A client that stops reading a stream is cut at --write-timeout and the
 // engine is told.
 func TestE2EClientStopsReading(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	e := newEngine(t, 0, 0, 1<<30)
 	r := startRouter(t, proc.ServeArgs{Backends: []string{e.srv.URL}, WriteTimeout: 500 * time.Millisecond})
@@ -575,6 +580,7 @@ func TestE2EClientStopsReading(t *testing.T) {
 // tenant comes from the Prefix-Aware-Id header or prompt_cache_key; the
 // same tenant by either means gets the same key.
 func TestE2ETenantsRoutedIndependently(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	be := startGpusim(t)
 	r := startRouter(t, proc.ServeArgs{Backends: []string{be}})

@@ -24,10 +24,8 @@ import (
 // ordinary prompts are served meanwhile, and once the senders close the
 // memory comes back within 30 s.
 func TestE2EBodyMemoryBounded(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
-	if testing.Short() {
-		t.Skip("sends 1.5 GB over loopback")
-	}
 	urls := startGpusimFleet(t, 2)
 	r := startRouter(t, proc.ServeArgs{Backends: urls, NoEngineMetrics: true})
 	addr := strings.TrimPrefix(r.url, "http://")

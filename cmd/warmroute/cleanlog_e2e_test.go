@@ -25,6 +25,7 @@ import (
 var warnOrError = regexp.MustCompile(`(?m)^.*level=(WARN|ERROR) .*$`)
 
 func TestE2ECleanLogs(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	for _, c := range []struct {
 		name    string
@@ -35,9 +36,6 @@ func TestE2ECleanLogs(t *testing.T) {
 		{"three routers", 3, demoClusterArgs()},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if c.routers > 1 && testing.Short() {
-				t.Skip("multi-process cluster test")
-			}
 			cfg := fleet.DefaultConfig()
 			cfg.Exe = binPath
 			cfg.Instances = 2

@@ -20,6 +20,7 @@ import (
 )
 
 func TestDurationFlagsHint(t *testing.T) {
+	t.Parallel()
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	d := fs.Duration("wait", 2*time.Second, "how long to wait")
@@ -46,6 +47,7 @@ func TestDurationFlagsHint(t *testing.T) {
 }
 
 func TestParseArgsFlagsAfterPositionals(t *testing.T) {
+	t.Parallel()
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	zone := fs.String("zone", "", "")
@@ -65,6 +67,7 @@ func TestParseArgsFlagsAfterPositionals(t *testing.T) {
 }
 
 func TestUnknownEnv(t *testing.T) {
+	t.Parallel()
 	known := []string{"WARMROUTE_PREFIX_LENGTH", "WARMROUTE_LISTEN"}
 	if err := unknownEnv([]string{"PATH=/bin", "WARMROUTE_LISTEN=:1", "HOME=/"}, known); err != nil {
 		t.Fatal(err)
@@ -83,6 +86,7 @@ func TestUnknownEnv(t *testing.T) {
 // TestServeKnowsEveryProjectVariable: every WARMROUTE_* variable serve
 // reads or the project sets is known, so none is refused as a typo.
 func TestServeKnowsEveryProjectVariable(t *testing.T) {
+	t.Parallel()
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	cfg := node.DefaultConfig()
 	serveFlags(fs, &cfg)
@@ -98,6 +102,7 @@ func TestServeKnowsEveryProjectVariable(t *testing.T) {
 }
 
 func TestSettingValueErrors(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ kv, want string }{
 		{"concurrency_threshold=abc", `concurrency_threshold="abc": concurrency_threshold takes an integer, e.g. concurrency_threshold=16`},
 		{"load_factor=x", "load_factor takes a finite number, e.g. load_factor="},
@@ -114,6 +119,7 @@ func TestSettingValueErrors(t *testing.T) {
 }
 
 func TestExitCodes(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		err  error
 		want int
@@ -128,6 +134,7 @@ func TestExitCodes(t *testing.T) {
 }
 
 func TestVersionText(t *testing.T) {
+	t.Parallel()
 	v := versionText()
 	if !strings.HasPrefix(v, "warmroute "+version+"\n") || !strings.Contains(v, "go:") {
 		t.Fatalf("version text %q", v)
@@ -155,6 +162,7 @@ func runCLIExit(t *testing.T, env []string, args ...string) (string, int) {
 // TestE2ECLIUsage: the binary's version, unit hints, typo hints and exit
 // statuses, with nothing to talk to.
 func TestE2ECLIUsage(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	for _, c := range []struct {
 		env  []string
@@ -207,6 +215,7 @@ func vllmStub(t *testing.T) *httptest.Server {
 // router refuses exits 1, and the engine's figures show in the table,
 // in 'status' and in /status.
 func TestE2EBackendsTableAndEngineFigures(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	a, b := vllmStub(t), vllmStub(t)
 	r := startRouter(t, proc.ServeArgs{Backends: []string{"a=" + a.URL}, Extra: []string{"--engine-scrape-interval", "100ms"}})

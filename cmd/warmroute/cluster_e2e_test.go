@@ -26,13 +26,20 @@ import (
 // in-flight shows on another, how soon a killed router's share is gone, how
 // soon a late joiner converges, and that every router routes every prompt
 // alike. The figures are in docs/gossip.md ("Real processes") and
-// docs/cluster.md. They are skipped under -short.
+// docs/cluster.md.
 
 func needCluster(t *testing.T) {
 	t.Helper()
 	needBinary(t)
+}
+
+// integOnly skips a test under -short: `make test` runs with -short, so the
+// test runs in `make integ` only. For tests whose length, not their
+// importance, keeps them out of the gate; say why.
+func integOnly(t *testing.T, why string) {
+	t.Helper()
 	if testing.Short() {
-		t.Skip("multi-process cluster test")
+		t.Skip("integration tier (make integ): " + why)
 	}
 }
 
@@ -332,6 +339,7 @@ func engineByAddr(es []*sseEngine, id string) *sseEngine {
 // a few publish intervals (50 ms, the default). 100 samples at a random
 // phase of the publish tick.
 func TestClusterProcessesPropagation(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	engines, urls := heldEngines(t, 3)
 	ps := startProcCluster(t, urls, 3)
@@ -408,6 +416,7 @@ func TestClusterProcessesPropagation(t *testing.T) {
 // no leave) its share leaves A's view within the failure-detection time,
 // while router B's share stays.
 func TestClusterProcessesKilledRouter(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	engines, urls := heldEngines(t, 3)
 	ps := startProcCluster(t, urls, 3)
@@ -473,6 +482,7 @@ func TestClusterProcessesKilledRouter(t *testing.T) {
 // A and B, a fourth router D started later (no --bootstrap-expect: it joins)
 // sees their in-flight as its remote in-flight.
 func TestClusterProcessesLateJoiner(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	engines, urls := heldEngines(t, 3)
 	ps := startProcCluster(t, urls, 3)
@@ -564,6 +574,7 @@ func TestClusterProcessesLateJoiner(t *testing.T) {
 // router, all three routers name the same backend for each of 10,000
 // random prompts, asked over HTTP through their route explainers.
 func TestClusterProcessesRouteAgreement(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	_, urls := heldEngines(t, 6)
 	ps := startProcCluster(t, urls[:5], 3)

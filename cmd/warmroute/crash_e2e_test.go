@@ -83,6 +83,7 @@ var crashSchedule = []crashKind{killLeaderLast, killAll, killLeader, killFollowe
 // round; every router must come back and no acknowledged write may be
 // lost.
 func TestE2ECrashRestart(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	seed := uint64(time.Now().UnixNano())
 	rng := rand.New(rand.NewPCG(seed, 29))

@@ -29,6 +29,7 @@ import (
 //     again with the same name): it rejoins and serves the agreed state,
 //     a backend added before included.
 func TestE2EDamagedDataDir(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	_, urls := heldEngines(t, 3)
 	var args []proc.ServeArgs

@@ -181,6 +181,8 @@ func median(ds []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
+// TestE2EStreamingThroughRouter runs alone (not in parallel): it compares
+// first-event latency with and without the router.
 func TestE2EStreamingThroughRouter(t *testing.T) {
 	needBinary(t)
 	e := newEngine(t, 40*time.Millisecond, 20*time.Millisecond, 10)
@@ -207,6 +209,7 @@ func TestE2EStreamingThroughRouter(t *testing.T) {
 }
 
 func TestE2EAffinityOverflowAndFailover(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	var engines []*sseEngine
 	var urls []string
@@ -315,6 +318,7 @@ func TestE2EAffinityOverflowAndFailover(t *testing.T) {
 }
 
 func TestE2EClientDisconnectStopsUpstream(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	e := newEngine(t, 0, 20*time.Millisecond, 100000)
 	r := startRouter(t, proc.ServeArgs{Backends: []string{e.srv.URL}})
@@ -349,6 +353,7 @@ func runCLI(t *testing.T, args ...string) (string, error) {
 }
 
 func TestE2EAdminCLI(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	a, b := newEngine(t, 0, 0, 1), newEngine(t, 0, 0, 1)
 	r := startRouter(t, proc.ServeArgs{Backends: []string{a.srv.URL}})
@@ -392,6 +397,7 @@ func TestE2EAdminCLI(t *testing.T) {
 // gossip, bootstrap Raft together, share in-flight counts and agree on
 // changes made through any of them.
 func TestE2EThreeProcessCluster(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	hold := newEngine(t, 0, 0, 1)
 	held := make(chan struct{})

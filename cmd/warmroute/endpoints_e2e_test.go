@@ -78,6 +78,7 @@ func (h *headerTap) last() (string, string) {
 }
 
 func TestE2EOpenAIClientEmbeddingsResponses(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	urls := startGpusimFleet(t, 3)
 	r := startRouter(t, proc.ServeArgs{Backends: urls})
@@ -330,6 +331,7 @@ func post(t *testing.T, url string, b endpointBody) (*http.Response, []byte) {
 }
 
 func TestE2ENewEndpointsPassThrough(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	rec := newRecorder(t)
 	r := startRouter(t, proc.ServeArgs{Backends: []string{rec.srv.URL}, NoEngineMetrics: true})
@@ -378,6 +380,7 @@ func TestE2ENewEndpointsPassThrough(t *testing.T) {
 // reach the backend in random order, and files over 16 MiB are spooled to
 // the router's disk.
 func TestE2EAudioPassThrough(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	rec := newRecorder(t)
 	r := startRouter(t, proc.ServeArgs{Backends: []string{rec.srv.URL}, NoEngineMetrics: true})
@@ -440,6 +443,7 @@ func refusedByRouter(t *testing.T, r *router, rec *recorder) {
 // TestE2ENewEndpointsOnGpusim sends the same requests through the router
 // to a gpusim fleet and checks vLLM's answers.
 func TestE2ENewEndpointsOnGpusim(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	urls := startGpusimFleet(t, 2)
 	r := startRouter(t, proc.ServeArgs{Backends: urls})

@@ -133,6 +133,9 @@ func metricValue(t *testing.T, r *router, name string) float64 {
 	return -1
 }
 
+// TestEPPConformance drives every case of the endpoint-picker contract
+// against three replicas. It runs alone (not in parallel): its
+// goroutine-leak check would see the other tests' goroutines.
 func TestEPPConformance(t *testing.T) {
 	needCluster(t)
 	backends := pickerBackends(t, 4)
@@ -453,6 +456,7 @@ var primaryAgreement float64
 // TestEPPReplicasAgree: three replicas name the same endpoints for the
 // same request in steady state, while one is killed, and after it is back.
 func TestEPPReplicasAgree(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	backends := pickerBackends(t, 8)
 	ps := startPickers(t, 3, backends)
@@ -514,6 +518,7 @@ func TestEPPReplicasAgree(t *testing.T) {
 // TestEPPStartsWithoutCluster: a router alone serves as picker too, in
 // plaintext on loopback, and refuses plaintext elsewhere.
 func TestEPPStandalone(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	ext := freeAddr(t)
 	r := startRouter(t, proc.ServeArgs{Backends: pickerBackends(t, 2), NoProbes: true, NoEngineMetrics: true,
@@ -547,6 +552,7 @@ func TestEPPStandalone(t *testing.T) {
 // 2), the other replicas learn the load through gossip and every replica
 // then makes the same overflow decisions.
 func TestEPPReplicasAgreeUnderLoad(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	backends := pickerBackends(t, 8)
 	ps := startPickers(t, 3, backends, "--concurrency-threshold", "2")

@@ -15,6 +15,7 @@ import (
 // several values after them, as vLLM's --lora-modules does, or one per
 // use of the flag, in both of vLLM's forms.
 func TestGpusimLoRAFlags(t *testing.T) {
+	t.Parallel()
 	args := []string{
 		"--enable-lora", "--lora-modules", "sql=/a/sql", `{"name":"chat","path":"/a/chat","base_model_name":"m"}`,
 		"--max-loras", "2", "-lora-modules", "extra=/x",
@@ -67,6 +68,7 @@ func TestGpusimLoRAFlags(t *testing.T) {
 // TestGpusimLoRAStartErrors: the command refuses what vLLM refuses at
 // start, with the reason.
 func TestGpusimLoRAStartErrors(t *testing.T) {
+	t.Parallel()
 	for args, want := range map[string]string{
 		"--lora-modules sql=/a":                                      "--enable-lora",
 		"--enable-lora --lora-modules sql=/a sql=/b":                 "given twice",

@@ -132,6 +132,7 @@ func gossipKeyFile(t *testing.T) string {
 // impostor is refused, and the real router, back, follows the leader and
 // takes writes at once.
 func TestE2EImpostorGetsNoSeat(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	e := newEngine(t, 0, 0, 1)
 	pki := newClusterPKI(t)
@@ -183,11 +184,13 @@ func TestE2EImpostorGetsNoSeat(t *testing.T) {
 		if err := back.Alive(); err != nil {
 			return false, err
 		}
+		// Another router may have won an election meanwhile (a loaded
+		// machine): following any leader is the promise.
 		d, err := clusterOf(c, back)
-		return err == nil && d.Raft.RaftState == "Follower" && d.Raft.LeaderID == leader.name, nil
+		return err == nil && d.Raft.RaftState == "Follower" && d.Raft.LeaderID != "" && d.Raft.LeaderID != victim.name, nil
 	}); err != nil {
 		d, _ := clusterOf(c, back)
-		t.Fatalf("the real %s does not follow %s: %v (raft %+v)\n%s", victim.name, leader.name, err, d.Raft, back.Logs())
+		t.Fatalf("the real %s does not follow a leader: %v (raft %+v)\n%s", victim.name, err, d.Raft, back.Logs())
 	}
 	followed := time.Since(start)
 	start = time.Now()
@@ -195,7 +198,7 @@ func TestE2EImpostorGetsNoSeat(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("a write through the real %s: %d %s", victim.name, code, body)
 	}
-	t.Logf("the real %s followed %s %v after it started; a write through it took %v", victim.name, leader.name,
+	t.Logf("the real %s followed a leader %v after it started; a write through it took %v", victim.name,
 		followed.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 	if d, err := clusterOf(c, leader); err != nil || d.serverAddr(victim.name) != va.RaftListen {
 		t.Fatalf("%s's seat: %q (%v), want %s", victim.name, d.serverAddr(victim.name), err, va.RaftListen)
@@ -211,6 +214,7 @@ func TestE2EImpostorGetsNoSeat(t *testing.T) {
 // with the reason, and each router logs a warning naming it, its address
 // and the reason.
 func TestE2EStatusShowsRefusedMember(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	e := newEngine(t, 0, 0, 1)
 	pki := newClusterPKI(t)
@@ -338,6 +342,7 @@ func loadCert(t *testing.T, files proc.ClusterTLS) tls.Certificate {
 // proves, and a router outside the Raft configuration cannot lead: both
 // forgeries are refused and counted, and nothing of them is applied.
 func TestE2ERPCHeadersTiedToCertificate(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	e := newEngine(t, 0, 0, 1)
 	pki := newClusterPKI(t)
@@ -387,6 +392,7 @@ func TestE2ERPCHeadersTiedToCertificate(t *testing.T) {
 // usage is checked wherever a router certificate is: refused in the TLS
 // handshake of the admin API and of Raft.
 func TestE2EKeyUsageChecked(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	e := newEngine(t, 0, 0, 1)
 	pki := newClusterPKI(t)
@@ -455,6 +461,7 @@ func forwardAs(t *testing.T, admin, name string, cert tls.Certificate, body stri
 // Raft configuration, and every router refuses its certificate, for
 // forwarded writes too; taken off the list, it comes back.
 func TestE2ERevocation(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	e := newEngine(t, 0, 0, 1)
 	pki := newClusterPKI(t)
@@ -625,7 +632,9 @@ func failover(t *testing.T, c *http.Client, ps []*router) (time.Duration, *route
 // themselves: a router connects through the flood at once, and failover
 // under it takes about as long as without it.
 func TestE2ERaftSlotsUnderFlood(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
+	integOnly(t, "floods the Raft listeners for about 75 s")
 	e := newEngine(t, 0, 0, 1)
 	pki := newClusterPKI(t)
 	base := proc.ServeArgs{Backends: []string{e.addr()}, RaftTimeout: time.Second}
@@ -686,6 +695,7 @@ func TestE2ERaftSlotsUnderFlood(t *testing.T) {
 // of a neighbour's idle one, and once it proves itself (the token, or
 // loopback) it leaves the pool the neighbour contends for.
 func TestE2EAdminSlotsUnderFlood(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	e := newEngine(t, 0, 0, 1)
 	pki := newClusterPKI(t)
@@ -727,6 +737,7 @@ func TestE2EAdminSlotsUnderFlood(t *testing.T) {
 // Now the command it prints, run as printed, writes the router's files to
 // another directory and leaves the CA directory with the CA's two files.
 func TestE2ETLSCAHintKeepsRouterKeysOut(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	root := t.TempDir()
 	caDir := filepath.Join(root, "ca")

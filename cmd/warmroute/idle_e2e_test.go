@@ -169,10 +169,8 @@ func runIdleCase(t *testing.T, extra ...string) idleRun {
 // every document, interleaved or not, and the system prompt stay on one
 // backend, and the cached share equals CONSISTENT_HASH's.
 func TestE2EIdleDocumentsStayOnOneBackend(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
-	if testing.Short() {
-		t.Skip("sends 140 requests at gpusim's real speed, one at a time, twice")
-	}
 	pa := runIdleCase(t)
 	ch := runIdleCase(t, "--strategy", "CONSISTENT_HASH")
 	for _, phase := range []string{"document by document", "interleaved", "system prompt"} {

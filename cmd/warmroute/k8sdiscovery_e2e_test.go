@@ -89,6 +89,7 @@ current-context: stub
 // them through Raft, names them as the picker, and drops a pod that stops
 // being ready.
 func TestEPPKubernetesDiscovery(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	k := newKubeAPI(t, []int{18000, 18001})
 	ext := freeAddr(t)

@@ -23,6 +23,7 @@ import (
 // two (on 114309c the client's second one reached the backend beside the
 // router's). Without tracing the client's fields pass as they came.
 func TestE2ETraceparentReplaced(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	var mu sync.Mutex
 	var seen [][]string
@@ -62,6 +63,7 @@ func TestE2ETraceparentReplaced(t *testing.T) {
 // is logged with the time it came and a duration of its handling (on
 // 114309c: time 0001-01-01 and a duration of 292 years).
 func TestE2EAccessLogOfRefusedRequest(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	be := vllmStub(t)
 	accessPath := filepath.Join(t.TempDir(), "access.log")
@@ -102,6 +104,7 @@ func TestE2EAccessLogOfRefusedRequest(t *testing.T) {
 // clean end, on the relay as off it (on 114309c the relay cut the client's
 // connection).
 func TestE2EStreamBadFramingErrorEvent(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	events := "data: {\"n\":1}\n\ndata: {\"n\":2}\n\n"
 	for _, after := range []string{"5;ext=" + strings.Repeat("x", 64<<10), "0\r\nX-Trailer: " + strings.Repeat("y", 64<<10)} {

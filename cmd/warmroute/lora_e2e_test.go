@@ -78,6 +78,7 @@ func waitModelsLearned(t *testing.T, r *router) {
 // sends each adapter's requests only to the instances serving it, each
 // answered by that adapter; /v1/models lists the adapters.
 func TestE2ELoRAAdaptersRoutedToTheirInstances(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	urls := startLoRAFleet(t, 4, nil, "--enable-lora", "--max-loras", "2",
 		"--instance-lora-modules", "0:sql=/adapters/sql", "1:sql=/adapters/sql", `2:{"name":"chat","path":"/adapters/chat"}`)
@@ -150,10 +151,8 @@ func TestE2ELoRAAdaptersRoutedToTheirInstances(t *testing.T) {
 // there too once its models polls have seen the new list, and never to
 // instance 2.
 func TestE2ELoRARuntimeLoadRouted(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
-	if testing.Short() {
-		t.Skip("waits for two of the router's model polls (10 s apart)")
-	}
 	urls := startLoRAFleet(t, 3, []string{"VLLM_ALLOW_RUNTIME_LORA_UPDATING=true"},
 		"--enable-lora", "--instance-lora-modules", "0:chat=/adapters/chat")
 	ids := make([]string, len(urls))

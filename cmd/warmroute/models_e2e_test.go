@@ -20,6 +20,7 @@ import (
 // land only on a backend serving its model, /v1/models must list every
 // model, and an unknown model must get 404 model_not_found.
 func TestE2EModelAwareRouting(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	serves := map[string][]string{}
 	var urls []string

@@ -64,10 +64,8 @@ func ids(call int64, n, size int) []string {
 // which never comes; a list over 64 KiB of ids is refused; failed polls
 // are logged and counted per backend.
 func TestE2EModelListChurnBounded(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
-	if testing.Short() {
-		t.Skip("waits for three model polls (about 25 s)")
-	}
 	churn := newModelsBackend(t, 0, func(call int64) []string { return ids(call, 100, 100) })
 	failing := newModelsBackend(t, http.StatusServiceUnavailable, nil)
 	big := newModelsBackend(t, 0, func(int64) []string { return ids(0, 1024, 240) })

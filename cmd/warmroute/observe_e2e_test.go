@@ -77,6 +77,7 @@ func (o *otlpReceiver) received() ([]*tracepb.Span, []string) {
 // loadtest/trace, requests sharing a prefix sharing their leading hash
 // ids.
 func TestE2EAccessLogTracingRecording(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	be := startGpusim(t)
 	otlp := newOTLPReceiver(t)
@@ -229,6 +230,7 @@ func TestE2EAccessLogTracingRecording(t *testing.T) {
 // /v1/traces, the batch delay from OTEL_BSP_SCHEDULE_DELAY), and
 // OTEL_SERVICE_NAME names the service; OTEL_SDK_DISABLED=true keeps it off.
 func TestE2ETracingFromOTELEnvironment(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	be := newEngine(t, 0, 0, 1)
 	for _, disabled := range []bool{false, true} {

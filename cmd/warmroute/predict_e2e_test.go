@@ -142,6 +142,7 @@ next:
 // predicted: a warm prediction would tell it that someone sent the same
 // prompt lately.
 func TestE2EPredictedAgainstDelivered(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	urls := startGpusimFleet(t, 4)
 	r := startRouter(t, proc.ServeArgs{Backends: urls, Extra: []string{"--session-header", "X-Session-Id"}})

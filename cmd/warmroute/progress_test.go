@@ -14,6 +14,7 @@ import (
 // time against the whole run, the phase and the rates of the last
 // interval; the comparison's lines number the runs.
 func TestProgressWriter(t *testing.T) {
+	t.Parallel()
 	var out strings.Builder
 	pw := newProgressWriter(&out, 6, map[string]runLength{
 		"rag":   {warmup: 8 * time.Second, duration: 20 * time.Second},
@@ -61,6 +62,7 @@ func TestProgressWriter(t *testing.T) {
 func matches(re, s string) bool { return regexp.MustCompile(re).MatchString(s) }
 
 func TestInstanceNames(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		args []string
 		want string

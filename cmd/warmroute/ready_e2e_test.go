@@ -89,6 +89,7 @@ func waitWarned(t *testing.T, r *router, want ...string) {
 }
 
 func TestE2ENotReadyUntilAgreed(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	e := newEngine(t, 0, 0, 1)
 	backends := []string{e.srv.URL}
@@ -142,6 +143,7 @@ func TestE2ENotReadyUntilAgreed(t *testing.T) {
 // certificate of another CA; no cluster TLS at all) are not ready and say
 // which peer they could not prove and why.
 func TestE2ENotReadyWhenRefused(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	e := newEngine(t, 0, 0, 1)
 	backends := []string{e.srv.URL}
@@ -170,6 +172,7 @@ func TestE2ENotReadyWhenRefused(t *testing.T) {
 // warns about each seed on a line of its own, with what the failure
 // usually means; before, one line held every error and no hint.
 func TestE2EJoinFailuresNamed(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	e := newEngine(t, 0, 0, 1)
 	backends := []string{e.srv.URL}

@@ -51,6 +51,7 @@ limits:
 }
 
 func TestServeSageMakerNames(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "sm.yaml")
 	os.WriteFile(path, []byte(`

@@ -79,6 +79,7 @@ func checkAll[C any](t *testing.T, got, def C, checks []check[C]) {
 // parses it with serve's flag table (loadServeConfig, validation included)
 // and checks that every field lands in its place of node.Config.
 func TestServeArgsFlagTable(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ca, err := identity.NewCA("flag table CA", time.Hour)
 	if err != nil {
@@ -195,6 +196,7 @@ func TestServeArgsFlagTable(t *testing.T) {
 // TestGpusimArgsFlagTable renders a proc.GpusimArgs with every field set
 // and parses it with gpusim's flag table.
 func TestGpusimArgsFlagTable(t *testing.T) {
+	t.Parallel()
 	a := proc.GpusimArgs{Instances: 3, Listen: "127.0.0.1:23000", NamePrefix: "sim-", KVBlocks: 1234, TimeScale: 0.25,
 		Extra: []string{"--model", "flag-table-model"}}
 	requireEveryField(t, a)
@@ -223,6 +225,7 @@ func TestGpusimArgsFlagTable(t *testing.T) {
 // alike (proc.SplitArgs): blank-separated words with shell quoting, and
 // repeated flags add up.
 func TestChildArgsFlags(t *testing.T) {
+	t.Parallel()
 	var got []string
 	f := argsFlag{&got}
 	for _, v := range []string{"--itl-base 20ms --model 'a b'", `--join a,b --x "c \" d"`} {

@@ -27,6 +27,7 @@ const serveHelpGolden = "testdata/serve-help.golden"
 // golden file holds, byte for byte: moving a setting between types keeps
 // its flag, default and help.
 func TestE2EServeHelpUnchanged(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	out, code := runCLIExit(t, nil, "serve", "--help")
 	if code != 0 {
@@ -143,6 +144,7 @@ func serveOutcome(t *testing.T, args ...string) (out string, code int, started b
 // `wieght: 5` or `model: [...]` was dropped without a word and the router
 // served with weight 1 and no declared models.
 func TestE2EBackendKeyTypoRefused(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	dir := t.TempDir()
 	for name, c := range map[string]struct{ yaml, key string }{
@@ -179,6 +181,7 @@ func TestE2EBackendKeyTypoRefused(t *testing.T) {
 // budget, and the router started with bodies allowed beyond its whole
 // body memory.
 func TestE2EBodyLimitsCheckedWithoutOverflow(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	for _, args := range [][]string{
 		{"--max-body-size", "4611686018427387904"},
@@ -205,6 +208,7 @@ func TestE2EBodyLimitsCheckedWithoutOverflow(t *testing.T) {
 // length and for a chunked body cut at the limit. Before, both messages
 // named a "maxSize-body-size" that no flag, variable or key is called.
 func TestE2EBodyTooLargeNamesItsSetting(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	e := newEngine(t, 0, 0, 1)
 	r := startRouter(t, proc.ServeArgs{Backends: []string{e.srv.URL}, NoEngineMetrics: true, Extra: []string{"--max-body-size", "1KiB"}})

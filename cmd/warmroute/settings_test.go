@@ -270,6 +270,7 @@ func settingsTable(t *testing.T, fs *flag.FlagSet, s section) string {
 // (the rest of that page, the README's, hardening.md's limits) name real
 // flags with their YAML keys and defaults.
 func TestSettingsDocs(t *testing.T) {
+	t.Parallel()
 	fs, cfg := boundFlags(t)
 	doc, err := os.ReadFile(configDoc)
 	if err != nil {

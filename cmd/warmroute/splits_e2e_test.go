@@ -64,6 +64,7 @@ func hostileRouter(t *testing.T, pki *clusterPKI, key []byte, name string, seeds
 // 10 s: the same router, claiming those partitions too, in front of an
 // idle fleet, changes no split and moves no prompt.
 func TestE2ESplitChurnFromOneRouter(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	var backends []string
 	for i := 0; i < 4; i++ {

@@ -57,6 +57,7 @@ func testParser[O comparable](t *testing.T, parse func([]string, io.Writer) (O, 
 }
 
 func TestTLSParseCACreate(t *testing.T) {
+	t.Parallel()
 	testParser(t, parseCACreate, []parseCase[caCreateOpts]{
 		{args: nil, want: caCreateOpts{dir: ".", days: defaultCADays, name: defaultCAName}},
 		{args: []string{"--dir", "d", "--days", "30", "--name", "prod CA"}, want: caCreateOpts{dir: "d", days: 30, name: "prod CA"}},
@@ -73,6 +74,7 @@ func TestTLSParseCACreate(t *testing.T) {
 }
 
 func TestTLSParseCertCreate(t *testing.T) {
+	t.Parallel()
 	type want struct {
 		names, dns, ips []string
 		dir, ca, caKey  string
@@ -162,6 +164,7 @@ func TestTLSParseCertCreate(t *testing.T) {
 }
 
 func TestTLSParseShow(t *testing.T) {
+	t.Parallel()
 	testParser(t, parseShow, []parseCase[showOpts]{
 		{args: []string{"r1.pem"}, want: showOpts{file: "r1.pem"}},
 		{args: []string{"r1.pem", "--ca", "ca.pem", "--name", "r1"}, want: showOpts{file: "r1.pem", caFile: "ca.pem", name: "r1"}},
@@ -173,6 +176,7 @@ func TestTLSParseShow(t *testing.T) {
 }
 
 func TestTLSParseRevoke(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		args     []string
 		unrevoke bool
@@ -213,6 +217,7 @@ func TestTLSParseRevoke(t *testing.T) {
 }
 
 func TestTLSCommandDispatch(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, tc := range []struct {
 		args    []string
@@ -262,6 +267,7 @@ func mode(t *testing.T, path string) os.FileMode {
 }
 
 func TestTLSCreateCAAndCertificates(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "tls") // created by ca create
 	out, err := tlsRun(t, "ca", "create", "--dir", dir, "--days", "100", "--name", "test CA")
 	if err != nil {
@@ -356,6 +362,7 @@ func TestTLSCreateCAAndCertificates(t *testing.T) {
 }
 
 func TestTLSCertCreateRefusesExpiredCA(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ca, err := identity.NewCA("old", -time.Minute) // expired a minute ago
 	if err != nil {
@@ -370,6 +377,7 @@ func TestTLSCertCreateRefusesExpiredCA(t *testing.T) {
 }
 
 func TestTLSWriteNewFilesAllOrNothing(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	err := writeNewFiles(dir, []newFile{
 		{filepath.Join(dir, "a.pem"), []byte("a"), 0o600},
@@ -432,6 +440,7 @@ func rawCert(t *testing.T, tmpl *x509.Certificate) []byte {
 }
 
 func TestTLSShow(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	if _, err := tlsRun(t, "ca", "create", "--dir", dir); err != nil {
 		t.Fatal(err)
@@ -608,6 +617,7 @@ func FuzzTLSShowPEM(f *testing.F) {
 // TestE2ETLSCommands runs 'warmroute tls' as a binary: files, modes, exit
 // codes and messages.
 func TestE2ETLSCommands(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	dir := t.TempDir()
 	out, err := runCLI(t, "tls", "ca", "create", "--dir", dir)
@@ -648,6 +658,7 @@ func TestE2ETLSCommands(t *testing.T) {
 // run Raft and the admin API over mutual TLS, agree on a leader, and the
 // CLI reads the cluster over HTTPS with --ca-file.
 func TestE2ETLSCluster(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	dir := t.TempDir()
 	if out, err := runCLI(t, "tls", "ca", "create", "--dir", dir); err != nil {

@@ -26,6 +26,7 @@ func runCmd(t *testing.T, cmd func(context.Context, []string, io.Writer, io.Writ
 // prints its bounds, and 'loadtest --trace' replays it against gpusim
 // with the bounds next to the measured hit rate.
 func TestTraceGenBoundsAndReplay(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "t.jsonl")
 	gen := []string{"gen", "--out", path, "--requests", "60", "--rate", "200", "--block-tokens", "64",
@@ -91,6 +92,7 @@ func TestTraceGenBoundsAndReplay(t *testing.T) {
 }
 
 func TestTraceErrors(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.jsonl")
 	if err := os.WriteFile(bad, []byte(`{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [0, 1]}`+"\n"+

@@ -224,6 +224,7 @@ func freePort(t *testing.T) string {
 // certificate, with another CA's, or with this CA's certificate that names
 // no router.
 func TestE2ERaftRefusesUnauthenticated(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	e := newEngine(t, 0, 0, 1)
 	key := writeSecret(t, "gossip.key", base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32)))
@@ -341,6 +342,7 @@ func adminMetric(c *http.Client, admin, name string) (float64, error) {
 // holds are closed after the handshake timeout, the router's memory grows
 // by a few megabytes at most, and the cluster keeps committing writes.
 func TestE2ERaftListenerBounded(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	var rl syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err == nil && rl.Cur < 4096 {
@@ -429,6 +431,7 @@ func adminDo(t *testing.T, c *http.Client, method, url, body string) (int, strin
 // cluster its data belong to: the real cluster refuses the intruder, and
 // the intruder, outnumbered, stops with an error naming both clusters.
 func TestE2EForeignDataDirRefused(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	e := newEngine(t, 0, 0, 1)
 	backends := []string{e.addr()}
@@ -513,6 +516,7 @@ func addBackend(t *testing.T, c *http.Client, admin, body string, within time.Du
 // cache is served only when the router's own Raft log holds that state at
 // that epoch.
 func TestE2EStateCacheNeverAheadOfRaft(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	e := newEngine(t, 0, 0, 1)
 	c := &http.Client{Timeout: 5 * time.Second}
@@ -579,6 +583,7 @@ func TestE2EStateCacheNeverAheadOfRaft(t *testing.T) {
 // carries a checksum; the router stops applying, says so, and reports not
 // ready instead of routing on a state no other router has.
 func TestE2ECorruptEntryHalts(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	e := newEngine(t, 0, 0, 1)
 	c := &http.Client{Timeout: 5 * time.Second}
@@ -646,6 +651,7 @@ func TestE2ECorruptEntryHalts(t *testing.T) {
 // was paused waited 10 s and failed although a new leader existed after
 // about 1.3 s.
 func TestE2EAdminInput(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	e := newEngine(t, 0, 0, 1)
 	ps := startProcCluster(t, []string{e.addr()}, 3)
@@ -714,6 +720,7 @@ func startTLSProcCluster(t *testing.T, pki *clusterPKI, backends []string, n int
 // the certificate of the router they name: the same forged packets,
 // unsigned or signed with another CA's certificate, change nothing.
 func TestE2EGossipFiguresTiedToSender(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	e1, e2 := newEngine(t, 0, 0, 1), newEngine(t, 0, 0, 1)
 	key := bytes.Repeat([]byte{9}, 32)
@@ -810,6 +817,7 @@ func TestE2EGossipFiguresTiedToSender(t *testing.T) {
 // the same gossip port, each given all three as seeds, took each other
 // for themselves and never joined, silently. Now they form one cluster.
 func TestE2ESeedsOnSharedPort(t *testing.T) {
+	t.Parallel()
 	needCluster(t)
 	e := newEngine(t, 0, 0, 1)
 	ips := []string{"127.0.0.2", "127.0.0.3", "127.0.0.4"}
@@ -872,6 +880,7 @@ func localNonLoopback() string {
 // host needs the token, /metrics included, unless --admin-public-metrics
 // says otherwise.
 func TestE2EMetricsNeedToken(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	ip := localNonLoopback()
 	if ip == "" {

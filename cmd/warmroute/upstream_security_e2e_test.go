@@ -166,6 +166,7 @@ func codeOf(body []byte) string {
 // crash-looped with no client traffic. Now the probe fails, the request
 // gets 502, and the router lives.
 func TestE2EAbsurdContentLength(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	be := newRawBackend(t, func(c net.Conn, _ string, _ []byte) bool {
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4611686018427387904\r\n\r\n{\"partial\":")
@@ -197,6 +198,7 @@ func TestE2EAbsurdContentLength(t *testing.T) {
 // OOM-killed. Now one over --max-buffered-response (8 MiB) is refused with
 // 502 and the router's memory stays far below the body's size.
 func TestE2ELargeResponseNotBuffered(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	const size = 256 << 20
 	chunk := bytes.Repeat([]byte("x"), 64<<10)
@@ -247,6 +249,7 @@ func TestE2ELargeResponseNotBuffered(t *testing.T) {
 // an upgrade is refused, a 101 the backend sends anyway closes its
 // connection (502), and hop-by-hop fields stay on their hop.
 func TestE2EUpgradeAndHopByHop(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	be := newRawBackend(t, func(c net.Conn, head string, body []byte) bool {
 		switch {
@@ -308,6 +311,7 @@ func TestE2EUpgradeAndHopByHop(t *testing.T) {
 // routers a request passed (X-Warmroute-Hops) and answers 508 past
 // --max-hops (4).
 func TestE2ELoopDetected(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	listen := freeAddr(t)
 	// Ready once its /status names listen, its only backend.
@@ -325,6 +329,7 @@ func TestE2ELoopDetected(t *testing.T) {
 // set the Host the backend saw. Now the backend always sees its own
 // address as Host and an origin-form target.
 func TestE2EAbsoluteFormTarget(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	be := newRawBackend(t, func(c net.Conn, head string, _ []byte) bool {
 		if strings.HasPrefix(head, "GET /health") {
@@ -354,6 +359,7 @@ func TestE2EAbsoluteFormTarget(t *testing.T) {
 // read timeout (fasthttp waits for a CRLFCRLF that never comes). Now both
 // are answered 400 at once and the connection closed.
 func TestE2EMalformedFramingAnsweredAtOnce(t *testing.T) {
+	t.Parallel()
 	needBinary(t)
 	be := newRawBackend(t, func(c net.Conn, head string, _ []byte) bool {
 		io.WriteString(c, healthyAnswer)

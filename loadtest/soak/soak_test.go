@@ -41,6 +41,9 @@ func TestSoak(t *testing.T) {
 	if binary == "" {
 		t.Skip("WARMROUTE_SKIP_E2E is set")
 	}
+	if testing.Short() {
+		t.Skip("integration tier (make integ): 35 s of load and recovery")
+	}
 	cfg := DefaultConfig()
 	cfg.Binary = binary
 	cfg.Duration = 12 * time.Second
