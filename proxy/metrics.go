@@ -42,8 +42,6 @@ func codeSlot(code int) int {
 	return -1
 }
 
-const numReasons = 8
-
 // metrics are the proxy's Prometheus series.
 type metrics struct {
 	requests  *prometheus.CounterVec
@@ -75,8 +73,9 @@ type usageCounters struct {
 }
 
 // requestCounters caches resolved counters so the request path does not
-// hash label values.
-type requestCounters [numRoutes][numReasons][len(codeSlots)]atomic.Pointer[prometheus.Counter]
+// hash label values: one per route, decision reason (every row of ring's
+// reason table) and cached status.
+type requestCounters [numRoutes][ring.NumReasons][len(codeSlots)]atomic.Pointer[prometheus.Counter]
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
@@ -180,7 +179,7 @@ func (bm *backendMetrics) countUsage(r usageReport) {
 // the common statuses.
 func (m *metrics) countRequest(bm *backendMetrics, rt route, why ring.Reason, code int) {
 	slot := codeSlot(code)
-	if slot < 0 || int(why) >= numReasons {
+	if slot < 0 || why >= ring.NumReasons {
 		m.requests.WithLabelValues(routeNames[rt], why.String(), bm.id, statusLabel(code)).Inc()
 		return
 	}

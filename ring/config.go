@@ -8,7 +8,7 @@ import (
 )
 
 // Strategy is a routing strategy. The names are SageMaker's where SageMaker
-// has one.
+// has one; strategyTable (registry.go) describes each.
 type Strategy uint8
 
 const (
@@ -26,30 +26,27 @@ const (
 	// ConsistentHash sends a key to its owner whatever the load: the
 	// baseline that shows hot spots.
 	ConsistentHash
+
+	// numStrategies counts the strategies: a new one goes above it, with
+	// its row in strategyTable.
+	numStrategies
 )
 
-var strategyNames = [...]string{
-	PrefixAware:      "PREFIX_AWARE",
-	Random:           "RANDOM",
-	LeastOutstanding: "LEAST_OUTSTANDING_REQUESTS",
-	RoundRobin:       "ROUND_ROBIN",
-	ConsistentHash:   "CONSISTENT_HASH",
-}
-
 func (s Strategy) String() string {
-	if int(s) < len(strategyNames) {
-		return strategyNames[s]
+	if int(s) < len(strategyTable) {
+		return strategyTable[s].Name
 	}
 	return fmt.Sprintf("Strategy(%d)", uint8(s))
 }
 
-// ParseStrategy accepts the SageMaker names (PREFIX_AWARE, RANDOM,
-// LEAST_OUTSTANDING_REQUESTS), ROUND_ROBIN and CONSISTENT_HASH, in any case
-// and with '-' for '_'. LOR and LEAST_OUTSTANDING are accepted too.
+// ParseStrategy accepts the strategies' names (Strategies: SageMaker's
+// PREFIX_AWARE, RANDOM and LEAST_OUTSTANDING_REQUESTS, ROUND_ROBIN and
+// CONSISTENT_HASH), in any case and with '-' for '_'. LOR and
+// LEAST_OUTSTANDING are accepted too.
 func ParseStrategy(s string) (Strategy, error) {
 	n := strings.ToUpper(strings.ReplaceAll(strings.TrimSpace(s), "-", "_"))
-	for i, name := range strategyNames {
-		if n == name {
+	for i, info := range strategyTable {
+		if n == info.Name {
 			return Strategy(i), nil
 		}
 	}
@@ -59,7 +56,7 @@ func ParseStrategy(s string) (Strategy, error) {
 	case "PREFIX", "PREFIXAWARE":
 		return PrefixAware, nil
 	}
-	return 0, fmt.Errorf("%w: unknown strategy %q (want one of %s)", ErrConfig, s, strings.Join(strategyNames[:], ", "))
+	return 0, fmt.Errorf("%w: unknown strategy %q (want one of %s)", ErrConfig, s, StrategyList())
 }
 
 // MarshalText implements encoding.TextMarshaler.
@@ -111,10 +108,11 @@ type KeyConfig struct {
 // change one: routers of different versions must read each other's log),
 // yaml the name in the config file's routing block, flag the serve flag
 // (and WARMROUTE_ variable), sagemaker the SageMaker name accepted as an
-// alias, help the flag's help text. Fields are in the order of the Raft
-// log's JSON.
+// alias, help the flag's help text (the strategy's help gets the
+// strategies' names from strategyTable after it). Fields are in the order
+// of the Raft log's JSON.
 type Settings struct {
-	Strategy             Strategy `json:"strategy" yaml:"strategy" flag:"strategy" sagemaker:"RoutingStrategy" help:"routing strategy: PREFIX_AWARE, RANDOM, LEAST_OUTSTANDING_REQUESTS, ROUND_ROBIN, CONSISTENT_HASH"`
+	Strategy             Strategy `json:"strategy" yaml:"strategy" flag:"strategy" sagemaker:"RoutingStrategy" help:"routing strategy"`
 	PrefixLength         int      `json:"prefix_length" yaml:"prefix_length" flag:"prefix-length" sagemaker:"PrefixLength" help:"bytes of prompt text that form the routing key (1024-65536)"`
 	ConcurrencyThreshold int      `json:"concurrency_threshold" yaml:"concurrency_threshold" flag:"concurrency-threshold" sagemaker:"ConcurrencyThreshold" help:"in-flight requests per backend at which PREFIX_AWARE overflows (1-1024); 0 = not set: no hard cap, each engine's capacity is learned from its queue"`
 	LoadFactor           float64  `json:"load_factor,omitempty" yaml:"load_factor" flag:"load-factor" help:"also cap a backend at this multiple of the fleet's average in-flight (bounded loads); 0 = off, else >= 1"`
@@ -157,7 +155,7 @@ func (s Settings) Key() KeyConfig {
 // Validate reports the first setting out of its range, naming it.
 func (s *Settings) Validate() error {
 	switch {
-	case int(s.Strategy) >= len(strategyNames):
+	case int(s.Strategy) >= len(strategyTable):
 		return fmt.Errorf("%w: unknown strategy %d", ErrConfig, s.Strategy)
 	case s.PrefixLength < MinPrefixLength || s.PrefixLength > MaxPrefixLength:
 		return fmt.Errorf("%w: PrefixLength %d out of range [%d, %d]", ErrConfig, s.PrefixLength, MinPrefixLength, MaxPrefixLength)

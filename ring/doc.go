@@ -22,6 +22,12 @@
 //     returns a [Decision]: the backend and why (affinity, overflow with its
 //     rank, fallback, or the name of a load-blind strategy).
 //
+// [Strategies] and [Reasons] are the one table of strategies (name,
+// description, what each knows, the agreed-state command level it needs)
+// and of decision reasons (the decision label). Flags, help, docs, the
+// proxy's metrics, the command level check of node/cluster and the tools
+// read them, so a new strategy or reason is a constant and a row there.
+//
 // A membership or config change builds a new Ring; callers publish it with an
 // atomic.Pointer, so lookups never take a lock. See DESIGN.md for the
 // reasoning behind the overflow order and the naming of ring members.

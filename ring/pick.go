@@ -95,7 +95,8 @@ func (t *Tally) Share(b int) (inflight int64, healthy bool) {
 	return s >> 1, s&1 == 1
 }
 
-// Reason says why Pick chose a backend.
+// Reason says why Pick chose a backend; reasonTable (registry.go)
+// describes each.
 type Reason uint8
 
 const (
@@ -115,22 +116,15 @@ const (
 	ReasonRoundRobin
 	ReasonLeastOutstanding
 	ReasonConsistentHash
+
+	// NumReasons counts the reasons: every Reason is below it. A new one
+	// goes above it, with its row in reasonTable (registry.go).
+	NumReasons
 )
 
-var reasonNames = [...]string{
-	ReasonNone:             "none",
-	ReasonAffinity:         "affinity",
-	ReasonOverflow:         "overflow",
-	ReasonFallback:         "fallback",
-	ReasonRandom:           "random",
-	ReasonRoundRobin:       "round_robin",
-	ReasonLeastOutstanding: "least_outstanding",
-	ReasonConsistentHash:   "consistent_hash",
-}
-
 func (r Reason) String() string {
-	if int(r) < len(reasonNames) {
-		return reasonNames[r]
+	if int(r) < len(reasonTable) {
+		return reasonTable[r].Label
 	}
 	return "unknown"
 }

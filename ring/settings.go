@@ -14,7 +14,7 @@ type SettingInfo struct {
 	// JSON is the admin API and Raft log name, YAML the config file's,
 	// Flag the serve flag's, SageMaker the SageMaker alias ("" for none).
 	JSON, YAML, Flag, SageMaker string
-	// Help is the flag's help text.
+	// Help is the flag's help text (see settingHelp).
 	Help string
 	// Index is the field's index in Settings (reflect.Value.Field).
 	Index int
@@ -27,10 +27,21 @@ var settingsInfo = sync.OnceValue(func() []SettingInfo {
 		f := t.Field(i)
 		json, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		out[i] = SettingInfo{Field: f.Name, JSON: json, YAML: f.Tag.Get("yaml"), Flag: f.Tag.Get("flag"),
-			SageMaker: f.Tag.Get("sagemaker"), Help: f.Tag.Get("help"), Index: i}
+			SageMaker: f.Tag.Get("sagemaker"), Help: settingHelp(f), Index: i}
 	}
 	return out
 })
+
+// settingHelp is field f's help text: its help tag, and for the strategy
+// the strategies' names after it, from strategyTable (a tag could not
+// keep up with them).
+func settingHelp(f reflect.StructField) string {
+	h := f.Tag.Get("help")
+	if f.Type == reflect.TypeFor[Strategy]() {
+		h += ": " + StrategyList()
+	}
+	return h
+}
 
 // SettingsInfo lists every routing setting, in field order.
 func SettingsInfo() []SettingInfo { return settingsInfo() }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/warmroute/warmroute/loadtest/report"
 	"github.com/warmroute/warmroute/loadtest/trace"
 	"github.com/warmroute/warmroute/loadtest/workload"
+	"github.com/warmroute/warmroute/ring"
 )
 
 // The demo's fleet and workloads. docs/loadtest.md explains the sizing:
@@ -184,7 +186,7 @@ func demoClusterArgs() func(i int, rs []fleet.Router, a *proc.ServeArgs) error {
 func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	strategies := []string{"CONSISTENT_HASH", fleet.PrefixAwareFixed, "PREFIX_AWARE"}
+	strategies := demoStrategies()
 	workloads := demoDefaultWorkloads()
 	full := fs.Bool("full", false, "the complete comparison, about 7 minutes: workloads "+strings.Join(demoFullWorkloads(), ",")+", --duration "+demoFullDuration.String()+", --drain "+demoFullDrain.String()+" (flags given as well win)")
 	fs.Var(listFlag{&strategies}, "strategies", "routing strategies to compare, comma-separated, or 'all' ("+strings.Join(fleet.Strategies(), ", ")+")")
@@ -412,7 +414,35 @@ func demoNotes(full bool, given map[string]bool) []string {
 	}
 	return []string{fmt.Sprintf("The short comparison: rag (prefixes distinct within the key) and agent (a shared prompt longer than the fixed key), %s measured per run. "+
 		"warmroute demo --full (make demo DEMO_ARGS=--full, about 7 minutes) adds chat and preamble, the same two kinds again, and measures %s per run; "+
-		"--strategies all adds the load-only strategies (RANDOM, ROUND_ROBIN, LEAST_OUTSTANDING_REQUESTS).", demoDuration, demoFullDuration)}
+		"--strategies all adds %s.", demoDuration, demoFullDuration, demoAllAdds())}
+}
+
+// demoStrategies are the strategies the demo compares unless told: the
+// ones that route on the key, PREFIX_AWARE as it routed before adaptive
+// keys and as it routes now.
+func demoStrategies() []string {
+	return []string{ring.ConsistentHash.String(), fleet.PrefixAwareFixed, ring.PrefixAware.String()}
+}
+
+// demoAllAdds names the strategies that --strategies all adds to
+// demoStrategies, "the load-only strategies" when none routes on the key.
+func demoAllAdds() string {
+	var names []string
+	keyBlind := true
+	for _, name := range fleet.Strategies() {
+		if slices.Contains(demoStrategies(), name) {
+			continue
+		}
+		names = append(names, name)
+		s, err := ring.ParseStrategy(name)
+		if info, ok := s.Info(); err != nil || !ok || info.Key {
+			keyBlind = false
+		}
+	}
+	if keyBlind {
+		return "the load-only strategies (" + strings.Join(names, ", ") + ")"
+	}
+	return strings.Join(names, ", ")
 }
 
 // demoEngines says what the demo's instances are: simulated engines, and

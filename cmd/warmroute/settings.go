@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/node"
+	"github.com/warmroute/warmroute/ring"
 )
 
 // A settings section is a block of node.Config declared as one tagged
@@ -19,8 +20,9 @@ import (
 // serve flag and so its WARMROUTE_ variable, help the flag's help text,
 // sagemaker a SageMaker alias flag, env (instead of flag) a secret only
 // that variable carries. serve's flags, the variables it accepts, --help
-// and the tables of docs/configuration.md come from these tags, so a new
-// setting is one field in one section.
+// and the tables of docs/configuration.md come from these tags (and, for
+// the routing section, ring.SettingsInfo's help, which lists the
+// strategies), so a new setting is one field in one section.
 
 // section is one settings section of a node.Config.
 type section struct {
@@ -78,6 +80,11 @@ func (s section) settings() []setting {
 		f := s.v.Type().Field(i)
 		st := setting{Field: f.Name, Flag: f.Tag.Get("flag"), Env: f.Tag.Get("env"),
 			SageMaker: f.Tag.Get("sagemaker"), Help: f.Tag.Get("help"), Ptr: s.v.Field(i).Addr().Interface()}
+		if s.v.Type() == reflect.TypeFor[ring.Settings]() {
+			// ring completes its settings' help: the strategy's lists
+			// the strategies of its table.
+			st.Help = ring.SettingsInfo()[i].Help
+		}
 		st.YAML, _, _ = strings.Cut(f.Tag.Get("yaml"), ",")
 		if st.Flag != "" || st.Env != "" {
 			out = append(out, st)

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/loadtest/proc"
+	"github.com/warmroute/warmroute/ring"
 )
 
 // Errors returned by Start.
@@ -30,10 +32,32 @@ var (
 	ErrNotReady = proc.ErrNotReady
 )
 
-// Strategies returns the routing strategies a router accepts, and
-// PrefixAwareFixed.
+// Strategies returns the routing strategies a router accepts (ring's
+// table), and PrefixAwareFixed just before PREFIX_AWARE, ordered by what
+// they know, as a comparison shows them: those blind to key and load
+// first, then those that weigh load, then those that route on the key,
+// then those that do both.
 func Strategies() []string {
-	return []string{"RANDOM", "ROUND_ROBIN", "LEAST_OUTSTANDING_REQUESTS", "CONSISTENT_HASH", PrefixAwareFixed, "PREFIX_AWARE"}
+	all := ring.Strategies()
+	knows := func(s ring.StrategyInfo) int {
+		k := 0
+		if s.Key {
+			k += 2
+		}
+		if s.Load {
+			k++
+		}
+		return k
+	}
+	slices.SortStableFunc(all, func(a, b ring.StrategyInfo) int { return cmp.Compare(knows(a), knows(b)) })
+	out := make([]string, 0, len(all)+1)
+	for _, s := range all {
+		if s.Strategy == ring.PrefixAware {
+			out = append(out, PrefixAwareFixed)
+		}
+		out = append(out, s.Name)
+	}
+	return out
 }
 
 // PrefixAwareFixed names PREFIX_AWARE as it routed before adaptive keys:
@@ -89,7 +113,7 @@ func DefaultConfig() Config {
 	return Config{
 		Instances:            7,
 		Routers:              1,
-		Strategy:             "PREFIX_AWARE",
+		Strategy:             ring.PrefixAware.String(),
 		PrefixLength:         1024,
 		ConcurrencyThreshold: 8,
 		LoadFactor:           1.5,
@@ -253,7 +277,7 @@ func (f *Fleet) startRouters(ctx context.Context) error {
 			}
 		}
 		if args.Strategy == PrefixAwareFixed {
-			args.Strategy = "PREFIX_AWARE"
+			args.Strategy = ring.PrefixAware.String()
 			args.Extra = append(slices.Clone(FixedArgs), args.Extra...)
 		}
 		p, err := f.startProc("router-"+strconv.Itoa(i), args.Args())

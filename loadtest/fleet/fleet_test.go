@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/warmroute/warmroute/loadtest/internal/fakefleet"
 	"github.com/warmroute/warmroute/loadtest/proc"
 	"github.com/warmroute/warmroute/loadtest/workload"
+	"github.com/warmroute/warmroute/ring"
 )
 
 // The test binary doubles as the children (see fakefleet).
@@ -301,4 +303,50 @@ func TestValidate(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatalf("no routers needs no strategy: %v", err)
 	}
+}
+
+// TestStrategiesFromRing walks ring's strategy table: every strategy is in
+// Strategies, once, and a fleet validates with it; PrefixAwareFixed comes
+// just before PREFIX_AWARE; the list goes from the strategies that know
+// least to those that know most, and keeps the order the comparisons
+// have always shown.
+func TestStrategiesFromRing(t *testing.T) {
+	got := Strategies()
+	table := ring.Strategies()
+	if len(got) != len(table)+1 {
+		t.Fatalf("Strategies() = %v for the %d strategies of ring's table and %s", got, len(table), PrefixAwareFixed)
+	}
+	knows := map[string]int{}
+	for _, info := range table {
+		if n := len(got) - len(slices.DeleteFunc(slices.Clone(got), func(s string) bool { return s == info.Name })); n != 1 {
+			t.Errorf("%s appears %d times in %v", info.Name, n, got)
+		}
+		c := DefaultConfig()
+		c.Strategy = info.Name
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s: %v", info.Name, err)
+		}
+		knows[info.Name] = 2*boolInt(info.Key) + boolInt(info.Load)
+	}
+	fixed := slices.Index(got, PrefixAwareFixed)
+	if fixed < 0 || fixed+1 >= len(got) || got[fixed+1] != ring.PrefixAware.String() {
+		t.Errorf("%s is not just before %s in %v", PrefixAwareFixed, ring.PrefixAware, got)
+	}
+	knows[PrefixAwareFixed] = knows[ring.PrefixAware.String()]
+	for i := 1; i < len(got); i++ {
+		if knows[got[i-1]] > knows[got[i]] {
+			t.Errorf("%s knows more than %s after it: %v", got[i-1], got[i], got)
+		}
+	}
+	old := []string{"RANDOM", "ROUND_ROBIN", "LEAST_OUTSTANDING_REQUESTS", "CONSISTENT_HASH", PrefixAwareFixed, "PREFIX_AWARE"}
+	if kept := slices.DeleteFunc(slices.Clone(got), func(s string) bool { return !slices.Contains(old, s) }); !slices.Equal(kept, old) {
+		t.Errorf("the strategies compared so far come in the order %v, was %v", kept, old)
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -210,10 +210,19 @@ const (
 //	   affinity)
 //	3: revoke and unrevoke (the revocation list: a router of level 2
 //	   would neither decode them nor check revocations)
+//
+// Routing settings that name a strategy need at least the strategy's
+// level in ring's strategy table (ring.StrategyInfo.Level): a new
+// strategy takes the level of the build that adds it there.
 const CommandLevel uint8 = 3
 
 // level is the CommandLevel a router needs to apply cmd.
 func (cmd *Command) level() uint8 {
+	return max(cmd.opLevel(), routingLevel(cmd.Routing))
+}
+
+// opLevel is the level of cmd's op and backends.
+func (cmd *Command) opLevel() uint8 {
 	switch {
 	case cmd.Op == OpRevoke, cmd.Op == OpUnrevoke:
 		return 3
@@ -222,10 +231,26 @@ func (cmd *Command) level() uint8 {
 	case slices.ContainsFunc(cmd.Backends, func(b Backend) bool { return len(b.Models) > 0 }),
 		cmd.Backend != nil && len(cmd.Backend.Models) > 0:
 		return 2
-	case cmd.Routing != nil && (cmd.Routing.KeyDepth != 0 || cmd.Routing.Overflow != 0 || cmd.Routing.SessionHeader != ""):
-		return 2
 	}
 	return 1
+}
+
+// routingLevel is the level a router needs to decode routing settings r
+// (nil: none): its strategy's, from ring's strategy table, and 2 for
+// key_depth, overflow or session_header set. A strategy outside the table
+// counts as 1: such settings are refused when applied.
+func routingLevel(r *ring.Settings) uint8 {
+	if r == nil {
+		return 1
+	}
+	l := uint8(1)
+	if info, ok := r.Strategy.Info(); ok {
+		l = max(l, info.Level)
+	}
+	if r.KeyDepth != 0 || r.Overflow != 0 || r.SessionHeader != "" {
+		l = max(l, 2)
+	}
+	return l
 }
 
 // Command is one change to the state: a Raft log entry, JSON encoded. Build
