@@ -295,8 +295,9 @@ type bodyReader struct {
 	f   bodyFields
 }
 
-// walk consumes the body, which must be one JSON object and nothing more,
-// calling field for each of its members.
+// walk consumes the body, which must be one JSON object and nothing more.
+// Chat's messages and completions' prompt are hashed as they are read; any
+// other member's value is read whole and noted.
 func (r *bodyReader) walk(info *KeyInfo, pw *prefixWriter) error {
 	if c := r.s.peek(); c != '{' {
 		if c == 0 {
@@ -307,34 +308,29 @@ func (r *bodyReader) walk(info *KeyInfo, pw *prefixWriter) error {
 		}
 		return fmt.Errorf("%w: body must be a JSON object", ErrInvalidRequest)
 	}
-	err := r.s.object(func(key []byte) error { return r.field(key, info, pw) })
+	err := r.s.object(func(key []byte) error {
+		switch string(key) {
+		case "messages":
+			if chatAPI(r.api) {
+				return r.messages(pw)
+			}
+		case "prompt":
+			if r.api == Completions {
+				pw.reset()
+				r.f.prompt = key // present; its text is written now
+				return promptPrefix(&r.s, pw)
+			}
+		}
+		kind, raw, err := r.s.span()
+		if err != nil {
+			return err
+		}
+		return r.note(key, kind, raw, info, pw)
+	})
 	if err != nil {
 		return err
 	}
 	return r.s.end()
-}
-
-// field consumes the value of the member named key: chat's messages and
-// completions' prompt are hashed as they are read, any other value is
-// read whole and noted.
-func (r *bodyReader) field(key []byte, info *KeyInfo, pw *prefixWriter) error {
-	switch string(key) {
-	case "messages":
-		if chatAPI(r.api) {
-			return r.messages(pw)
-		}
-	case "prompt":
-		if r.api == Completions {
-			pw.reset()
-			r.f.prompt = key // present; its text is written now
-			return promptPrefix(&r.s, pw)
-		}
-	}
-	kind, raw, err := r.s.span()
-	if err != nil {
-		return err
-	}
-	return r.note(key, kind, raw, info, pw)
 }
 
 // messages writes the messages array at the cursor after the tools seen
