@@ -478,7 +478,7 @@ func BenchmarkReceive(b *testing.B) {
 			selfSigner, self := ca.signer(b, "self")
 			peerSigner, peer := ca.signer(b, "node-a")
 			sealer, _ := newSealer(testKey, nil)
-			c := &Mesh{cfg: Config{NodeName: "self"}, seal: sealer, chainReqs: make(chan chainReq, 256)}
+			c := &Mesh{cfg: Config{NodeName: "self"}, seal: sealer, chain: chainState{reqs: make(chan chainReq, 256)}}
 			var ps *signer
 			if signed {
 				c.sign, ps = selfSigner, peerSigner

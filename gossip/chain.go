@@ -28,6 +28,12 @@ type chainReq struct {
 	want bool // ask for the member's chain in return
 }
 
+// chainState is this node's side of the exchange.
+type chainState struct {
+	reqs chan chainReq // chain messages to send (chainLoop)
+	msgs [2][]byte     // this node's chain message: [0] plain, [1] asking for the peer's
+}
+
 // queueChain asks chainLoop to send this node's chain to member name. It
 // never blocks; a full queue drops the request (the periodic round
 // repairs it).
@@ -36,7 +42,7 @@ func (c *Mesh) queueChain(name string, want bool) {
 		return
 	}
 	select {
-	case c.chainReqs <- chainReq{name: name, want: want}:
+	case c.chain.reqs <- chainReq{name: name, want: want}:
 	default:
 	}
 }
@@ -52,7 +58,7 @@ func (c *Mesh) chainLoop() {
 		select {
 		case <-c.stop:
 			return
-		case r := <-c.chainReqs:
+		case r := <-c.chain.reqs:
 			now := time.Now()
 			if now.Sub(last[r]) < chainGap {
 				continue
@@ -62,7 +68,7 @@ func (c *Mesh) chainLoop() {
 				c.sendChain(to, r.want)
 			}
 		case now := <-t.C:
-			for _, to := range *c.sendList.Load() {
+			for _, to := range *c.members.sendList.Load() {
 				c.sendChain(to, false)
 			}
 			for r, at := range last {
@@ -75,17 +81,17 @@ func (c *Mesh) chainLoop() {
 }
 
 func (c *Mesh) peerAddr(name string) (netip.AddrPort, bool) {
-	c.peersMu.Lock()
-	defer c.peersMu.Unlock()
-	p, ok := c.peers[name]
+	c.members.mu.Lock()
+	defer c.members.mu.Unlock()
+	p, ok := c.members.peers[name]
 	return p.addr, ok && name != c.cfg.NodeName
 }
 
 // sendChain seals and sends this node's chain message to one member.
 func (c *Mesh) sendChain(to netip.AddrPort, want bool) {
-	msg := c.chainMsgs[0]
+	msg := c.chain.msgs[0]
 	if want {
-		msg = c.chainMsgs[1]
+		msg = c.chain.msgs[1]
 	}
 	p := c.seal.seal(nil, msg)
 	if err := c.tr.send(p, to); err != nil {
@@ -94,4 +100,30 @@ func (c *Mesh) sendChain(to netip.AddrPort, want bool) {
 	}
 	c.cnt.msgsSent.Add(1)
 	c.cnt.bytesSent.Add(uint64(len(p)))
+}
+
+// receiveChain learns a member's certificate chain and, when asked,
+// answers with this node's.
+func (c *Mesh) receiveChain(m *wireMsg, now time.Time) bool {
+	origin := string(m.origin)
+	if origin == c.cfg.NodeName {
+		return false
+	}
+	if !c.st.member(m.origin) {
+		c.st.noteUnknown()
+		return false
+	}
+	_, key, why, ok := c.keys.learn(m.chain, now)
+	if !ok {
+		c.st.rej.add(why)
+		return false
+	}
+	if key.name != origin {
+		c.st.rej.add(rejWrongName)
+		return false
+	}
+	if m.want {
+		c.queueChain(origin, false)
+	}
+	return c.st.prove(origin, key.notAfter)
 }

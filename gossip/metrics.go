@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -101,4 +102,30 @@ func (c *Mesh) newCollectors() []prometheus.Collector {
 		}, func() float64 { return float64(c.st.rej[r].Load()) }))
 	}
 	return cols
+}
+
+// register registers the Mesh's metrics with Config.Registry, if any. When
+// one is refused it unregisters those registered and says why.
+func (c *Mesh) register() error {
+	if c.cfg.Registry == nil {
+		return nil
+	}
+	for _, col := range c.newCollectors() {
+		if err := c.cfg.Registry.Register(col); err != nil {
+			c.unregister()
+			return fmt.Errorf("gossip: register metrics: %w", err)
+		}
+		c.registered = append(c.registered, col)
+	}
+	return nil
+}
+
+func (c *Mesh) unregister() {
+	if c.cfg.Registry == nil {
+		return
+	}
+	for _, col := range c.registered {
+		c.cfg.Registry.Unregister(col)
+	}
+	c.registered = nil
 }

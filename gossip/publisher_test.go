@@ -209,7 +209,7 @@ func TestChangeInterval(t *testing.T) {
 		{500, 50 * time.Millisecond},
 	} {
 		list := make([]netip.AddrPort, tc.peers)
-		c.sendList.Store(&list)
+		c.members.sendList.Store(&list)
 		if got := c.changeInterval(); got != tc.want {
 			t.Errorf("%d peers: interval %v, want %v", tc.peers, got, tc.want)
 		}

@@ -77,7 +77,7 @@ func FuzzReceiveSigned(f *testing.F) {
 		st.join("n")
 		c := &Mesh{
 			cfg: Config{NodeName: "self"}, log: slog.New(slog.DiscardHandler),
-			st: st, sign: selfSigner, keys: newKeyCache(self), chainReqs: make(chan chainReq, 256),
+			st: st, sign: selfSigner, keys: newKeyCache(self), chain: chainState{reqs: make(chan chainReq, 256)},
 		}
 		rx := new(rxScratch)
 		// Twice: the second time the chain may be known.

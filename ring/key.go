@@ -267,107 +267,157 @@ type bodyFields struct {
 // inline (in the one pass over the body).
 func chatAPI(api API) bool { return api == Chat || api == Tokenize }
 
+// extractJSON writes the prompt text of a JSON body and notes its model,
+// tenant and stream flag: one walk over the top-level object, then the
+// prompt fields of the APIs the walk did not read.
 func extractJSON(api API, body []byte, info *KeyInfo, pw *prefixWriter) error {
-	s := scanner{b: body}
-	if c := s.peek(); c != '{' {
+	r := bodyReader{api: api, s: scanner{b: body}}
+	if err := r.walk(info, pw); err != nil {
+		return err
+	}
+	return keptPrefix(api, &r.f, pw)
+}
+
+// bodyReader is the one walk over a body's top-level object. Chat and
+// completions hash their prompt field during the walk; a repeated field
+// starts over, so the last one counts, as in every JSON decoder engines
+// use. Tools come first in the prompt text: tools after the messages
+// start the messages over from their span. The other APIs keep the spans
+// of their fields in f and pick among them after the walk.
+//
+// The KeyInfo and the prefixWriter are passed to its methods, not kept in
+// it: escape analysis does not tell a struct's fields apart, so a struct
+// holding both spans of the body and a pointer to Extract's prefixWriter
+// would move the writer to the heap.
+type bodyReader struct {
+	api API
+	s   scanner
+	f   bodyFields
+}
+
+// walk consumes the body, which must be one JSON object and nothing more.
+// Chat's messages and completions' prompt are hashed as they are read; any
+// other member's value is read whole and noted.
+func (r *bodyReader) walk(info *KeyInfo, pw *prefixWriter) error {
+	if c := r.s.peek(); c != '{' {
 		if c == 0 {
 			return fmt.Errorf("%w: empty body", ErrMalformedJSON)
 		}
-		if _, err := s.value(); err != nil {
+		if _, err := r.s.value(); err != nil {
 			return err
 		}
 		return fmt.Errorf("%w: body must be a JSON object", ErrInvalidRequest)
 	}
-	// Chat and completions hash their prompt field during the one pass over
-	// the body; a repeated field starts over, so the last one counts, as in
-	// every JSON decoder engines use. Tools come first in the prompt text:
-	// tools after the messages start the messages over from their span.
-	// The other APIs pick among their fields afterwards.
-	var f bodyFields
-	err := s.object(func(key []byte) error {
+	err := r.s.object(func(key []byte) error {
 		switch string(key) {
 		case "messages":
-			if chatAPI(api) {
-				pw.reset()
-				if err := writeTools(f.tools, pw); err != nil {
-					return err
-				}
-				s.ws()
-				from := s.i
-				err := chatPrefix(&s, pw)
-				f.messages = s.b[from:s.i]
-				return err
+			if chatAPI(r.api) {
+				return r.messages(pw)
 			}
 		case "prompt":
-			if api == Completions {
+			if r.api == Completions {
 				pw.reset()
-				f.prompt = key
-				return promptPrefix(&s, pw)
+				r.f.prompt = key // present; its text is written now
+				return promptPrefix(&r.s, pw)
 			}
 		}
-		kind, raw, err := s.span()
+		kind, raw, err := r.s.span()
 		if err != nil {
 			return err
 		}
-		switch string(key) {
-		case "model":
-			if kind != '"' {
-				return fmt.Errorf("%w: model must be a string", ErrInvalidRequest)
-			}
-			info.Model = raw[1 : len(raw)-1]
-		case "prompt_cache_key":
-			switch kind {
-			case '"':
-				if !info.TenantFromHeader {
-					info.Tenant = raw[1 : len(raw)-1]
-				}
-			case 'z':
-			default:
-				return fmt.Errorf("%w: prompt_cache_key must be a string", ErrInvalidRequest)
-			}
-		case "stream":
-			info.Stream = kind == 't'
-		case "tools", "functions":
-			if kind != '[' && kind != 'z' {
-				return fmt.Errorf("%w: %s must be an array", ErrInvalidRequest, key)
-			}
-			if kind == 'z' || raw[1+bytes.IndexFunc(raw[1:], notSpace)] == ']' {
-				raw = nil // null or []: no tools
-			}
-			f.tools = raw
-			if chatAPI(api) && f.messages != nil {
-				pw.reset()
-				if err := writeTools(f.tools, pw); err != nil {
-					return err
-				}
-				sub := scanner{b: f.messages}
-				return chatPrefix(&sub, pw)
-			}
-		case "messages":
-			f.messages = raw
-		case "prompt":
-			f.prompt = raw
-		case "inputs":
-			f.inputs = raw
-		case "input":
-			f.input = raw
-		case "instructions":
-			f.instructions = raw
-		case "query":
-			f.query = raw
-		case "text_1":
-			f.text1 = raw
-		case "tokens":
-			f.tokens = raw
-		}
-		return nil
+		return r.note(key, kind, raw, info, pw)
 	})
 	if err != nil {
 		return err
 	}
-	if err := s.end(); err != nil {
+	return r.s.end()
+}
+
+// messages writes the messages array at the cursor after the tools seen
+// so far, and keeps its span for tools that come after it.
+func (r *bodyReader) messages(pw *prefixWriter) error {
+	r.s.ws()
+	from := r.s.i
+	err := chatText(r.f.tools, &r.s, pw)
+	r.f.messages = r.s.b[from:r.s.i]
+	return err
+}
+
+// note keeps what a member read whole says: the model, the tenant, the
+// stream flag, the tools, or the span of a prompt field.
+func (r *bodyReader) note(key []byte, kind byte, raw []byte, info *KeyInfo, pw *prefixWriter) error {
+	switch string(key) {
+	case "model":
+		if kind != '"' {
+			return fmt.Errorf("%w: model must be a string", ErrInvalidRequest)
+		}
+		info.Model = raw[1 : len(raw)-1]
+	case "prompt_cache_key":
+		switch kind {
+		case '"':
+			if !info.TenantFromHeader {
+				info.Tenant = raw[1 : len(raw)-1]
+			}
+		case 'z':
+		default:
+			return fmt.Errorf("%w: prompt_cache_key must be a string", ErrInvalidRequest)
+		}
+	case "stream":
+		info.Stream = kind == 't'
+	case "tools", "functions":
+		return r.tools(key, kind, raw, pw)
+	case "messages":
+		r.f.messages = raw
+	case "prompt":
+		r.f.prompt = raw
+	case "inputs":
+		r.f.inputs = raw
+	case "input":
+		r.f.input = raw
+	case "instructions":
+		r.f.instructions = raw
+	case "query":
+		r.f.query = raw
+	case "text_1":
+		r.f.text1 = raw
+	case "tokens":
+		r.f.tokens = raw
+	}
+	return nil
+}
+
+// tools keeps a tools (or functions) array, null or [] being none. They
+// lead a conversation's text, so messages already written are written
+// over after them.
+func (r *bodyReader) tools(key []byte, kind byte, raw []byte, pw *prefixWriter) error {
+	if kind != '[' && kind != 'z' {
+		return fmt.Errorf("%w: %s must be an array", ErrInvalidRequest, key)
+	}
+	if kind == 'z' || raw[1+bytes.IndexFunc(raw[1:], notSpace)] == ']' {
+		raw = nil // null or []: no tools
+	}
+	r.f.tools = raw
+	if chatAPI(r.api) && r.f.messages != nil {
+		sub := scanner{b: r.f.messages}
+		return chatText(r.f.tools, &sub, pw)
+	}
+	return nil
+}
+
+// chatText writes a conversation's prompt text from the start: its tools
+// (nil: none), then the messages array at s's cursor.
+func chatText(tools []byte, s *scanner, pw *prefixWriter) error {
+	pw.reset()
+	if err := writeTools(tools, pw); err != nil {
 		return err
 	}
+	return chatPrefix(s, pw)
+}
+
+// keptPrefix writes the prompt text of the APIs the walk did not read,
+// from the spans it kept, and checks that chat and completions had their
+// prompt field.
+func keptPrefix(api API, f *bodyFields, pw *prefixWriter) error {
 	switch api {
 	case Chat:
 		if f.messages == nil {
@@ -384,42 +434,60 @@ func extractJSON(api API, body []byte, info *KeyInfo, pw *prefixWriter) error {
 	case Score:
 		return promptField(f.text1, "text_1", pw)
 	case Rerank:
-		if f.query == nil {
-			return fmt.Errorf("%w: query is required", ErrInvalidRequest)
-		}
-		if f.query[0] != '"' {
-			return fmt.Errorf("%w: query must be a string", ErrInvalidRequest)
-		}
-		return pw.json(f.query[1 : len(f.query)-1])
+		return rerankPrefix(f.query, pw)
 	case Detokenize:
-		if f.tokens == nil {
-			return fmt.Errorf("%w: tokens is required", ErrInvalidRequest)
-		}
-		if f.tokens[0] != '[' {
-			return fmt.Errorf("%w: tokens must be an array of token ids", ErrInvalidRequest)
-		}
-		return tokenIDs(f.tokens, pw)
+		return detokenizePrefix(f.tokens, pw)
 	case Tokenize:
-		switch {
-		case f.messages != nil:
-			return nil // read inline
-		case f.prompt != nil:
-			sub := scanner{b: f.prompt}
-			return promptPrefix(&sub, pw)
-		}
-		return fmt.Errorf("%w: prompt or messages is required", ErrInvalidRequest)
+		return tokenizePrefix(f, pw)
 	case Responses:
-		return responsesPrefix(&f, pw)
+		return responsesPrefix(f, pw)
 	}
-	// Invocations.
+	return invocationsPrefix(f, pw)
+}
+
+// rerankPrefix writes a rerank request's query string.
+func rerankPrefix(query []byte, pw *prefixWriter) error {
+	if query == nil {
+		return fmt.Errorf("%w: query is required", ErrInvalidRequest)
+	}
+	if query[0] != '"' {
+		return fmt.Errorf("%w: query must be a string", ErrInvalidRequest)
+	}
+	return pw.json(query[1 : len(query)-1])
+}
+
+// detokenizePrefix writes a detokenize request's token ids.
+func detokenizePrefix(tokens []byte, pw *prefixWriter) error {
+	if tokens == nil {
+		return fmt.Errorf("%w: tokens is required", ErrInvalidRequest)
+	}
+	if tokens[0] != '[' {
+		return fmt.Errorf("%w: tokens must be an array of token ids", ErrInvalidRequest)
+	}
+	return tokenIDs(tokens, pw)
+}
+
+// tokenizePrefix writes a tokenize request's prompt, unless its messages
+// were written during the walk.
+func tokenizePrefix(f *bodyFields, pw *prefixWriter) error {
 	switch {
 	case f.messages != nil:
-		pw.reset()
-		if err := writeTools(f.tools, pw); err != nil {
-			return err
-		}
+		return nil // written during the walk
+	case f.prompt != nil:
+		sub := scanner{b: f.prompt}
+		return promptPrefix(&sub, pw)
+	}
+	return fmt.Errorf("%w: prompt or messages is required", ErrInvalidRequest)
+}
+
+// invocationsPrefix writes a JSON invocations body's prompt text from the
+// first of its messages (as chat's), prompt (as completions') and inputs
+// (TGI's string).
+func invocationsPrefix(f *bodyFields, pw *prefixWriter) error {
+	switch {
+	case f.messages != nil:
 		sub := scanner{b: f.messages}
-		return chatPrefix(&sub, pw)
+		return chatText(f.tools, &sub, pw)
 	case f.prompt != nil:
 		sub := scanner{b: f.prompt}
 		return promptPrefix(&sub, pw)
@@ -487,7 +555,7 @@ func compactJSON(v []byte, pw *prefixWriter) {
 }
 
 // responsesPrefix writes a Responses API request's prompt text: tools,
-// instructions, then input.
+// instructions, then input: a string, or an array of items.
 func responsesPrefix(f *bodyFields, pw *prefixWriter) error {
 	if f.input == nil {
 		return fmt.Errorf("%w: input is required", ErrInvalidRequest)
@@ -499,84 +567,74 @@ func responsesPrefix(f *bodyFields, pw *prefixWriter) error {
 		if f.instructions[0] != '"' {
 			return fmt.Errorf("%w: instructions must be a string", ErrInvalidRequest)
 		}
-		pw.raw(systemRole)
-		pw.raw(newline)
-		if err := pw.json(f.instructions[1 : len(f.instructions)-1]); err != nil {
+		if err := writeTurn(systemRole, f.instructions, pw); err != nil {
 			return err
 		}
-		pw.raw(newline)
 	}
 	switch f.input[0] {
 	case '"':
-		pw.raw(userRole)
-		pw.raw(newline)
-		if err := pw.json(f.input[1 : len(f.input)-1]); err != nil {
-			return err
-		}
-		pw.raw(newline)
-		return nil
+		return writeTurn(userRole, f.input, pw)
 	case '[':
 	default:
 		return fmt.Errorf("%w: input must be a string or an array of items", ErrInvalidRequest)
 	}
 	s := scanner{b: f.input}
-	return s.array(func(i int) error {
-		if s.peek() != '{' {
-			return fmt.Errorf("%w: input[%d] must be an object", ErrInvalidRequest, i)
-		}
-		_, item, err := s.span()
+	return s.array(func(i int) error { return responsesItem(&s, i, pw) })
+}
+
+// writeTurn writes role, '\n', the text of text (a raw JSON string, quotes
+// included) and '\n'.
+func writeTurn(role, text []byte, pw *prefixWriter) error {
+	pw.raw(role)
+	pw.raw(newline)
+	if err := pw.json(text[1 : len(text)-1]); err != nil {
+		return err
+	}
+	pw.raw(newline)
+	return nil
+}
+
+// responsesItem consumes the item of a Responses input array at the
+// cursor and writes it: a message (an item with a role) as writeMessage
+// does, any other item (a function call, its output, reasoning) as the
+// engine gets it: "\x00", its JSON without white space and '\n'.
+func responsesItem(s *scanner, i int, pw *prefixWriter) error {
+	if s.peek() != '{' {
+		return fmt.Errorf("%w: input[%d] must be an object", ErrInvalidRequest, i)
+	}
+	_, item, err := s.span()
+	if err != nil {
+		return err
+	}
+	var role, content []byte
+	var contentKind byte
+	sub := scanner{b: item}
+	err = sub.object(func(key []byte) error {
+		kind, v, err := sub.span()
 		if err != nil {
 			return err
 		}
-		var role, content []byte
-		var contentKind byte
-		sub := scanner{b: item}
-		err = sub.object(func(key []byte) error {
-			kind, v, err := sub.span()
-			if err != nil {
-				return err
+		switch {
+		case bytes.Equal(key, keyRole):
+			if kind != '"' {
+				return fmt.Errorf("%w: input[%d].role must be a string", ErrInvalidRequest, i)
 			}
-			switch {
-			case bytes.Equal(key, keyRole):
-				if kind != '"' {
-					return fmt.Errorf("%w: input[%d].role must be a string", ErrInvalidRequest, i)
-				}
-				role = v[1 : len(v)-1]
-			case bytes.Equal(key, keyContent):
-				content, contentKind = v, kind
-			}
-			return nil
-		})
-		if err != nil {
-			return err
+			role = v[1 : len(v)-1]
+		case bytes.Equal(key, keyContent):
+			content, contentKind = v, kind
 		}
-		if role == nil {
-			// A function call, its output, reasoning: as the engine gets it.
-			pw.raw(partMarker)
-			compactJSON(item, pw)
-			pw.raw(newline)
-			return nil
-		}
-		if err := pw.json(role); err != nil {
-			return err
-		}
-		pw.raw(newline)
-		switch contentKind {
-		case '"':
-			if err := pw.json(content[1 : len(content)-1]); err != nil {
-				return err
-			}
-		case '[':
-			if err := contentParts(content, i, pw); err != nil {
-				return err
-			}
-		case 'z', 0:
-		default:
-			return fmt.Errorf("%w: input[%d].content must be a string or an array of parts", ErrInvalidRequest, i)
-		}
-		pw.raw(newline)
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	if role == nil {
+		pw.raw(partMarker)
+		compactJSON(item, pw)
+		pw.raw(newline)
+		return nil
+	}
+	return writeMessage(role, content, contentKind, "input", i, pw)
 }
 
 var (
@@ -601,54 +659,9 @@ func chatPrefix(s *scanner, pw *prefixWriter) error {
 		return fmt.Errorf("%w: messages must be an array", ErrInvalidRequest)
 	}
 	count := 0
-	err := s.array(func(int) error {
+	err := s.array(func(i int) error {
 		count++
-		if s.peek() != '{' {
-			return fmt.Errorf("%w: messages[%d] must be an object", ErrInvalidRequest, count-1)
-		}
-		var role, content []byte
-		var contentKind byte
-		err := s.object(func(key []byte) error {
-			kind, v, err := s.span()
-			if err != nil {
-				return err
-			}
-			switch {
-			case bytes.Equal(key, keyRole):
-				if kind != '"' {
-					return fmt.Errorf("%w: messages[%d].role must be a string", ErrInvalidRequest, count-1)
-				}
-				role = v[1 : len(v)-1]
-			case bytes.Equal(key, keyContent):
-				if kind != '"' && kind != '[' && kind != 'z' {
-					return fmt.Errorf("%w: messages[%d].content must be a string, an array of parts or null", ErrInvalidRequest, count-1)
-				}
-				content, contentKind = v, kind
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		if role == nil {
-			return fmt.Errorf("%w: messages[%d].role is required", ErrInvalidRequest, count-1)
-		}
-		if err := pw.json(role); err != nil {
-			return err
-		}
-		pw.raw(newline)
-		switch contentKind {
-		case '"':
-			if err := pw.json(content[1 : len(content)-1]); err != nil {
-				return err
-			}
-		case '[':
-			if err := contentParts(content, count-1, pw); err != nil {
-				return err
-			}
-		}
-		pw.raw(newline)
-		return nil
+		return chatMessage(s, i, pw)
 	})
 	if err != nil {
 		return err
@@ -659,76 +672,146 @@ func chatPrefix(s *scanner, pw *prefixWriter) error {
 	return nil
 }
 
-// contentParts writes the parts of a content array: text parts (and the
-// Responses API's input_text and output_text) joined by '\n', any other
-// part as "\x00", its type, '\n' and the JSON of the field named by its
-// type (an image_url's object, an input_audio's data) without white space.
-// A part without a string type is refused.
+// chatMessage consumes message i of a messages array at the cursor,
+// checking its shape, and writes it.
+func chatMessage(s *scanner, i int, pw *prefixWriter) error {
+	if s.peek() != '{' {
+		return fmt.Errorf("%w: messages[%d] must be an object", ErrInvalidRequest, i)
+	}
+	var role, content []byte
+	var contentKind byte
+	err := s.object(func(key []byte) error {
+		kind, v, err := s.span()
+		if err != nil {
+			return err
+		}
+		switch {
+		case bytes.Equal(key, keyRole):
+			if kind != '"' {
+				return fmt.Errorf("%w: messages[%d].role must be a string", ErrInvalidRequest, i)
+			}
+			role = v[1 : len(v)-1]
+		case bytes.Equal(key, keyContent):
+			if kind != '"' && kind != '[' && kind != 'z' {
+				return fmt.Errorf("%w: messages[%d].content must be a string, an array of parts or null", ErrInvalidRequest, i)
+			}
+			content, contentKind = v, kind
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if role == nil {
+		return fmt.Errorf("%w: messages[%d].role is required", ErrInvalidRequest, i)
+	}
+	return writeMessage(role, content, contentKind, "messages", i, pw)
+}
+
+// writeMessage writes message i of a conversation: its role, '\n', its
+// content and '\n'. The content is the raw JSON value content of kind
+// kind: a string, an array of parts, or null or absent (0), which write
+// nothing; field names the array the message is in, for errors.
+func writeMessage(role, content []byte, kind byte, field string, i int, pw *prefixWriter) error {
+	if err := pw.json(role); err != nil {
+		return err
+	}
+	pw.raw(newline)
+	switch kind {
+	case '"':
+		if err := pw.json(content[1 : len(content)-1]); err != nil {
+			return err
+		}
+	case '[':
+		if err := contentParts(content, i, pw); err != nil {
+			return err
+		}
+	case 'z', 0:
+	default:
+		return fmt.Errorf("%w: %s[%d].content must be a string or an array of parts", ErrInvalidRequest, field, i)
+	}
+	pw.raw(newline)
+	return nil
+}
+
+// contentParts writes the parts of a content array, joined by '\n': text
+// parts (and the Responses API's input_text and output_text) as their
+// text, any other part as otherPart does. A part without a string type is
+// refused.
 func contentParts(raw []byte, msg int, pw *prefixWriter) error {
 	s := scanner{b: raw}
-	texts := 0
+	parts := 0
 	return s.array(func(i int) error {
 		if s.peek() != '{' {
 			return fmt.Errorf("%w: messages[%d].content[%d] must be an object", ErrInvalidRequest, msg, i)
 		}
-		var typ, text, part []byte
-		textKind := byte(0)
 		from := s.i
-		err := s.object(func(key []byte) error {
-			kind, v, err := s.span()
-			if err != nil {
-				return err
-			}
-			switch {
-			case bytes.Equal(key, keyType):
-				if kind != '"' {
-					return fmt.Errorf("%w: messages[%d].content[%d].type must be a string", ErrInvalidRequest, msg, i)
-				}
-				typ = v[1 : len(v)-1]
-			case bytes.Equal(key, keyText):
-				text, textKind = v, kind
-			}
-			return nil
-		})
+		typ, text, textKind, err := partFields(&s, msg, i)
 		if err != nil {
 			return err
 		}
 		if typ == nil {
 			return fmt.Errorf("%w: messages[%d].content[%d].type is required", ErrInvalidRequest, msg, i)
 		}
-		if !bytes.Equal(typ, keyText) && !bytes.Equal(typ, keyInputText) && !bytes.Equal(typ, keyOutputText) {
-			// The payload is the field the type names; failing that, the
-			// whole part.
-			part = s.b[from:s.i]
-			sub := scanner{b: part}
-			_ = sub.object(func(key []byte) error {
-				_, v, err := sub.span()
-				if err == nil && bytes.Equal(key, typ) {
-					part = v
-				}
-				return err
-			})
-			if texts > 0 {
-				pw.raw(newline)
-			}
-			texts++
-			pw.raw(partMarker)
-			if err := pw.json(typ); err != nil {
-				return err
-			}
-			pw.raw(newline)
-			compactJSON(part, pw)
-			return nil
-		}
-		if textKind != '"' {
+		isText := bytes.Equal(typ, keyText) || bytes.Equal(typ, keyInputText) || bytes.Equal(typ, keyOutputText)
+		if isText && textKind != '"' {
 			return fmt.Errorf("%w: messages[%d].content[%d].text must be a string", ErrInvalidRequest, msg, i)
 		}
-		if texts > 0 {
+		if parts > 0 {
 			pw.raw(newline)
 		}
-		texts++
+		parts++
+		if !isText {
+			return otherPart(s.b[from:s.i], typ, pw)
+		}
 		return pw.json(text[1 : len(text)-1])
 	})
+}
+
+// partFields consumes part i of message msg's content at the cursor and
+// returns its type (nil when absent) and its text field with the text's
+// kind.
+func partFields(s *scanner, msg, i int) (typ, text []byte, textKind byte, err error) {
+	err = s.object(func(key []byte) error {
+		kind, v, err := s.span()
+		if err != nil {
+			return err
+		}
+		switch {
+		case bytes.Equal(key, keyType):
+			if kind != '"' {
+				return fmt.Errorf("%w: messages[%d].content[%d].type must be a string", ErrInvalidRequest, msg, i)
+			}
+			typ = v[1 : len(v)-1]
+		case bytes.Equal(key, keyText):
+			text, textKind = v, kind
+		}
+		return nil
+	})
+	return typ, text, textKind, err
+}
+
+// otherPart writes a part that is not text, given its raw JSON: "\x00",
+// its type, '\n' and the JSON of the field its type names (an image_url's
+// object, an input_audio's data), failing that of the whole part, without
+// white space.
+func otherPart(part, typ []byte, pw *prefixWriter) error {
+	payload := part
+	sub := scanner{b: part}
+	_ = sub.object(func(key []byte) error {
+		_, v, err := sub.span()
+		if err == nil && bytes.Equal(key, typ) {
+			payload = v
+		}
+		return err
+	})
+	pw.raw(partMarker)
+	if err := pw.json(typ); err != nil {
+		return err
+	}
+	pw.raw(newline)
+	compactJSON(payload, pw)
+	return nil
 }
 
 // promptPrefix consumes a completions prompt at the cursor and writes it: a
