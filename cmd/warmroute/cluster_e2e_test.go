@@ -572,9 +572,10 @@ func TestClusterProcessesLateJoiner(t *testing.T) {
 
 // TestClusterProcessesRouteAgreement: after a backend is added through one
 // router, all three routers name the same backend for each of 10,000
-// random prompts, asked over HTTP through their route explainers.
+// random prompts, asked over HTTP through their route explainers. It runs
+// alone (not in parallel): on a machine the other tests load, the routers'
+// load views drift apart and overflow decisions differ for a while.
 func TestClusterProcessesRouteAgreement(t *testing.T) {
-	t.Parallel()
 	needCluster(t)
 	_, urls := heldEngines(t, 6)
 	ps := startProcCluster(t, urls[:5], 3)

@@ -330,7 +330,7 @@ func (c *Agreement) Close() error {
 		c.closed.Store(true)
 		close(c.shutdownCh)
 		var errs []error
-		if err := c.raft.Shutdown().Error(); err != nil {
+		if err := c.shutdownRaft(); err != nil {
 			errs = append(errs, fmt.Errorf("cluster: raft shutdown: %w", err))
 		}
 		c.wg.Wait()
@@ -364,6 +364,31 @@ func (c *Agreement) Close() error {
 		c.log.Info("raft stopped")
 	})
 	return c.closeErr
+}
+
+// raftShutdownGrace is how long Close lets Raft stop on its own before it
+// closes Raft's outbound connections under it.
+const raftShutdownGrace = 2 * time.Second
+
+// shutdownRaft stops Raft. A replication goroutine pipelining to a peer
+// that stopped answering keeps Raft's shutdown waiting (closeDialed says
+// why); after raftShutdownGrace the outbound connections are closed so
+// that it ends.
+func (c *Agreement) shutdownRaft() error {
+	f := c.raft.Shutdown()
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(raftShutdownGrace):
+	}
+	if c.stream != nil {
+		n := c.stream.closeDialed()
+		c.log.Warn("raft shutdown waits on a peer that does not answer; closed this router's raft connections",
+			"waited", raftShutdownGrace, "connections", n)
+	}
+	return <-done
 }
 
 // Addr is the Raft address other nodes dial (advertise it as gossip

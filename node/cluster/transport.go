@@ -51,6 +51,7 @@ type tcpStream struct {
 
 	mu     sync.Mutex
 	conns  map[*serverConn]struct{} // inbound, handshaking or accepted
+	dialed map[*clientConn]struct{} // outbound, until Raft closes them
 	closed bool
 }
 
@@ -89,6 +90,7 @@ func newStream(ln net.Listener, advertise net.Addr, cfg streamConfig) *tcpStream
 		accepted: make(chan net.Conn),
 		done:     make(chan struct{}),
 		conns:    map[*serverConn]struct{}{},
+		dialed:   map[*clientConn]struct{}{},
 	}
 	s.wg.Add(1)
 	go s.acceptLoop()
@@ -270,7 +272,33 @@ func (s *tcpStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Co
 	cc := &clientConn{c: c, idle: s.cfg.idleTimeout / 2,
 		redial: func() (net.Conn, error) { return s.dial(a, s.cfg.dialTimeout, modeRaft, s.expectAt(a)) }}
 	cc.last.Store(time.Now().UnixNano())
+	s.mu.Lock()
+	s.dialed[cc] = struct{}{}
+	s.mu.Unlock()
+	cc.forget = func() {
+		s.mu.Lock()
+		delete(s.dialed, cc)
+		s.mu.Unlock()
+	}
 	return cc, nil
+}
+
+// closeDialed closes every outbound connection Raft holds. Raft's
+// shutdown waits for its replication goroutines, and one that pipelines
+// AppendEntries to a peer that stopped answering (paused, or cut off)
+// waits until 128 requests time out one after another, minutes; with its
+// connections closed, each fails at once and the goroutine ends.
+func (s *tcpStream) closeDialed() int {
+	s.mu.Lock()
+	cs := make([]*clientConn, 0, len(s.dialed))
+	for c := range s.dialed {
+		cs = append(cs, c)
+	}
+	s.mu.Unlock()
+	for _, c := range cs {
+		_ = c.Close()
+	}
+	return len(cs)
 }
 
 // expectAt is the name check for a dial to addr: the peer must prove one
@@ -421,6 +449,7 @@ type clientConn struct {
 	reading  atomic.Int32
 	last     atomic.Int64 // unix nanos of the last read or write
 	closed   bool
+	forget   func() // drops it from the stream's dialed set
 }
 
 func (c *clientConn) cur() net.Conn {
@@ -471,6 +500,9 @@ func (c *clientConn) refresh() error {
 func (c *clientConn) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !c.closed && c.forget != nil {
+		c.forget()
+	}
 	c.closed = true
 	return c.c.Close()
 }
