@@ -423,23 +423,22 @@ func (p *Proxy) send(ctx *fasthttp.RequestCtx, st *reqState, rt route, start tim
 const holdTries = 8
 
 // hold takes a slot of the picked backend's in-flight count for the
-// request; forward gives it back when the exchange ends. A decision made
-// under the backend's limit (affinity or overflow) whose slot other
-// requests on this router took between the pick and here gives it back and
-// is picked again, seeing those requests: ConcurrencyThreshold stays a hard
-// cap on each router, with no lock on the request path. (Requests on other
-// routers are seen as their gossip arrives.) Every pick that loses a slot
-// sees a fuller fleet, so this ends at a held slot or a fallback; after
-// holdTries picks the last one is taken as it is. On error nothing is
-// held.
+// request; forward gives it back when the exchange ends. When the ring
+// does not admit the decision with the count the slot made (ring.Admits:
+// other requests on this router took the backend's last room between the
+// pick and here), the slot goes back and the request is picked again,
+// seeing those requests: ConcurrencyThreshold stays a hard cap on each
+// router, with no lock on the request path. (Requests on other routers are
+// seen as their gossip arrives.) Every pick that loses a slot sees a
+// fuller fleet, so this ends at a held slot or a fallback; after holdTries
+// picks the last one is taken as it is. On error nothing is held.
 func (p *Proxy) hold(st *reqState, d ring.Decision) (ring.Decision, error) {
 	t := st.t
 	for try := 1; ; try++ {
 		b := t.bs[d.Backend]
 		n := b.inflight.Add(1)
 		b.rising(p.scrapeTrigger(), n+b.remote.Load(), st.now)
-		if try == holdTries || (d.Reason != ring.ReasonAffinity && d.Reason != ring.ReasonOverflow) ||
-			n+b.remote.Load() <= t.ring.Limit(d.Backend) {
+		if try == holdTries || t.ring.Admits(d, n+b.remote.Load()) {
 			return d, nil
 		}
 		b.inflight.Add(-1)
