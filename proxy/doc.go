@@ -10,6 +10,12 @@
 // reads only atomics and one atomic.Pointer to the current table; it takes
 // no lock.
 //
+// Every attempt to forward a request takes one upstream step (upstream.go)
+// whichever way its answer is then passed on (read whole, streamed by the
+// request's goroutine, or on the relay): the request line, Host and
+// traceparent for the backend, the send, and the checks on the answer's
+// head; the hop-by-hop fields are removed once per request before it.
+//
 // It retries on another backend only when a request never reached one
 // (connect refused or timed out, or no free connection); never once bytes
 // were sent, since LLM POSTs are not idempotent. A client that goes away

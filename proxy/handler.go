@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -424,23 +423,22 @@ func (p *Proxy) send(ctx *fasthttp.RequestCtx, st *reqState, rt route, start tim
 const holdTries = 8
 
 // hold takes a slot of the picked backend's in-flight count for the
-// request; forward gives it back when the exchange ends. A decision made
-// under the backend's limit (affinity or overflow) whose slot other
-// requests on this router took between the pick and here gives it back and
-// is picked again, seeing those requests: ConcurrencyThreshold stays a hard
-// cap on each router, with no lock on the request path. (Requests on other
-// routers are seen as their gossip arrives.) Every pick that loses a slot
-// sees a fuller fleet, so this ends at a held slot or a fallback; after
-// holdTries picks the last one is taken as it is. On error nothing is
-// held.
+// request; forward gives it back when the exchange ends. When the ring
+// does not admit the decision with the count the slot made (ring.Admits:
+// other requests on this router took the backend's last room between the
+// pick and here), the slot goes back and the request is picked again,
+// seeing those requests: ConcurrencyThreshold stays a hard cap on each
+// router, with no lock on the request path. (Requests on other routers are
+// seen as their gossip arrives.) Every pick that loses a slot sees a
+// fuller fleet, so this ends at a held slot or a fallback; after holdTries
+// picks the last one is taken as it is. On error nothing is held.
 func (p *Proxy) hold(st *reqState, d ring.Decision) (ring.Decision, error) {
 	t := st.t
 	for try := 1; ; try++ {
 		b := t.bs[d.Backend]
 		n := b.inflight.Add(1)
 		b.rising(p.scrapeTrigger(), n+b.remote.Load(), st.now)
-		if try == holdTries || (d.Reason != ring.ReasonAffinity && d.Reason != ring.ReasonOverflow) ||
-			n+b.remote.Load() <= t.ring.Limit(d.Backend) {
+		if try == holdTries || t.ring.Admits(d, n+b.remote.Load()) {
 			return d, nil
 		}
 		b.inflight.Add(-1)
@@ -468,83 +466,46 @@ func (p *Proxy) unreachable(ctx *fasthttp.RequestCtx, rt route, lastErr error, a
 
 // forward sends the request to b and hands the response to the client. It
 // returns retry=true only when the request never reached b. With stream
-// the body is passed through as the backend sends it; otherwise it is read
-// whole (straight into the client's response, no copy, at most
-// MaxBufferedResponse bytes) and the answer goes out in one write.
-//
-// The backend always sees its own address as Host and an origin-form
-// target (path and query), whatever form the client's request line took.
+// the body is passed through as the backend sends it (on the relay when
+// the client and b allow it, relayable; else by this goroutine);
+// otherwise it is read whole (straight into the client's response, no
+// copy, at most MaxBufferedResponse bytes) and the answer goes out in one
+// write. Every way goes through the same upstream step (sendHead).
 //
 // sent is when the backend was chosen; the time to first byte is measured
 // from it (the request goes out a microsecond or so later). The request
 // holds a slot of b's in-flight count (hold); forward gives it back.
 func (p *Proxy) forward(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ring.Decision, rt route, stream bool, sent time.Time) (retry bool, err error) {
-	req := &ctx.Request
-	req.Header.SetHost(b.target.HostPort)
-	req.SetRequestURIBytes(ctx.RequestURI())
-	// A request that came over TLS carries an https URI; the backend's
-	// scheme is its own (HostClient refuses a mismatch). An absolute-form
-	// target names a host of the client's choosing: the URI's host is what
-	// goes out as Host.
-	u := req.URI()
-	u.SetSchemeBytes(b.scheme)
-	u.SetHost(b.target.HostPort)
-
+	mode := sendBuffered
+	var rc *rawConn
+	if stream {
+		mode = sendStreamed
+		if c, ok := p.relayable(ctx, st, b); ok {
+			mode, rc = sendRelayed, c
+		}
+	}
+	x, ok, retry, err := p.sendHead(ctx, st, b, d, rt, mode, sent)
+	if !ok {
+		return retry, err
+	}
+	switch mode {
+	case sendRelayed:
+		return p.forwardRelayed(ctx, st, b, d, rt, sent, rc, x)
+	case sendStreamed:
+		p.setHeaders(&ctx.Response, st.t, b, d)
+		p.m.countRequest(b.m, rt, d.Reason, x.resp.StatusCode())
+		bs, _ := x.resp.BodyStream().(fasthttp.ReadCloserWithError)
+		return p.passStream(ctx, st, b, x.resp, bs, sent)
+	}
+	resp := x.resp // the client's response, the answer read whole into it
+	b.m.ttfb.Observe(time.Since(sent).Seconds())
 	if p.observing {
-		p.observeSend(req, st, b, d, sent)
-	}
-	// b's in-flight slot was taken by hold; every way out of the exchange
-	// gives it back.
-	if !stream {
-		resp := &ctx.Response
-		err = b.client.Do(req, resp)
-		b.inflight.Add(-1)
-		if err != nil {
-			if p.observing {
-				p.observeFailed(st, err)
-			}
-			return p.upstreamFailed(ctx, b, d, rt, err)
-		}
-		b.connOK()
-		if !p.upstreamHeaders(ctx, st, b, d, rt, resp) {
-			return false, nil
-		}
-		b.m.ttfb.Observe(time.Since(sent).Seconds())
-		if p.observing {
-			p.observeAnswer(st, resp, sent)
-		}
-		p.setHeaders(resp, st.t, b, d)
-		p.m.countRequest(b.m, rt, d.Reason, resp.StatusCode())
-		b.countBodyUsage(resp, st.pred)
-		return false, nil
-	}
-
-	if rc, ok := p.relayable(ctx, st, b); ok {
-		return p.forwardRelayed(ctx, st, b, d, rt, sent, rc)
-	}
-	up := fasthttp.AcquireResponse()
-	up.StreamBody = true
-	err = b.client.Do(req, up)
-	if err != nil {
-		return p.exchangeFailed(ctx, st, b, d, rt, up, err)
-	}
-	b.connOK()
-
-	resp := &ctx.Response
-	up.Header.CopyTo(&resp.Header)
-	if !p.upstreamHeaders(ctx, st, b, d, rt, up) {
-		if bs, ok := up.BodyStream().(fasthttp.ReadCloserWithError); ok && bs != nil {
-			_ = bs.CloseWithError(errBadUpstream)
-		}
-		fasthttp.ReleaseResponse(up)
-		b.inflight.Add(-1)
-		return false, nil
+		p.observeAnswer(st, resp, sent)
 	}
 	p.setHeaders(resp, st.t, b, d)
-	p.m.countRequest(b.m, rt, d.Reason, up.StatusCode())
-
-	bs, _ := up.BodyStream().(fasthttp.ReadCloserWithError)
-	return p.passStream(ctx, st, b, up, bs, sent)
+	p.m.countRequest(b.m, rt, d.Reason, resp.StatusCode())
+	b.countBodyUsage(resp, st.pred)
+	return false, nil
 }
 
 // passStream passes the body of up (its stream bs, or its body when bs is
@@ -607,102 +568,8 @@ func (p *Proxy) passIdentity(ctx *fasthttp.RequestCtx, body fasthttp.ReadCloserW
 	return false, nil
 }
 
-// exchangeFailed ends a streamed exchange with b that got no answer.
-func (p *Proxy) exchangeFailed(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ring.Decision, rt route, up *fasthttp.Response, err error) (bool, error) {
-	b.inflight.Add(-1)
-	fasthttp.ReleaseResponse(up)
-	if p.observing {
-		p.observeFailed(st, err)
-	}
-	return p.upstreamFailed(ctx, b, d, rt, err)
-}
-
-// errBadUpstream closes the stream of a response the proxy refused.
-var errBadUpstream = errors.New("response refused")
-
-// upstreamHeaders checks the status of the response up from b and removes
-// its hop-by-hop fields from the client's response (ctx.Response, into
-// which up's header was copied, or which is up). A backend that switched
-// protocols (101) or sent a status outside 200-599 gets its connection
-// closed, never reused, and the client 502: it returns false then.
-func (p *Proxy) upstreamHeaders(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ring.Decision, rt route, up *fasthttp.Response) bool {
-	resp := &ctx.Response
-	resp.Header.ResetConnectionClose()
-	status, code, msg := 0, "", ""
-	switch sc := up.StatusCode(); {
-	case sc == fasthttp.StatusSwitchingProtocols:
-		closeUpstream(up)
-		status, code, msg = fasthttp.StatusBadGateway, "upstream_switched_protocols",
-			"backend "+b.id+" switched protocols (101); the router does not forward upgrades"
-	case sc < 200 || sc > 599:
-		closeUpstream(up)
-		status, code, msg = fasthttp.StatusBadGateway, "upstream_invalid_status",
-			"backend "+b.id+" answered with status "+strconv.Itoa(sc)
-	default:
-		var found hopSet
-		for k := range resp.Header.All() {
-			found |= hopField(k)
-		}
-		if found&responseHop == 0 {
-			return true
-		}
-		err := stripResponseHop(&resp.Header, responseHop, &st.scratch)
-		if err == nil {
-			return true
-		}
-		status, code, msg = fasthttp.StatusBadGateway, "upstream_invalid_header", "backend "+b.id+" sent an invalid header: "+err.Error()
-	}
-	b.m.upErrors["protocol"].Inc()
-	writeError(ctx, status, code, msg)
-	p.m.countRequest(b.m, rt, d.Reason, status)
-	return false
-}
-
-// closeUpstream closes the connection a response with a status outside
-// 2xx-5xx came on. Its reads marked it unusable before fasthttp could pool
-// it (see upstreamConn.sniff), so no other request uses it; this ends it
-// now rather than when the pool next hands it out.
-func closeUpstream(up *fasthttp.Response) {
-	if a, ok := up.LocalAddr().(*upstreamAddr); ok && a.c.noReuse.Load() {
-		_ = a.c.Conn.Close()
-	}
-}
-
 func (p *Proxy) setHeaders(resp *fasthttp.Response, t *table, b *backend, d ring.Decision) {
 	resp.Header.Set(HeaderBackend, b.id)
 	resp.Header.Set(HeaderDecision, d.Reason.String())
 	resp.Header.SetBytesV(HeaderEpoch, t.epochHdr)
-}
-
-// upstreamFailed answers a failed exchange, or asks for a retry when the
-// request never left this node.
-func (p *Proxy) upstreamFailed(ctx *fasthttp.RequestCtx, b *backend, d ring.Decision, rt route, err error) (bool, error) {
-	switch {
-	case errors.Is(err, errDial) || errors.Is(err, fasthttp.ErrDialTimeout) || errors.Is(err, errStaleConn):
-		b.m.upErrors["dial"].Inc()
-		if b.connFailed(&p.cfg, time.Now()) {
-			b.m.ejects.Inc()
-			p.log.Warn("backend ejected after connect failures", "backend", b.id, "for", p.cfg.EjectFor)
-		}
-		return true, err
-	case errors.Is(err, fasthttp.ErrNoFreeConns):
-		b.m.upErrors["no_free_conns"].Inc()
-		return true, err
-	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		b.m.upErrors["protocol"].Inc()
-		writeError(ctx, fasthttp.StatusBadGateway, "upstream_response_too_large",
-			"backend "+b.id+" sent a response over "+strconv.Itoa(int(p.cfg.MaxBufferedResponse))+
-				" bytes, the limit for answers that are not streamed (max-buffered-response); ask for a streamed answer (\"stream\": true)")
-		p.m.countRequest(b.m, rt, d.Reason, fasthttp.StatusBadGateway)
-		return false, err
-	case errors.Is(err, fasthttp.ErrTimeout):
-		b.m.upErrors["timeout"].Inc()
-		writeError(ctx, fasthttp.StatusGatewayTimeout, "upstream_timeout", "backend "+b.id+" did not answer in time")
-		p.m.countRequest(b.m, rt, d.Reason, fasthttp.StatusGatewayTimeout)
-		return false, err
-	}
-	b.m.upErrors["other"].Inc()
-	writeError(ctx, fasthttp.StatusBadGateway, "upstream_error", "backend "+b.id+" failed: "+err.Error())
-	p.m.countRequest(b.m, rt, d.Reason, fasthttp.StatusBadGateway)
-	return false, err
 }

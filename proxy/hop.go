@@ -5,7 +5,6 @@ import (
 	"strconv"
 
 	"github.com/valyala/fasthttp"
-	"github.com/warmroute/warmroute/ring"
 )
 
 // HeaderHops counts the warmroute routers a request passed through: each
@@ -268,50 +267,4 @@ func onlyH2C(h *fasthttp.RequestHeader) bool {
 		})
 	}
 	return ok
-}
-
-// prepareUpstream readies a client's request to be forwarded: it refuses
-// protocol upgrades and requests that went round a loop of routers,
-// removes the hop-by-hop fields and sets this router's hop count. It
-// answers the client itself and returns false when the request must not
-// be forwarded. The client's Connection: close is kept by the caller.
-func (p *Proxy) prepareUpstream(ctx *fasthttp.RequestCtx, st *reqState, rt route) bool {
-	h := &ctx.Request.Header
-	h.ResetConnectionClose()
-	var found hopSet
-	for k := range h.All() {
-		found |= hopField(k)
-	}
-	hops := 0
-	if found != 0 {
-		status, code, msg := 0, "", ""
-		switch {
-		case found&hopUpgrade != 0 && !onlyH2C(h):
-			status, code, msg = fasthttp.StatusBadRequest, "upgrade_not_supported",
-				"protocol upgrades (Upgrade: websocket and the like) are not supported: the router forwards HTTP/1.1 requests only"
-		case found&hopHops != 0:
-			n, ok := parseHops(h.Peek(HeaderHops))
-			switch {
-			case !ok:
-				status, code, msg = fasthttp.StatusBadRequest, "invalid_hops",
-					"invalid "+HeaderHops+" field: want the count of routers passed, 0-999"
-			case n >= p.cfg.MaxHops:
-				status, code, msg = fasthttp.StatusLoopDetected, "loop_detected",
-					"the request already passed "+strconv.Itoa(n)+" warmroute routers (the limit is "+strconv.Itoa(p.cfg.MaxHops)+"): a backend address leads back to a router"
-			}
-			hops = n
-		}
-		if status == 0 {
-			if err := stripRequestHop(h, requestHop, &st.scratch); err != nil {
-				status, code, msg = fasthttp.StatusBadRequest, "invalid_connection_header", err.Error()
-			}
-		}
-		if status != 0 {
-			writeError(ctx, status, code, msg)
-			p.m.countRequest(p.m.none, rt, ring.ReasonNone, status)
-			return false
-		}
-	}
-	h.SetCanonical(hopsKey, hopValues[hops+1])
-	return true
 }

@@ -81,33 +81,25 @@ func (p *Proxy) relayable(ctx *fasthttp.RequestCtx, st *reqState, b *backend) (*
 	return rc, true
 }
 
-// forwardRelayed is forward's stream branch for the relay (see relayable).
-// b's in-flight count is already up.
-func (p *Proxy) forwardRelayed(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ring.Decision, rt route, sent time.Time, rc *rawConn) (bool, error) {
-	up := fasthttp.AcquireResponse()
-	uc, br, err := p.exchangeHead(b, &ctx.Request, up)
-	if err != nil {
-		return p.exchangeFailed(ctx, st, b, d, rt, up, err)
-	}
-	b.connOK()
-	resp := &ctx.Response
-	up.Header.CopyTo(&resp.Header)
-	if !p.upstreamHeaders(ctx, st, b, d, rt, up) {
-		p.dropUpstream(b, uc, br, up)
-		return false, nil
-	}
+// forwardRelayed is forward's stream branch for the relay (see relayable
+// and sendRelayed): x's head came on a connection of its own, which the
+// relay takes over with the client's rc. b's in-flight count is already
+// up.
+func (p *Proxy) forwardRelayed(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ring.Decision, rt route, sent time.Time, rc *rawConn, x upstream) (bool, error) {
+	up := x.resp
 	if up.Header.ContentLength() != -1 {
-		return p.passUnchunked(ctx, st, b, d, rt, sent, uc, br, up)
+		return p.passUnchunked(ctx, st, b, d, rt, sent, x)
 	}
+	resp := &ctx.Response
 	p.setHeaders(resp, st.t, b, d)
 	p.m.countRequest(b.m, rt, d.Reason, up.StatusCode())
 
 	identity := !ctx.Request.Header.IsHTTP11()
 	rs := p.relayed.Get().(*relayStream)
-	*rs = relayStream{p: p, b: b, sent: sent, client: rc, up: uc, br: br, head: rs.head[:0], pred: st.pred,
+	*rs = relayStream{p: p, b: b, sent: sent, client: rc, up: x.uc, br: x.br, head: rs.head[:0], pred: st.pred,
 		sse:       bytes.HasPrefix(up.Header.ContentType(), strEventStream),
 		identity:  identity,
-		keepUp:    up.Header.IsHTTP11() && !up.Header.ConnectionClose() && !uc.noReuse.Load(),
+		keepUp:    up.Header.IsHTTP11() && !up.Header.ConnectionClose() && !x.uc.noReuse.Load(),
 		keepAlive: !st.clientClose && !identity}
 	rs.usage.begin(&up.Header)
 	if p.observing {
@@ -128,13 +120,6 @@ func (p *Proxy) forwardRelayed(ctx *fasthttp.RequestCtx, st *reqState, b *backen
 	return false, nil
 }
 
-// dropUpstream ends an exchange whose answer was refused.
-func (p *Proxy) dropUpstream(b *backend, uc *upstreamConn, br *bufio.Reader, up *fasthttp.Response) {
-	p.closeExchange(b, uc, br)
-	fasthttp.ReleaseResponse(up)
-	b.inflight.Add(-1)
-}
-
 // closeExchange closes an exchangeHead connection that did not go to the
 // relay, and returns its reader (nil-safe).
 func (p *Proxy) closeExchange(b *backend, uc *upstreamConn, br *bufio.Reader) error {
@@ -147,20 +132,20 @@ func (p *Proxy) closeExchange(b *backend, uc *upstreamConn, br *bufio.Reader) er
 // passUnchunked passes an answer that is not chunked (a Content-Length,
 // or a body that ends with the connection) through the goroutine path
 // (passStream), on the exchange's connection, which closes at its end.
-func (p *Proxy) passUnchunked(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ring.Decision, rt route, sent time.Time,
-	uc *upstreamConn, br *bufio.Reader, up *fasthttp.Response) (bool, error) {
+func (p *Proxy) passUnchunked(ctx *fasthttp.RequestCtx, st *reqState, b *backend, d ring.Decision, rt route, sent time.Time, x upstream) (bool, error) {
+	up := x.resp
 	up.StreamBody = true
-	if err := up.ReadBody(br, 0); err != nil {
-		p.dropUpstream(b, uc, br, up)
+	if err := up.ReadBody(x.br, 0); err != nil {
+		p.dropUpstream(b, x)
 		return p.upstreamFailed(ctx, b, d, rt, upstreamReadErr(err))
 	}
 	p.setHeaders(&ctx.Response, st.t, b, d)
 	p.m.countRequest(b.m, rt, d.Reason, up.StatusCode())
 	var bs fasthttp.ReadCloserWithError
 	if r := up.BodyStream(); r != nil {
-		bs = &exchangeBody{Reader: r, p: p, b: b, uc: uc, br: br}
+		bs = &exchangeBody{Reader: r, p: p, b: b, uc: x.uc, br: x.br}
 	} else {
-		p.closeExchange(b, uc, br)
+		p.closeExchange(b, x.uc, x.br)
 	}
 	return p.passStream(ctx, st, b, up, bs, sent)
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/warmroute/warmroute/ring"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 // hostile is a backend on 127.0.0.1 that answers each request with the
@@ -451,6 +452,131 @@ func TestAbsoluteFormTarget(t *testing.T) {
 		line := strings.SplitN(head, "\r\n", 2)[0]
 		if host, _ := headerOf(head, "Host"); host != own || line != "POST /v1/chat/completions?x=1 HTTP/1.1" {
 			t.Fatalf("%s: the backend saw %q with Host %q, want origin form and %q", target, line, host, own)
+		}
+	}
+}
+
+// forwardPaths are forward's three ways of passing an answer on: read
+// whole, streamed by a goroutine (StreamRelay off), streamed on the relay.
+var forwardPaths = []struct {
+	name   string
+	stream string // the request body's extra field
+	relay  bool   // Config.StreamRelay
+}{
+	{"buffered", "", true},
+	{"streamed", `,"stream":true`, false},
+	{"relayed", `,"stream":true`, true},
+}
+
+// headAnswers answers "switch-now" with a 101, a streamed request with a
+// chunked event stream and others with JSON, each with hop-by-hop fields.
+func headAnswers(c net.Conn, n int, head string, body []byte) bool {
+	if bytes.Contains(body, []byte("switch-now")) {
+		return switcher(c, n, head, body)
+	}
+	hop := "Connection: X-Secret-Hop\r\nX-Secret-Hop: s\r\nKeep-Alive: timeout=5\r\nProxy-Authenticate: Basic\r\nX-Kept: k\r\n"
+	if bytes.Contains(body, []byte(`"stream":true`)) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"+hop+"Transfer-Encoding: chunked\r\n\r\n"+
+			"f\r\ndata: {\"a\":1}\n\n\r\n0\r\n\r\n")
+		return true
+	}
+	io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"+hop+"Content-Length: 2\r\n\r\n{}")
+	return true
+}
+
+// TestUpstreamHeadOnEveryPath: whichever way its answer is passed on, a
+// request reaches the backend with the same head (the backend's own Host,
+// an origin-form target, no hop-by-hop field, the hop count one up, the
+// router's upstream span as traceparent, in the caller's trace), the
+// answer's hop-by-hop fields stop at the router, a 101 is refused with
+// 502, and a backend that cannot be reached gets 502: each with the
+// backend's in-flight slot given back.
+func TestUpstreamHeadOnEveryPath(t *testing.T) {
+	const traceID, clientSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	heads := map[string]string{}
+	for _, path := range forwardPaths {
+		cfg := noProbes()
+		cfg.StreamRelay = path.relay
+		cfg.Tracer = sdktrace.NewTracerProvider().Tracer("test")
+		h, b := hostileProxy(t, cfg, headAnswers)
+		// fasthttp counts a connection busy for its first 5 s, one the
+		// relay gave back too: closed, it does not hold Shutdown up.
+		t.Cleanup(http.DefaultClient.CloseIdleConnections)
+		bk := h.p.backends["hostile/"]
+		body := chatReq("head", path.stream)
+		req := fmt.Sprintf("POST http://evil.example/v1/chat/completions?x=1 HTTP/1.1\r\nHost: evil.example\r\nUser-Agent: client\r\n"+
+			"Content-Type: application/json\r\nConnection: keep-alive, X-Client-Hop\r\nX-Client-Hop: c\r\nKeep-Alive: timeout=5\r\n"+
+			"Proxy-Authorization: Basic eA==\r\nTE: trailers\r\n%s: 2\r\nTraceparent: 00-%s-%s-01\r\nX-Kept: k\r\nContent-Length: %d\r\n\r\n%s",
+			HeaderHops, traceID, clientSpan, len(body), body)
+		resp, got := rawExchange(t, h, req)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", path.name, resp.StatusCode, got)
+		}
+		for _, k := range []string{"X-Secret-Hop", "Keep-Alive", "Proxy-Authenticate"} {
+			if v := resp.Header.Get(k); v != "" {
+				t.Errorf("%s: response field %s: %q passed to the client", path.name, k, v)
+			}
+		}
+		if resp.Header.Get("X-Kept") != "k" || resp.Header.Get(HeaderBackend) != "hostile/" {
+			t.Errorf("%s: response fields %v", path.name, resp.Header)
+		}
+		waitFor(t, func() bool { return bk.inflight.Load() == 0 }, path.name+": the exchange over")
+		// A relayed stream leaves its connection among the relay's idle
+		// ones; no other path opens one.
+		if relayed := bk.relayConns.Load() > 0; relayed != (path.name == "relayed") {
+			t.Fatalf("%s: relay connections %d: the request took another path", path.name, bk.relayConns.Load())
+		}
+
+		head := b.lastHead("/v1/chat/completions")
+		line := strings.SplitN(head, "\r\n", 2)[0]
+		if host, _ := headerOf(head, "Host"); line != "POST /v1/chat/completions?x=1 HTTP/1.1" || host != strings.TrimPrefix(b.url(), "http://") {
+			t.Errorf("%s: the backend saw %q with Host %q", path.name, line, host)
+		}
+		for _, k := range []string{"Connection", "X-Client-Hop", "Keep-Alive", "Proxy-Authorization", "TE"} {
+			if v, ok := headerOf(head, k); ok {
+				t.Errorf("%s: request field %s: %q forwarded", path.name, k, v)
+			}
+		}
+		if v, _ := headerOf(head, "Content-Length"); v != strconv.Itoa(len(body)) {
+			t.Errorf("%s: Content-Length %q, want %d", path.name, v, len(body))
+		}
+		if v, _ := headerOf(head, HeaderHops); v != "3" {
+			t.Errorf("%s: %s %q, want 3", path.name, HeaderHops, v)
+		}
+		tp, _ := headerOf(head, "Traceparent")
+		parts := strings.Split(tp, "-")
+		if len(parts) != 4 || parts[1] != traceID || parts[2] == clientSpan || strings.Count(head, "raceparent:") != 1 {
+			t.Errorf("%s: traceparent %q, want one of a span of the router's in trace %s", path.name, tp, traceID)
+		} else {
+			head = strings.Replace(head, parts[2], "<span>", 1)
+		}
+		// The heads compared: the same but for the backend's address and
+		// the body's length.
+		head = strings.Replace(head, "Host: "+strings.TrimPrefix(b.url(), "http://"), "Host: <backend>", 1)
+		heads[path.name] = strings.Replace(head, "Content-Length: "+strconv.Itoa(len(body)), "Content-Length: <n>", 1)
+
+		resp, got = post(t, h.url+"/v1/chat/completions", chatReq("switch-now", path.stream))
+		if e := decodeError(t, got); resp.StatusCode != 502 || e.Code != "upstream_switched_protocols" {
+			t.Errorf("%s: a 101: %d %s", path.name, resp.StatusCode, got)
+		}
+		waitFor(t, func() bool { return bk.inflight.Load() == 0 }, path.name+": the 101's slot given back")
+		if resp, got := post(t, h.url+"/v1/chat/completions", chatReq("after", path.stream)); resp.StatusCode != 200 {
+			t.Errorf("%s: after a 101: %d %s", path.name, resp.StatusCode, got)
+		}
+
+		cfg.Registry = nil
+		gone := startProxyBackends(t, cfg, ring.DefaultConfig(), []ring.Backend{{ID: "gone/", Addr: "http://" + refusedAddr(t)}})
+		resp, got = post(t, gone.url+"/v1/chat/completions", chatReq("nobody", path.stream))
+		if e := decodeError(t, got); resp.StatusCode != 502 || e.Code != "backend_unreachable" {
+			t.Errorf("%s: a refused connection: %d %s", path.name, resp.StatusCode, got)
+		}
+		if n := gone.p.backends["gone/"].inflight.Load(); n != 0 {
+			t.Errorf("%s: %d in flight after a refused connection", path.name, n)
+		}
+	}
+	for _, path := range forwardPaths[1:] {
+		if heads[path.name] != heads["buffered"] {
+			t.Errorf("the backend saw\n%s\nfrom the %s path and\n%s\nfrom the buffered one", heads[path.name], path.name, heads["buffered"])
 		}
 	}
 }

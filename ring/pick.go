@@ -261,7 +261,7 @@ func (r *Ring) pickByCost(key uint64, recompute int64, loads Loads) (Decision, b
 		return Decision{}, false
 	}
 	no := loads.InFlight(o)
-	if no >= r.limits[o] {
+	if !r.hasRoom(o, no) {
 		return Decision{}, false
 	}
 	affinity := Decision{Backend: o, Reason: ReasonAffinity, Rank: 0}
@@ -281,7 +281,7 @@ func (r *Ring) pickByCost(key uint64, recompute int64, loads Loads) (Decision, b
 			continue
 		}
 		n := loads.InFlight(b)
-		if n >= r.limits[b] || n+1 > bound {
+		if !r.hasRoom(b, n) || n+1 > bound {
 			continue
 		}
 		if !over && no-n <= recompute {
@@ -293,6 +293,35 @@ func (r *Ring) pickByCost(key uint64, recompute int64, loads Loads) (Decision, b
 	// the warm owner.
 	return affinity, true
 }
+
+// Admits reports whether decision d, made by this ring's PickCost, stands
+// once its request is counted: inflight is d's backend's in-flight count
+// across the cluster, that request included. This is the overflow rule's
+// hard part, and the one place it is written: a request goes to a partition's owner
+// (ReasonAffinity), or past it along the overflow order (ReasonOverflow),
+// only while that backend has room for it under its concurrency limit
+// (Limit: ConcurrencyThreshold x weight). Every other decision stands
+// whatever the count: ReasonFallback is what is left when every candidate
+// is full, and CONSISTENT_HASH and the key-blind strategies ignore
+// limits. The bounded-loads cap (LoadFactor) and a queueing engine (Busy)
+// steer PickCost too, but are not a cap: Admits does not ask them again.
+//
+// PickCost applies the rule to the counts it reads. A caller that then
+// takes a slot of the backend's count, as other requests take theirs at
+// once, asks Admits with the count its slot made and, on false, gives the
+// slot back and picks again, seeing those requests: so the limit holds
+// against every request the caller sees, with no lock around the pick.
+func (r *Ring) Admits(d Decision, inflight int64) bool {
+	switch d.Reason {
+	case ReasonAffinity, ReasonOverflow:
+		return r.hasRoom(d.Backend, inflight-1)
+	}
+	return true
+}
+
+// hasRoom reports whether backend b, with n requests in flight, has room
+// for one more under its limit (see Admits).
+func (r *Ring) hasRoom(b int, n int64) bool { return n < r.limits[b] }
 
 // candidate carries the lazily computed bounded-loads cap through a walk.
 type candidate struct {
@@ -308,7 +337,7 @@ func (r *Ring) tryCandidate(b, rank int, loads Loads, c *candidate) (Decision, b
 		return Decision{}, false
 	}
 	n := loads.InFlight(b)
-	if n >= r.limits[b] || (r.cfg.BusyIsFull && loads.Busy(b)) {
+	if !r.hasRoom(b, n) || (r.cfg.BusyIsFull && loads.Busy(b)) {
 		return Decision{}, false
 	}
 	// The cap is at least 1 (LoadFactor >= 1), so an idle backend is always
