@@ -53,8 +53,7 @@ func cpuTicks(t *testing.T, pid int) int64 {
 // (a 4 KiB chat body in one piece, as Envoy sends a small body), over TLS
 // on loopback, and the router's CPU per decision.
 func TestEPPOverhead(t *testing.T) {
-	t.Parallel()
-	needMeasure(t)
+	needMeasure(t) // measures: never in parallel
 	ext := freeAddr(t)
 	r := startRouter(t, proc.ServeArgs{Backends: pickerBackends(t, 8), NoProbes: true, NoEngineMetrics: true,
 		Extra: []string{"--ext-proc-listen", ext}})
@@ -177,8 +176,7 @@ func (g *pickerGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // through the router's HTTP proxy, once through a gateway that asks the
 // same router over ext_proc, and compares the KV hit rates.
 func TestEPPRoutingQuality(t *testing.T) {
-	t.Parallel()
-	needMeasure(t)
+	needMeasure(t) // measures: never in parallel
 	for _, name := range []string{"rag", "chat", "sysprompt"} {
 		var hit [2]float64
 		var ttft [2]float64
