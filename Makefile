@@ -17,8 +17,11 @@ export CGO_ENABLED ?= 0
 
 all: build
 
+# No -trimpath, so that the build shares the Go build cache with 'make
+# test' (a first 'make demo' after it links in seconds instead of
+# compiling every package again); the images build with -trimpath.
 build:
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/warmroute
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/warmroute
 
 # The binary every end-to-end test runs, built once per 'make test' or
 # 'make integ' (the test packages read it from WARMROUTE_E2E_BIN).
