@@ -1,7 +1,6 @@
 package gossip
 
 import (
-	"bytes"
 	"crypto/x509"
 	"fmt"
 	"log/slog"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/internal/identity"
+	"github.com/warmroute/warmroute/internal/testkit"
 	"go.uber.org/goleak"
 )
 
@@ -89,16 +89,10 @@ func waitMembers(t *testing.T, nodes []*testNode, n int) {
 	}, "every node sees %d members", n)
 }
 
-// waitFor polls cond until it holds or the deadline passes.
+// waitFor is testkit.WaitFor naming what it waits for with format and args.
 func waitFor(t testing.TB, d time.Duration, cond func() bool, format string, args ...any) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting until "+format, append([]any{d}, args...)...)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testkit.WaitFor(t, d, fmt.Sprintf(format, args...), cond)
 }
 
 func percentile(d []time.Duration, p float64) time.Duration {
@@ -379,23 +373,8 @@ func freeLoopbackPort(t *testing.T, host string) int {
 	return 0
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a testkit.Buffer with loggers that write to it.
+type syncBuffer struct{ testkit.Buffer }
 
 // debugLogger returns a logger that writes every record to s.
 func (s *syncBuffer) debugLogger() *slog.Logger {

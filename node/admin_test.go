@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/internal/testkit"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -45,7 +46,7 @@ func (a adminResp) errCode() string {
 
 func waitAgreed(t *testing.T, n *Node) {
 	t.Helper()
-	waitFor(t, 10*time.Second, "the agreed ring", func() bool { _, ep := n.proxy.Ring(); return ep > 0 })
+	testkit.WaitFor(t, 10*time.Second, "the agreed ring", func() bool { _, ep := n.proxy.Ring(); return ep > 0 })
 }
 
 func TestAdminAPIStandalone(t *testing.T) {
@@ -73,7 +74,7 @@ func TestAdminAPIStandalone(t *testing.T) {
 		t.Fatalf("add: %d %s", r.status, r.raw)
 	}
 	epoch := uint64(r.body["epoch"].(float64))
-	waitFor(t, 5*time.Second, "the new ring", func() bool { rr, ep := n.proxy.Ring(); return ep >= epoch && rr.Len() == 2 })
+	testkit.WaitFor(t, 5*time.Second, "the new ring", func() bool { rr, ep := n.proxy.Ring(); return ep >= epoch && rr.Len() == 2 })
 	rr, _ := n.proxy.Ring()
 	if i, ok := rr.Index(b.id()); !ok || rr.Backend(i).Weight != 2 || rr.Backend(i).Zone != "z1" {
 		t.Fatalf("added backend not in the ring as sent: %+v", rr.Backends())
@@ -86,7 +87,7 @@ func TestAdminAPIStandalone(t *testing.T) {
 	if r := adminDo(t, "POST", admin+"/v1/backends/"+a.id()+"/drain", "s3cret", ""); r.status != 200 {
 		t.Fatalf("drain: %d %s", r.status, r.raw)
 	}
-	waitFor(t, 5*time.Second, "a drained", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "a drained", func() bool {
 		rr, _ := n.proxy.Ring()
 		i, _ := rr.Index(a.id())
 		return rr.Backend(i).State == ring.Draining
@@ -107,7 +108,7 @@ func TestAdminAPIStandalone(t *testing.T) {
 	if r := adminDo(t, "PATCH", admin+"/v1/config", "s3cret", `{"PrefixLength": 2048, "strategy": "round-robin"}`); r.status != 200 {
 		t.Fatalf("patch: %d %s", r.status, r.raw)
 	}
-	waitFor(t, 5*time.Second, "new routing", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "new routing", func() bool {
 		rr, _ := n.proxy.Ring()
 		return rr.Config().PrefixLength == 2048 && rr.Config().Strategy == ring.RoundRobin
 	})
@@ -138,7 +139,7 @@ func TestAdminAPIStandalone(t *testing.T) {
 	if r := adminDo(t, "DELETE", admin+"/v1/backends/"+b.id(), "s3cret", ""); r.status != 200 {
 		t.Fatalf("remove: %d %s", r.status, r.raw)
 	}
-	waitFor(t, 5*time.Second, "b removed", func() bool { rr, _ := n.proxy.Ring(); _, ok := rr.Index(b.id()); return !ok })
+	testkit.WaitFor(t, 5*time.Second, "b removed", func() bool { rr, _ := n.proxy.Ring(); _, ok := rr.Index(b.id()); return !ok })
 }
 
 // TestClusterAgreementAndForwarding: three routers agree on every change;
@@ -173,7 +174,7 @@ func TestClusterAgreementAndForwarding(t *testing.T) {
 		t.Errorf("follower at epoch %d after acknowledging %d", e, epoch)
 	}
 	for _, n := range nodes {
-		waitFor(t, 5*time.Second, "every node at the new epoch", func() bool { rr, e := n.proxy.Ring(); return e == epoch && rr.Len() == 4 })
+		testkit.WaitFor(t, 5*time.Second, "every node at the new epoch", func() bool { rr, e := n.proxy.Ring(); return e == epoch && rr.Len() == 4 })
 	}
 	assertAgreement(t, nodes, 10000)
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/internal/testkit"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -160,7 +161,7 @@ func TestLeaderLossWritesResume(t *testing.T) {
 		waitAgreed(t, n)
 	}
 	leader := -1
-	waitFor(t, 10*time.Second, "a leader", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "a leader", func() bool {
 		for i, n := range nodes {
 			if n.agree.IsLeader() {
 				leader = i
@@ -187,6 +188,6 @@ func TestLeaderLossWritesResume(t *testing.T) {
 		if i == leader {
 			continue
 		}
-		waitFor(t, 5*time.Second, "the new config everywhere", func() bool { r, _ := n.proxy.Ring(); return r.Config().ConcurrencyThreshold == 9 })
+		testkit.WaitFor(t, 5*time.Second, "the new config everywhere", func() bool { r, _ := n.proxy.Ring(); return r.Config().ConcurrencyThreshold == 9 })
 	}
 }

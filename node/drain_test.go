@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/internal/testkit"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -151,7 +152,7 @@ func TestDrainLetsOpenStreamFinish(t *testing.T) {
 	}
 	epoch := uint64(r.body["epoch"].(float64))
 	for _, n := range nodes {
-		waitFor(t, 5*time.Second, "every router at the drain's epoch", func() bool {
+		testkit.WaitFor(t, 5*time.Second, "every router at the drain's epoch", func() bool {
 			rr, e := n.proxy.Ring()
 			i, _ := rr.Index(owner)
 			return e >= epoch && rr.Backend(i).State == ring.Draining
@@ -217,11 +218,11 @@ func TestDrainLetsOpenStreamFinish(t *testing.T) {
 		t.Errorf("data after [DONE]: %q", rest)
 	}
 	o := byID[owner]
-	waitFor(t, 5*time.Second, "the owner to finish its stream", func() bool { return o.finished.Load() == 1 })
+	testkit.WaitFor(t, 5*time.Second, "the owner to finish its stream", func() bool { return o.finished.Load() == 1 })
 	if o.cutByPeer.Load() != 0 {
 		t.Errorf("the owner's stream was cut")
 	}
-	waitFor(t, 5*time.Second, "router 0's count on the owner to drop", func() bool { return ownInFlight(nodes[0], owner) == 0 })
+	testkit.WaitFor(t, 5*time.Second, "router 0's count on the owner to drop", func() bool { return ownInFlight(nodes[0], owner) == 0 })
 	t.Logf("stream open on %s through router 0 when drained through router 1 (epoch %d): delivered %d/%d events; 30 new requests and 3 new streams with the prefix went to %s",
 		owner, epoch, len(got), want, successor)
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/internal/testkit"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -42,14 +43,14 @@ func TestHealthCommitsDownAndUp(t *testing.T) {
 		return r.Backend(i).State
 	}
 	healthy.Store(false)
-	waitFor(t, 10*time.Second, "the failing backend committed down", func() bool { return state() == ring.Down })
+	testkit.WaitFor(t, 10*time.Second, "the failing backend committed down", func() bool { return state() == ring.Down })
 	st, _ := n.agree.State()
 	b, _ := st.Backend(id)
 	if b.StateBy != "health" {
 		t.Errorf("state set by %q, want health", b.StateBy)
 	}
 	healthy.Store(true)
-	waitFor(t, 10*time.Second, "the backend committed active again", func() bool { return state() == ring.Active })
+	testkit.WaitFor(t, 10*time.Second, "the backend committed active again", func() bool { return state() == ring.Active })
 
 	// An operator's drain is never undone by health.
 	r := adminDo(t, "POST", "http://"+n.AdminAddr().String()+"/v1/backends/"+id+"/drain", "", "")
@@ -89,7 +90,7 @@ func TestPassiveReportsThroughGossip(t *testing.T) {
 		waitAgreed(t, n)
 	}
 	var leader *Node
-	waitFor(t, 10*time.Second, "a leader", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "a leader", func() bool {
 		for _, n := range nodes {
 			if n.agree.IsLeader() {
 				leader = n
@@ -131,7 +132,7 @@ func TestPassiveReportsThroughGossip(t *testing.T) {
 		t.Errorf("state set by %q, want health", b.StateBy)
 	}
 	for _, n := range nodes {
-		waitFor(t, 5*time.Second, "every router at the down state", func() bool { return stateOn(n) == ring.Down })
+		testkit.WaitFor(t, 5*time.Second, "every router at the down state", func() bool { return stateOn(n) == ring.Down })
 	}
 	// The admin API names the nodes that see it failing.
 	r := adminDo(t, "GET", "http://"+leader.AdminAddr().String()+"/v1/backends/"+deadAddr, "", "")
@@ -158,6 +159,6 @@ func TestPassiveReportsThroughGossip(t *testing.T) {
 	go srv.Serve(back)
 	defer srv.Close()
 	for _, n := range nodes {
-		waitFor(t, 10*time.Second, "the backend active again", func() bool { return stateOn(n) == ring.Active })
+		testkit.WaitFor(t, 10*time.Second, "the backend active again", func() bool { return stateOn(n) == ring.Active })
 	}
 }

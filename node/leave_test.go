@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/internal/testkit"
 )
 
 // TestGracefulLeaveLeavesRaft: a router that shuts down cleanly says
@@ -74,7 +76,7 @@ func TestGracefulLeaveLeavesRaft(t *testing.T) {
 		return out
 	}
 	var leader *Node
-	waitFor(t, 20*time.Second, "3 voters and 1 non-voter", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "3 voters and 1 non-voter", func() bool {
 		for _, p := range ps {
 			if p.n.agree.IsLeader() {
 				leader = p.n
@@ -101,7 +103,7 @@ func TestGracefulLeaveLeavesRaft(t *testing.T) {
 	name := ps[victim].n.name
 	began := time.Now()
 	stop(victim)
-	waitFor(t, 15*time.Second, "the leaver removed and a non-voter promoted", func() bool {
+	testkit.WaitFor(t, 15*time.Second, "the leaver removed and a non-voter promoted", func() bool {
 		s := servers(leader)
 		if _, still := s[name]; still {
 			return false
@@ -120,7 +122,7 @@ func TestGracefulLeaveLeavesRaft(t *testing.T) {
 	// It comes back under the same name and is added again.
 	ps[victim] = start(victim, leader.GossipAddr())
 	delete(stopped, victim)
-	waitFor(t, 20*time.Second, "the returning router added again", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the returning router added again", func() bool {
 		_, back := servers(leader)[name]
 		return back
 	})

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/internal/testkit"
 	"github.com/warmroute/warmroute/node/admin"
 )
 
@@ -52,7 +53,7 @@ func TestModelsLearnedAndAgreed(t *testing.T) {
 	for _, n := range nodes {
 		waitAgreed(t, n)
 	}
-	waitFor(t, 20*time.Second, "every router to know what every backend serves", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "every router to know what every backend serves", func() bool {
 		for _, n := range nodes {
 			st, _ := n.agree.State()
 			if !maps2Equal(servedModels(&st), serves) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/internal/backendspec"
+	"github.com/warmroute/warmroute/internal/testkit"
 )
 
 // holdEngine answers every request after hold; it tracks concurrency.
@@ -126,7 +127,7 @@ func startClusterRaft(t *testing.T, size int, raftTimeout time.Duration, mutate 
 		}
 		nodes = append(nodes, runNode(t, cfg))
 	}
-	waitFor(t, 10*time.Second, "every node to see the others", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "every node to see the others", func() bool {
 		for _, n := range nodes {
 			if len(n.gossip.Members()) != size {
 				return false
@@ -136,7 +137,7 @@ func startClusterRaft(t *testing.T, size int, raftTimeout time.Duration, mutate 
 	})
 	// A cluster router refuses requests until it routes on the agreed
 	// state.
-	waitFor(t, 10*time.Second, "every node to apply the agreed state", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "every node to apply the agreed state", func() bool {
 		for _, n := range nodes {
 			if !n.agreed.Load() {
 				return false
@@ -145,17 +146,6 @@ func startClusterRaft(t *testing.T, size int, raftTimeout time.Duration, mutate 
 		return true
 	})
 	return nodes
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func chat(prompt string) string {
@@ -182,7 +172,7 @@ func TestStandaloneNodeServes(t *testing.T) {
 	if err != nil || b != e.id() {
 		t.Fatalf("got %q, %v", b, err)
 	}
-	waitFor(t, 10*time.Second, "the agreed ring", func() bool { _, ep := n.proxy.Ring(); return ep > 0 })
+	testkit.WaitFor(t, 10*time.Second, "the agreed ring", func() bool { _, ep := n.proxy.Ring(); return ep > 0 })
 	resp, err := http.Get("http://" + n.AdminAddr().String() + "/status")
 	if err != nil {
 		t.Fatal(err)
@@ -271,7 +261,7 @@ func TestRemoteInFlightPropagates(t *testing.T) {
 	nodes := startCluster(t, 3, func(i int, c *Config) { *c = testConfig([]string{e.srv.URL}) })
 	go send("http://"+nodes[0].TrafficAddr().String(), chat("x"))
 	start := time.Now()
-	waitFor(t, 5*time.Second, "node 2 to see node 0's request", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "node 2 to see node 0's request", func() bool {
 		for _, s := range nodes[2].proxy.Status() {
 			if s.RemoteInFlight == 1 {
 				return true

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/internal/testkit"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -30,7 +31,7 @@ func TestSplitsAgreedAcrossRouters(t *testing.T) {
 	waitSplit(t, nodes, 3)
 	stop()
 	// Settled: the same splits and epoch everywhere.
-	waitFor(t, 10*time.Second, "one epoch and one split set", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "one epoch and one split set", func() bool {
 		_, e0 := nodes[0].proxy.Ring()
 		for _, n := range nodes[1:] {
 			if _, e := n.proxy.Ring(); e != e0 || !slices.Equal(n.proxy.Splits(), nodes[0].proxy.Splits()) {
@@ -140,7 +141,7 @@ func TestBalanceFromFollowersTraffic(t *testing.T) {
 		}()
 	}
 	start := time.Now()
-	waitFor(t, 35*time.Second, "the leader to move partitions off the hot backend", func() bool {
+	testkit.WaitFor(t, 35*time.Second, "the leader to move partitions off the hot backend", func() bool {
 		st, _ := leader.agree.State()
 		return len(st.Moves) > 0
 	})
@@ -266,7 +267,7 @@ func leaderSawNothing(t *testing.T, leader *Node) {
 func waitSplit(t *testing.T, nodes []*Node, n int) {
 	t.Helper()
 	start := time.Now()
-	waitFor(t, 30*time.Second, "the preamble split on every router", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the preamble split on every router", func() bool {
 		for _, nd := range nodes {
 			if len(nd.proxy.Splits()) < n {
 				return false

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/internal/identity"
+	"github.com/warmroute/warmroute/internal/testkit"
 )
 
 type testCA struct {
@@ -129,7 +130,7 @@ func TestClusterMutualTLS(t *testing.T) {
 		t.Fatalf("forwarded write over mutual TLS: %d %s", resp.StatusCode, body)
 	}
 	for _, n := range nodes {
-		waitFor(t, 5*time.Second, "the new backend everywhere", func() bool { r, _ := n.proxy.Ring(); return r.Len() == 2 })
+		testkit.WaitFor(t, 5*time.Second, "the new backend everywhere", func() bool { r, _ := n.proxy.Ring(); return r.Len() == 2 })
 	}
 
 	// A write that claims to be forwarded, from a client with no router
@@ -137,7 +138,7 @@ func TestClusterMutualTLS(t *testing.T) {
 	// router may say it forwarded.
 	// Under load an election may be under way: wait for a leader.
 	var leaderNode *Node
-	waitFor(t, 10*time.Second, "a leader", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "a leader", func() bool {
 		for _, n := range nodes {
 			if n.agree.IsLeader() {
 				leaderNode = n

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/warmroute/warmroute/internal/testkit"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -179,7 +180,7 @@ func TestBackendsSaturated(t *testing.T) {
 // A malformed request is never echoed into the logs, even at debug level.
 func TestMalformedRequestNotLogged(t *testing.T) {
 	a := newStub(t, "a", nil)
-	var logs syncBuffer
+	var logs testkit.Buffer
 	cfg := testProxyConfig()
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	h := startProxy(t, cfg, ring.DefaultConfig(), a)
@@ -213,23 +214,6 @@ func TestMalformedRequestNotLogged(t *testing.T) {
 	if strings.Contains(logs.String(), secret) {
 		t.Fatalf("request bytes in the logs:\n%s", logs.String())
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestRedactQuoted(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/warmroute/warmroute/internal/backendspec"
+	"github.com/warmroute/warmroute/internal/testkit"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -214,15 +215,10 @@ func TestStreamingIsUnbuffered(t *testing.T) {
 	waitFor(t, func() bool { return h.p.Status()[0].InFlight == 0 }, "in-flight back to 0")
 }
 
+// waitFor is testkit.WaitFor with a 10 s timeout.
 func waitFor(t *testing.T, cond func() bool, what string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.WaitFor(t, 10*time.Second, what, cond)
 }
 
 func TestAffinity(t *testing.T) {

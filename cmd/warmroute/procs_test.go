@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/internal/testkit"
 	"github.com/warmroute/warmroute/loadtest/proc"
 )
 
@@ -211,10 +212,16 @@ func startGpusim(t *testing.T, extra ...string) string {
 	return url
 }
 
-// pollUntil calls cond every 2 ms until it holds and returns the time it
-// took (measured after the answer that satisfied it, so a figure is never
-// flattered by the polling). It fails after limit, and at once when cond's
-// error says that a router it polls has exited (r.Alive()).
+// pollUntil is testkit.Poll (every 2 ms until limit; the time returned is
+// measured after the answer that satisfied cond) that also gives up at
+// once when cond's error says that a router it polls has exited
+// (r.Alive()).
 func pollUntil(limit time.Duration, cond func() (bool, error)) (time.Duration, error) {
-	return proc.Poll(context.Background(), limit, 2*time.Millisecond, cond)
+	return testkit.Poll(limit, func() (bool, error) {
+		ok, err := cond()
+		if errors.Is(err, proc.ErrExited) {
+			err = fmt.Errorf("%w: %w", testkit.ErrGiveUp, err)
+		}
+		return ok, err
+	})
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/gossip/gossiptest"
 	"github.com/warmroute/warmroute/internal/identity"
+	"github.com/warmroute/warmroute/internal/testkit"
 )
 
 var key = []byte("0123456789abcdef")
@@ -76,13 +77,7 @@ func cluster(t *testing.T, n int, ca *testCA) []node {
 
 func waitFor(t *testing.T, cond func() bool, format string, args ...any) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until "+format, args...)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.WaitFor(t, 10*time.Second, fmt.Sprintf(format, args...), cond)
 }
 
 type testCA struct {

@@ -27,6 +27,7 @@ var rules = []rule{
 	{from: []string{"gossip", "ring", "proxy"}, to: "node", why: "node composes gossip, ring and proxy"},
 	{from: []string{"loadtest"}, to: "node", why: "the tools talk to routers over HTTP; shared parsers live in internal/"},
 	{from: []string{"internal"}, only: "internal", why: "internal/ holds leaves"},
+	{from: []string{"internal/testkit"}, only: "internal/testkit", why: "every package's tests may use the test kit"},
 }
 
 // under reports whether the module-relative package path p is dir or below it.
@@ -37,7 +38,7 @@ func TestImportGraph(t *testing.T) {
 	graph := importGraph(t, root, module)
 	// The walk must have seen the packages the rules speak of, or every
 	// rule would pass on an empty graph.
-	for _, p := range []string{"node", "node/cluster", "gossip", "ring", "proxy", "loadtest", "internal/backendspec", "cmd/warmroute"} {
+	for _, p := range []string{"node", "node/cluster", "gossip", "ring", "proxy", "loadtest", "internal/backendspec", "internal/testkit", "cmd/warmroute"} {
 		if _, ok := graph[p]; !ok {
 			t.Fatalf("package %s not found under %s: the walk is broken", p, root)
 		}

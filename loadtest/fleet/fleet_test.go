@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/internal/testkit"
 	"github.com/warmroute/warmroute/loadtest"
 	"github.com/warmroute/warmroute/loadtest/gpusim"
 	"github.com/warmroute/warmroute/loadtest/internal/fakefleet"
@@ -67,21 +68,13 @@ func pidsInLogs(t *testing.T, dir string) []int {
 	return pids
 }
 
-// waitFor polls cond every 20 ms and fails the test after 20 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	if _, err := proc.Poll(context.Background(), 20*time.Second, 20*time.Millisecond, func() (bool, error) { return cond(), nil }); err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-}
-
 func requireGone(t *testing.T, pids ...int) {
 	t.Helper()
 	if len(pids) == 0 {
 		t.Fatal("no pids to check")
 	}
 	for _, p := range pids {
-		waitFor(t, fmt.Sprintf("process %d outlived the fleet", p), func() bool { return !alive(p) })
+		testkit.WaitFor(t, 20*time.Second, fmt.Sprintf("process %d outlived the fleet", p), func() bool { return !alive(p) })
 	}
 }
 
@@ -213,7 +206,7 @@ func TestCloseStopsStubbornChildrenAndGrandchildren(t *testing.T) {
 			pids := pidsInLogs(t, cfg.LogDir)
 			if mode == "grandchild" {
 				var b []byte
-				waitFor(t, "the grandchild's pid file", func() bool {
+				testkit.WaitFor(t, 20*time.Second, "the grandchild's pid file", func() bool {
 					b, err = os.ReadFile(pidFile)
 					return err == nil && len(b) > 0
 				})

@@ -188,18 +188,6 @@ func (ts *testServer) stream(t *testing.T, ctx context.Context, path, body strin
 	return r
 }
 
-// waitFor polls cond until it holds or a generous deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // words returns n bytes of varied text starting with tag (for distinct
 // prompts of a known length).
 func words(tag string, n int) string {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/warmroute/warmroute/internal/testkit"
 )
 
 const baseModel = "meta-llama/Llama-3.1-70B-Instruct"
@@ -370,9 +371,9 @@ func TestLoRAMaxLorasPassesOverAndCharges(t *testing.T) {
 	sqlCtx, cancelSQL := context.WithCancel(t.Context())
 	defer cancelSQL()
 	run(sqlCtx, "sql", `,"max_tokens":10000`)
-	waitFor(t, "sql running", func() bool { return ts.in.Stats().Running == 1 })
+	testkit.WaitFor(t, 20*time.Second, "sql running", func() bool { return ts.in.Stats().Running == 1 })
 	chat := run(t.Context(), "chat", `,"max_tokens":1`)
-	waitFor(t, "chat waiting", func() bool { return ts.in.Stats().Waiting == 1 })
+	testkit.WaitFor(t, 20*time.Second, "chat waiting", func() bool { return ts.in.Stats().Waiting == 1 })
 	labels, _ = loraInfoLabels(t, ts)
 	if labels["running_lora_adapters"] != "sql" || labels["waiting_lora_adapters"] != "chat" {
 		t.Fatalf("lora info while chat waits: %v", labels)
@@ -400,7 +401,7 @@ func TestLoRAMaxLorasPassesOverAndCharges(t *testing.T) {
 	if loads, swaps := st.LoRALoads-before.LoRALoads, st.LoRASwaps-before.LoRASwaps; loads != 2 || swaps != 2 {
 		t.Fatalf("loads %d swaps %d, want 2 and 2", loads, swaps)
 	}
-	waitFor(t, "idle lora info", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "idle lora info", func() bool {
 		labels, _ = loraInfoLabels(t, ts)
 		return labels["running_lora_adapters"] == "" && labels["waiting_lora_adapters"] == ""
 	})
@@ -465,11 +466,11 @@ func TestLoRAAbortWhileLoading(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	waitFor(t, "sql loading", func() bool { return ts.in.Stats().Running == 1 })
+	testkit.WaitFor(t, 20*time.Second, "sql loading", func() bool { return ts.in.Stats().Running == 1 })
 	cancel()
 	<-done
-	waitFor(t, "the abort", func() bool { st := ts.in.Stats(); return st.Running == 0 && st.Aborted == 1 && st.KVBlocksUsed == 0 })
-	waitFor(t, "sql's slot given up", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the abort", func() bool { st := ts.in.Stats(); return st.Running == 0 && st.Aborted == 1 && st.KVBlocksUsed == 0 })
+	testkit.WaitFor(t, 20*time.Second, "sql's slot given up", func() bool {
 		l, _ := loraInfoLabels(t, ts)
 		return l["running_lora_adapters"] == ""
 	})

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/internal/testkit"
 )
 
 func TestRepeatedPromptIsCachedAndFaster(t *testing.T) {
@@ -159,14 +161,14 @@ func TestKVAdmissionCheckQueuesAndRejects(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, "one running and one waiting for KV blocks", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "one running and one waiting for KV blocks", func() bool {
 		st := ts.in.Stats()
 		return st.Running == 1 && st.Waiting == 1
 	})
 	if st := ts.in.Stats(); st.KVCacheUsage > 1 || st.KVBlocksUsed > 15 {
 		t.Fatalf("usage over capacity: %+v", st)
 	}
-	waitFor(t, "both complete", func() bool { return ts.in.Stats().Completed == 2 })
+	testkit.WaitFor(t, 20*time.Second, "both complete", func() bool { return ts.in.Stats().Completed == 2 })
 	wg.Wait()
 }
 
@@ -190,7 +192,7 @@ func TestRequestsBeyondMaxNumSeqsWait(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, "2 running and 3 waiting", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "2 running and 3 waiting", func() bool {
 		st := ts.in.Stats()
 		return st.Running == 2 && st.Waiting == 3
 	})
@@ -203,7 +205,7 @@ func TestRequestsBeyondMaxNumSeqsWait(t *testing.T) {
 	}
 	cancel()
 	wg.Wait()
-	waitFor(t, "all aborted", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "all aborted", func() bool {
 		st := ts.in.Stats()
 		return st.Aborted == 5 && st.Running == 0 && st.Waiting == 0 && st.KVBlocksUsed == 0
 	})
@@ -227,7 +229,7 @@ func TestConcurrentPrefillsShareThroughput(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	waitFor(t, "the blocker running", func() bool { return ts.in.Stats().Running == 1 })
+	testkit.WaitFor(t, 20*time.Second, "the blocker running", func() bool { return ts.in.Stats().Running == 1 })
 	var wg sync.WaitGroup
 	first := make([]time.Time, 2)
 	for i := range first {
@@ -238,7 +240,7 @@ func TestConcurrentPrefillsShareThroughput(t *testing.T) {
 			first[i] = r.firstAt
 		}()
 	}
-	waitFor(t, "A and B waiting", func() bool { return ts.in.Stats().Waiting == 2 })
+	testkit.WaitFor(t, 20*time.Second, "A and B waiting", func() bool { return ts.in.Stats().Waiting == 2 })
 	t0 := time.Now()
 	cancel()
 	<-blocked
@@ -267,10 +269,10 @@ func TestClientDisconnectAbortsGeneration(t *testing.T) {
 	if _, err := resp.Body.Read(buf); err != nil {
 		t.Fatalf("reading first chunk: %v", err)
 	}
-	waitFor(t, "the request running", func() bool { return ts.in.Stats().Running == 1 })
+	testkit.WaitFor(t, 20*time.Second, "the request running", func() bool { return ts.in.Stats().Running == 1 })
 	cancel()
 	resp.Body.Close()
-	waitFor(t, "the abort", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the abort", func() bool {
 		st := ts.in.Stats()
 		return st.Aborted == 1 && st.Running == 0 && st.KVBlocksUsed == 0
 	})
@@ -488,7 +490,7 @@ func TestCloseAbortsInFlightRequests(t *testing.T) {
 		}
 		done <- err
 	}()
-	waitFor(t, "the request running", func() bool { return in.Stats().Running == 1 })
+	testkit.WaitFor(t, 20*time.Second, "the request running", func() bool { return in.Stats().Running == 1 })
 	if err := in.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -564,7 +566,7 @@ func TestPrefillTokenBudgetQueuesPrefills(t *testing.T) {
 			ts.postJSON(t, "/v1/completions", tokenIDsBody(seqIDs(i*10000, 1000), `,"max_tokens":1`))
 		}()
 	}
-	waitFor(t, "one prefilling and one waiting for the token budget", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "one prefilling and one waiting for the token budget", func() bool {
 		st := ts.in.Stats()
 		return st.Running == 1 && st.Waiting == 1
 	})
@@ -581,7 +583,7 @@ func TestPrefillCachesBlocksAsItGoes(t *testing.T) {
 		defer close(done)
 		ts.postJSON(t, "/v1/completions", body)
 	}()
-	waitFor(t, "the first request prefilling", func() bool { return ts.in.Stats().Running == 1 })
+	testkit.WaitFor(t, 20*time.Second, "the first request prefilling", func() bool { return ts.in.Stats().Running == 1 })
 	time.Sleep(500 * time.Millisecond) // at 1,000 tokens/s: >= 500 tokens computed
 	got := ts.postJSON(t, "/v1/completions", body).Usage.PromptTokensDetails.CachedTokens
 	if got < 496 {

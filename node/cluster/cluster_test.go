@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/internal/testkit"
 )
 
 // changes is a fixed sequence of writes every multi-node test applies.
@@ -121,7 +122,7 @@ func TestInvalidWritesChangeNothingAnywhere(t *testing.T) {
 	l := leader(t, nodes)
 	st0, e0 := func() (State, uint64) {
 		var e uint64
-		waitFor(t, 10*time.Second, "seed", func() bool { _, e = l.c.State(); return e > 0 })
+		testkit.WaitFor(t, 10*time.Second, "seed", func() bool { _, e = l.c.State(); return e > 0 })
 		return l.c.State()
 	}()
 	converged(t, nodes, e0)
@@ -168,7 +169,7 @@ func TestLeaderFailover(t *testing.T) {
 		t.Run(fmt.Sprintf("voters=%d", voters), func(t *testing.T) {
 			ids := []string{"a", "b", "c", "d", "e"}
 			tn, nodes := startFormed(t, true, ids, 3, func(c *Config) { c.Voters = voters })
-			waitFor(t, 20*time.Second, "voter target reached", func() bool {
+			testkit.WaitFor(t, 20*time.Second, "voter target reached", func() bool {
 				n := 0
 				for _, v := range raftServers(leader(t, nodes).c) {
 					if v {
@@ -250,7 +251,7 @@ func TestMinorityPartitionKeepsStateAndCatchesUp(t *testing.T) {
 			t.Fatalf("minority node %s moved: epoch %d -> %d", n.id, e0, e)
 		}
 	}
-	waitFor(t, 10*time.Second, "old leader steps down", func() bool { return !old.c.IsLeader() })
+	testkit.WaitFor(t, 10*time.Second, "old leader steps down", func() bool { return !old.c.IsLeader() })
 	if _, err := old.c.Apply(context.Background(), RemoveBackend("gpu-a/")); err == nil {
 		t.Fatal("minority accepted a write")
 	}
@@ -276,7 +277,7 @@ func TestBootstrapExpectAnyOrderAndGrowth(t *testing.T) {
 			nodes := tn.live()
 			l := leader(t, nodes)
 			for _, n := range nodes {
-				waitFor(t, 10*time.Second, n.id+" has the configuration a, b, c", func() bool {
+				testkit.WaitFor(t, 10*time.Second, n.id+" has the configuration a, b, c", func() bool {
 					got := raftServers(n.c)
 					return len(got) == 3 && got["a"] && got["b"] && got["c"]
 				})
@@ -285,18 +286,18 @@ func TestBootstrapExpectAnyOrderAndGrowth(t *testing.T) {
 			// "its" bootstrap set) must join, not start a second cluster.
 			d := tn.start("0", func(c *Config) { c.BootstrapExpect = 3; c.Voters = 5 })
 			all := tn.live()
-			waitFor(t, 20*time.Second, "4th joins as non-voter", func() bool {
+			testkit.WaitFor(t, 20*time.Second, "4th joins as non-voter", func() bool {
 				s := raftServers(leader(t, all).c)
 				return len(s) == 4 && !s["0"]
 			})
-			waitFor(t, 10*time.Second, "joiner follows the leader", func() bool {
+			testkit.WaitFor(t, 10*time.Second, "joiner follows the leader", func() bool {
 				id, _ := d.c.Leader()
 				return id == leader(t, all).id && len(raftServers(d.c)) == 4
 			})
 			// A 5th makes five voters.
 			tn.start("e", func(c *Config) { c.BootstrapExpect = 3; c.Voters = 5 })
 			all = tn.live()
-			waitFor(t, 20*time.Second, "5 voters", func() bool {
+			testkit.WaitFor(t, 20*time.Second, "5 voters", func() bool {
 				s := raftServers(leader(t, all).c)
 				return len(s) == 5 && s["0"] && s["e"] && s["a"] && s["b"] && s["c"]
 			})
@@ -310,7 +311,7 @@ func TestBootstrapExpectAnyOrderAndGrowth(t *testing.T) {
 			tn.stop(gone, false)
 			tn.g.setState(gone, "left")
 			rest := tn.live()
-			waitFor(t, 20*time.Second, "left node removed", func() bool {
+			testkit.WaitFor(t, 20*time.Second, "left node removed", func() bool {
 				s := raftServers(leader(t, rest).c)
 				_, still := s[gone]
 				voters := 0
@@ -328,7 +329,7 @@ func TestBootstrapExpectAnyOrderAndGrowth(t *testing.T) {
 func TestDeadServerRemovedAfterTimeout(t *testing.T) {
 	ids := []string{"a", "b", "c", "d"}
 	tn, nodes := startFormed(t, true, ids, 3, func(c *Config) { c.DeadServerTimeout = 300 * time.Millisecond })
-	waitFor(t, 20*time.Second, "d added", func() bool { return len(raftServers(leader(t, nodes).c)) == 4 })
+	testkit.WaitFor(t, 20*time.Second, "d added", func() bool { return len(raftServers(leader(t, nodes).c)) == 4 })
 	l := leader(t, nodes)
 	var victim *tnode
 	for _, n := range nodes {
@@ -339,7 +340,7 @@ func TestDeadServerRemovedAfterTimeout(t *testing.T) {
 	}
 	tn.stop(victim.id, true) // crashed and gone from gossip
 	rest := tn.live()
-	waitFor(t, 20*time.Second, "dead voter removed and replaced", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "dead voter removed and replaced", func() bool {
 		s := raftServers(leader(t, rest).c)
 		_, still := s[victim.id]
 		voters := 0
@@ -383,7 +384,7 @@ func TestHealthCommits(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		l.c.ReportHealth("gpu-a/", false, "b")
 	}
-	waitFor(t, 10*time.Second, "down committed", func() bool { return stateOf(l, "gpu-a/").State == StateDown })
+	testkit.WaitFor(t, 10*time.Second, "down committed", func() bool { return stateOf(l, "gpu-a/").State == StateDown })
 	_, e2 := l.c.State()
 	converged(t, nodes, e2)
 	if e2 <= e {
@@ -401,7 +402,7 @@ func TestHealthCommits(t *testing.T) {
 	}
 	l.c.ReportHealth("gpu-a/", true, "a")
 	l.c.ReportHealth("gpu-a/", true, "b")
-	waitFor(t, 10*time.Second, "active committed", func() bool { return stateOf(l, "gpu-a/").State == StateActive })
+	testkit.WaitFor(t, 10*time.Second, "active committed", func() bool { return stateOf(l, "gpu-a/").State == StateActive })
 
 	// An operator's drain is never overridden by health.
 	applyAny(t, nodes, SetBackendState("gpu-b/", StateDraining))
@@ -441,7 +442,7 @@ func TestHealthVerdicts(t *testing.T) {
 	// A single verdict is enough from a node: it applied its own
 	// thresholds. Two of three say failing.
 	l.c.ReportVerdict("gpu-a/", others[1], true)
-	waitFor(t, 10*time.Second, "down committed", func() bool { return stateOf("gpu-a/").State == StateDown })
+	testkit.WaitFor(t, 10*time.Second, "down committed", func() bool { return stateOf("gpu-a/").State == StateDown })
 	if b := stateOf("gpu-a/"); b.StateBy != ByHealth {
 		t.Fatalf("state by: %+v", b)
 	}
@@ -449,7 +450,7 @@ func TestHealthVerdicts(t *testing.T) {
 	// leader applies to raw observations.
 	l.c.ReportVerdict("gpu-a/", others[0], false)
 	l.c.ReportVerdict("gpu-a/", others[1], false)
-	waitFor(t, 10*time.Second, "active committed", func() bool { return stateOf("gpu-a/").State == StateActive })
+	testkit.WaitFor(t, 10*time.Second, "active committed", func() bool { return stateOf("gpu-a/").State == StateActive })
 }
 
 func TestMetricsAndStatus(t *testing.T) {
@@ -592,7 +593,7 @@ func TestVersionSkewRefused(t *testing.T) {
 	nodes := tn.startGroup([]string{"a", "b", "c"}, nil)
 	l := leader(t, nodes)
 	var e0 uint64
-	waitFor(t, 10*time.Second, "seed", func() bool { _, e0 = l.c.State(); return e0 > 0 })
+	testkit.WaitFor(t, 10*time.Second, "seed", func() bool { _, e0 = l.c.State(); return e0 > 0 })
 	converged(t, nodes, e0)
 	var old *tnode
 	for _, n := range nodes {
@@ -610,7 +611,7 @@ func TestVersionSkewRefused(t *testing.T) {
 	// ops (present false: missing).
 	seen := func(id string, ops uint8, present bool) {
 		t.Helper()
-		waitFor(t, 5*time.Second, "the leader's view of "+id, func() bool {
+		testkit.WaitFor(t, 5*time.Second, "the leader's view of "+id, func() bool {
 			m, ok := l.c.view.Load().get(id)
 			return ok == present && (!ok || m.Ops == ops)
 		})
@@ -660,7 +661,7 @@ func TestVersionSkewRefused(t *testing.T) {
 	// Every router upgraded: both commit, everywhere, once d (added to
 	// the configuration while it was in gossip) is removed for good.
 	var e2 uint64
-	waitFor(t, 10*time.Second, "splits to commit once every router advertises the level", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "splits to commit once every router advertises the level", func() bool {
 		var err error
 		e2, err = l.c.Apply(ctx, splits)
 		if err != nil && !errors.Is(err, ErrVersionSkew) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/warmroute/warmroute/internal/testkit"
 )
 
 // fakeResolver answers from a table the test changes.
@@ -178,7 +179,7 @@ func TestDiscoveryOnLeader(t *testing.T) {
 			return ids(st.Backends) == want
 		}
 	}
-	waitFor(t, 10*time.Second, "discovered backends", hasIDs("10.1.0.1:8000 10.1.0.2:8000 gpu-a/ gpu-b/"))
+	testkit.WaitFor(t, 10*time.Second, "discovered backends", hasIDs("10.1.0.1:8000 10.1.0.2:8000 gpu-a/ gpu-b/"))
 	st, e := agreed(t, nodes, 1, false)
 	if b, _ := st.Backend("10.1.0.1:8000"); b.Source != SourceDNS || b.URL != "http://10.1.0.1:8000" || b.State != StateActive {
 		t.Fatalf("discovered backend: %+v", b)
@@ -190,14 +191,14 @@ func TestDiscoveryOnLeader(t *testing.T) {
 		return counterValue(l.c.met.discoveryPolls.WithLabelValues("error"))
 	}
 	p0 := polls()
-	waitFor(t, 10*time.Second, "failed polls", func() bool { return polls() >= p0+3 })
+	testkit.WaitFor(t, 10*time.Second, "failed polls", func() bool { return polls() >= p0+3 })
 	if _, e2 := leader(t, nodes).c.State(); e2 != e {
 		t.Fatal("a failed lookup changed the state")
 	}
 	// One address goes away: removed (after two polls); config backends
 	// stay.
 	r.set("10.1.0.2", "10.1.0.3")
-	waitFor(t, 10*time.Second, "discovery follows DNS", hasIDs("10.1.0.2:8000 10.1.0.3:8000 gpu-a/ gpu-b/"))
+	testkit.WaitFor(t, 10*time.Second, "discovery follows DNS", hasIDs("10.1.0.2:8000 10.1.0.3:8000 gpu-a/ gpu-b/"))
 	r.set()
-	waitFor(t, 10*time.Second, "empty DNS answer removes only discovered backends", hasIDs("gpu-a/ gpu-b/"))
+	testkit.WaitFor(t, 10*time.Second, "empty DNS answer removes only discovered backends", hasIDs("gpu-a/ gpu-b/"))
 }

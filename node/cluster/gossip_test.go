@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/gossip"
+	"github.com/warmroute/warmroute/internal/testkit"
 )
 
 // TestWithRealGossip forms a cluster through memberlist on loopback:
@@ -84,7 +85,7 @@ func TestWithRealGossip(t *testing.T) {
 			rest = append(rest, n)
 		}
 	}
-	waitFor(t, 20*time.Second, "departed node removed", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "departed node removed", func() bool {
 		_, still := raftServers(leader(t, rest).c)[nodes[gone].id]
 		return !still
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/internal/notify"
+	"github.com/warmroute/warmroute/internal/testkit"
 	"go.uber.org/goleak"
 )
 
@@ -234,23 +235,11 @@ func (tn *testNet) subset(ids ...string) []*tnode {
 	return out
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // leader waits until exactly one of nodes leads and all of them agree.
 func leader(t *testing.T, nodes []*tnode) *tnode {
 	t.Helper()
 	var l *tnode
-	waitFor(t, 20*time.Second, "one agreed leader", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "one agreed leader", func() bool {
 		l = nil
 		for _, n := range nodes {
 			if n.c.IsLeader() {
@@ -278,7 +267,7 @@ func leader(t *testing.T, nodes []*tnode) *tnode {
 func applyAny(t *testing.T, nodes []*tnode, cmd Command) uint64 {
 	t.Helper()
 	var epoch uint64
-	waitFor(t, 20*time.Second, fmt.Sprintf("apply %s", cmd.Op), func() bool {
+	testkit.WaitFor(t, 20*time.Second, fmt.Sprintf("apply %s", cmd.Op), func() bool {
 		for _, n := range nodes {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			e, err := n.c.Apply(ctx, cmd)
@@ -317,7 +306,7 @@ func agreed(t *testing.T, nodes []*tnode, epoch uint64, exact bool) (State, uint
 			}
 		}
 	}()
-	waitFor(t, 20*time.Second, fmt.Sprintf("all nodes at epoch %d (exact %v)", min, exact), func() bool {
+	testkit.WaitFor(t, 20*time.Second, fmt.Sprintf("all nodes at epoch %d (exact %v)", min, exact), func() bool {
 		for i, n := range nodes {
 			s, e := n.c.State()
 			if i == 0 {

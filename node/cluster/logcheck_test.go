@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,28 +17,10 @@ import (
 	"github.com/hashicorp/raft-wal/metadb"
 	"github.com/hashicorp/raft-wal/segment"
 	"github.com/hashicorp/raft-wal/types"
+	"github.com/warmroute/warmroute/internal/testkit"
 )
 
-// lockedBuffer is a log destination that Raft's goroutines may write to
-// while the test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func bufferLogger(b *lockedBuffer) *slog.Logger {
+func bufferLogger(b *testkit.Buffer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
@@ -137,7 +118,7 @@ func TestRepairV040Cut(t *testing.T) {
 	w.Close()
 	meta.Close()
 
-	var logs lockedBuffer
+	var logs testkit.Buffer
 	tn := newTestNet(t, true)
 	start := func() *tnode {
 		return tn.start("a", func(c *Config) { c.BootstrapExpect = 1; c.DataDir = dir; c.Logger = bufferLogger(&logs) })
@@ -204,7 +185,7 @@ func TestDamagedLogRefused(t *testing.T) {
 			last := writeLog(t, dir, 6)
 			tc.damage(t, walDir, cutLikeV040(t, walDir, last-2))
 			for attempt := 1; attempt <= 2; attempt++ {
-				var logs lockedBuffer
+				var logs testkit.Buffer
 				cfg := fastConfig("a")
 				cfg.BootstrapExpect, cfg.DataDir, cfg.Network, cfg.Logger = 1, dir, NewInmemNetwork(), bufferLogger(&logs)
 				c, err := Open(cfg, nil, nil)

@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/internal/identity"
+	"github.com/warmroute/warmroute/internal/testkit"
 )
 
 // raftAddrOf is server id's address in n's Raft configuration.
@@ -68,7 +69,7 @@ func TestImpostorGetsNoSeat(t *testing.T) {
 	tn.g.set(gossip.Member{Name: "c", Addr: "gossip-impostor", Meta: gossip.Meta{RaftAddr: impostor, Voter: true, Zone: "c", Ops: CommandLevel}})
 	live := tn.subset("a", "b")
 	l := leader(t, live)
-	waitFor(t, 10*time.Second, "the leader to refuse the impostor", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the leader to refuse the impostor", func() bool {
 		for _, r := range l.c.Refused() {
 			if r.Name == "c" && r.Addr == impostor && r.Reason != "" {
 				return true
@@ -243,7 +244,7 @@ func TestRevokedRouterLeaves(t *testing.T) {
 	leader(t, nodes)
 	live := tn.subset("a", "b")
 	applyAny(t, nodes, Revoke([]string{"c"}, nil)) // c may lead: it commits its own revocation
-	waitFor(t, 10*time.Second, "c to leave the Raft configuration", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "c to leave the Raft configuration", func() bool {
 		l := leader(t, live)
 		_, in := raftServers(l.c)["c"]
 		return !in
@@ -252,7 +253,7 @@ func TestRevokedRouterLeaves(t *testing.T) {
 	if st := l.c.Status(); len(st.RevokedNames) != 1 || st.RevokedNames[0] != "c" {
 		t.Fatalf("status revoked names %v", st.RevokedNames)
 	}
-	waitFor(t, 10*time.Second, "c refused as revoked", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "c refused as revoked", func() bool {
 		for _, r := range l.c.Refused() {
 			if r.Name == "c" && r.Reason == "its certificate is revoked" {
 				return true
@@ -264,7 +265,7 @@ func TestRevokedRouterLeaves(t *testing.T) {
 	converged(t, live, e)
 
 	applyAny(t, live, Unrevoke([]string{"c"}, nil))
-	waitFor(t, 15*time.Second, "c back in the Raft configuration", func() bool {
+	testkit.WaitFor(t, 15*time.Second, "c back in the Raft configuration", func() bool {
 		_, in := raftServers(leader(t, live).c)["c"]
 		return in
 	})

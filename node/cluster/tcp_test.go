@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/internal/testkit"
 )
 
 // startTCP opens nodes over loopback TCP with raft-wal in dataDirs[id].
@@ -100,7 +102,7 @@ func TestTCPWalClusterFailoverAndRestart(t *testing.T) {
 	nodes = startTCP(t, tn, ids, dirs, binds, timeouts)
 	l := leader(t, nodes)
 	converged(t, nodes, e2)
-	waitFor(t, 20*time.Second, "configuration carries the new addresses", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "configuration carries the new addresses", func() bool {
 		for _, s := range l.c.Status().Servers {
 			if s.Addr != tn.nodes[s.ID].c.Addr() {
 				return false

@@ -17,6 +17,7 @@ import (
 	"github.com/warmroute/warmroute/gossip"
 	"github.com/warmroute/warmroute/internal/identity"
 	"github.com/warmroute/warmroute/internal/limit"
+	"github.com/warmroute/warmroute/internal/testkit"
 )
 
 // testIdentity issues a router certificate for name from ca.
@@ -67,7 +68,7 @@ func TestTCPMutualTLS(t *testing.T) {
 
 	// Another CA's router joins gossip, as a voter-eligible member.
 	d := tn.start("d", func(c *Config) { c.Identity = testIdentity(t, testCA(t), "d") })
-	waitFor(t, 10*time.Second, "the others' probes of d to fail", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the others' probes of d to fail", func() bool {
 		return counterValue(d.c.met.raftRefused.WithLabelValues("tls")) > 0
 	})
 	// What must not happen has had time to: reconcile runs every 200 ms.
@@ -106,7 +107,7 @@ func TestTCPImpostorAddress(t *testing.T) {
 	}
 	// Gossip now says b lives at c's address.
 	tn.g.set(gossip.Member{Name: "b", Addr: "gossip-b", Meta: gossip.Meta{RaftAddr: tn.nodes["c"].c.Addr(), Voter: true, Zone: "b", Ops: CommandLevel}})
-	waitFor(t, 5*time.Second, "a's view to follow gossip", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "a's view to follow gossip", func() bool {
 		s, ok := tn.nodes["a"].c.view.Load().get("b")
 		return ok && s.Addr == tn.nodes["c"].c.Addr()
 	})
@@ -230,7 +231,7 @@ func TestRaftSlotsNotHeldByNeighbours(t *testing.T) {
 			flood = append(flood, c)
 		}
 	}
-	waitFor(t, 5*time.Second, "the flood to fill the pending pool", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "the flood to fill the pending pool", func() bool {
 		return n.c.stream.ln.(*limit.Listener).Pending() == 8
 	})
 	other := testIdentity(t, ca, "b")
@@ -246,7 +247,7 @@ func TestRaftSlotsNotHeldByNeighbours(t *testing.T) {
 		}
 	}
 	// The listener promotes after answering the preamble.
-	waitFor(t, 5*time.Second, "three proven connections", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "three proven connections", func() bool {
 		return n.c.stream.ln.(*limit.Listener).Proven() == 3
 	})
 }

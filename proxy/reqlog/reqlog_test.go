@@ -7,33 +7,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/warmroute/warmroute/internal/testkit"
 	"github.com/warmroute/warmroute/loadtest/trace"
 	"github.com/warmroute/warmroute/ring"
 )
-
-// syncBuffer is an io.Writer the test reads after Close.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // chatBody is a chat request whose prompt is prefix then suffix.
 func chatBody(prefix, suffix string) []byte {
@@ -65,7 +47,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "rec.jsonl")
 	reg := prometheus.NewRegistry()
-	var access syncBuffer
+	var access testkit.Buffer
 	l, err := New(Config{AccessSample: 1, AccessFormat: FormatJSON, AccessLog: Stdout, Stdout: &access,
 		RecordPath: path, Registry: reg})
 	if err != nil {
@@ -200,7 +182,7 @@ func TestRecordBounds(t *testing.T) {
 // TestQueueFull: with every record in use, Begin returns nil at once and
 // counts the drop.
 func TestQueueFull(t *testing.T) {
-	l, err := New(Config{AccessSample: 1, AccessFormat: FormatText, AccessLog: Stdout, Stdout: &syncBuffer{}, QueueLen: 2})
+	l, err := New(Config{AccessSample: 1, AccessFormat: FormatText, AccessLog: Stdout, Stdout: &testkit.Buffer{}, QueueLen: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +203,7 @@ func TestQueueFull(t *testing.T) {
 
 // TestSampling: about the sampled share of requests get a record.
 func TestSampling(t *testing.T) {
-	l, err := New(Config{AccessSample: 0.1, AccessFormat: FormatText, AccessLog: Stdout, Stdout: &syncBuffer{}})
+	l, err := New(Config{AccessSample: 0.1, AccessFormat: FormatText, AccessLog: Stdout, Stdout: &testkit.Buffer{}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/internal/testkit"
 )
 
 // The tests run over real loopback TCP connections: the edges they cover
@@ -59,15 +61,10 @@ func reset(t *testing.T, c *net.TCPConn) {
 	}
 }
 
-// waitUntil polls cond until it holds, failing the test after 5 s.
+// waitUntil is testkit.WaitFor with a 5 s timeout.
 func waitUntil(t *testing.T, cond func() bool, what string) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testkit.WaitFor(t, 5*time.Second, what, cond)
 }
 
 // isReset reports whether err says the peer reset the connection (a
