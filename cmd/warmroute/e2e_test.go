@@ -86,10 +86,12 @@ func newEngine(t *testing.T, firstDelay, gap time.Duration, n int) *sseEngine {
 func (e *sseEngine) addr() string { return strings.TrimPrefix(e.srv.URL, "http://") }
 
 func (e *sseEngine) serve(w http.ResponseWriter, r *http.Request) {
-	// Health probes and the router's engine-metrics scrapes are answered
-	// at once and not counted: a held scrape would pass for a held request
-	// (TestE2EUpstreamLimits waits for one before it sends the next).
-	if r.URL.Path == "/health" || r.URL.Path == "/metrics" {
+	// Health probes, the router's engine-metrics scrapes and its model-list
+	// polls are answered at once and not counted: a held poll would pass
+	// for a held request (TestE2EUpstreamLimits waits for one before it
+	// sends the next), and a counted one for a routed request
+	// (TestE2ENotReadyWhenRefused).
+	if r.URL.Path == "/health" || r.URL.Path == "/metrics" || r.URL.Path == "/v1/models" {
 		return
 	}
 	e.hits.Add(1)
