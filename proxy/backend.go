@@ -67,6 +67,9 @@ type backend struct {
 	// answers against what was predicted of them (predict.go).
 	recent recentKeys
 	cache  cacheCounts
+	// cost is the proxy's recompute cost, which this backend's owner
+	// answers teach (cost.go); nil in tests that build a bare backend.
+	cost *recomputeCost
 
 	probing    atomic.Bool  // a probe of this backend is in flight
 	lastProbe  atomic.Int64 // unix nanos of the last probe's start
@@ -134,6 +137,11 @@ func (b *backend) globalInFlight() int64 { return b.inflight.Load() + b.remote.L
 // counts arrive (within a publish interval) and new ones grow it, instead
 // of one scrape's queue holding until the next scrape.
 func (b *backend) busy() bool { return b.globalInFlight() > b.queueAt.Load() }
+
+// queued is how many requests the engine is taken to queue now: the
+// cluster's in-flight count above the level busy compares it with, 0 when
+// it does not queue.
+func (b *backend) queued() int64 { return max(0, b.globalInFlight()-b.queueAt.Load()) }
 
 // engineCopyGap: engine figures scraped within this of the ones in use are
 // a copy of them, not a new scrape (gossip derives a remote scrape's time

@@ -21,8 +21,8 @@ type reqState struct {
 	info  ring.KeyInfo
 	// obs is the request's access log record and spans (observe.go).
 	obs obsState
-	// recompute is the request's prefill cost in mean requests (its body
-	// size over the mean), for the COST overflow rule.
+	// recompute is what prefilling the request away from its owner costs,
+	// in average requests (cost.go), for the COST overflow rule.
 	recompute int64
 	// scratch holds Connection field options while hop-by-hop fields are
 	// removed.
@@ -73,6 +73,9 @@ func (s *reqState) Healthy(b int) bool {
 }
 
 func (s *reqState) Busy(b int) bool { return s.t.bs[b].busy() }
+
+// Queued implements ring.Queues.
+func (s *reqState) Queued(b int) int64 { return s.t.bs[b].queued() }
 
 func (s *reqState) markTried(b int) { s.tried[b>>6] |= 1 << (b & 63) }
 
@@ -290,22 +293,13 @@ func (p *Proxy) readKey(t *table, api ring.API, body, tenant, session []byte, st
 		}
 		st.info.UseSession(session)
 	}
-	mean := p.meanBody.Load()
-	st.recompute = 1
-	if mean > 0 {
-		st.recompute = max(1, (int64(len(body))+mean/2)/mean)
-	}
+	st.recompute = p.cost.units(int64(len(body)), count)
 	if rc.Adaptive() && !st.info.Session {
 		splits.Route(&st.info)
 	}
 	if !count {
 		return nil
 	}
-	// A running mean over about 64 requests; racing updates may lose one.
-	if mean == 0 {
-		mean = int64(len(body))
-	}
-	p.meanBody.Store(mean + (int64(len(body))-mean)/64)
 	if rc.Adaptive() {
 		p.hot.Request()
 		part := uint32(t.ring.Partition(st.info.Key))

@@ -258,6 +258,7 @@ func (c *cacheCounts) count(pr prediction, r usageReport) {
 func (b *backend) countUsage(pr prediction, r usageReport) {
 	b.m.countUsage(r)
 	b.cache.count(pr, r)
+	b.cost.observe(pr.kind, r)
 }
 
 // CacheFigures are the router's cache predictions for one decision kind

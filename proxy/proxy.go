@@ -53,13 +53,13 @@ type Proxy struct {
 	tab atomic.Pointer[table]
 
 	// splits are the prefixes ADAPTIVE keys route past; hot counts the
-	// traffic that proposes them; meanBody is the running mean body size
-	// (bytes), the unit of a request's recompute cost.
+	// traffic that proposes them; cost learns what leaving a key's owner
+	// costs (cost.go).
 	splits atomic.Pointer[ring.Splits]
 	hot    *hot.Counter
 	// trigger asks for early engine scrapes (SetScrapeTrigger).
 	trigger     atomic.Pointer[ScrapeTrigger]
-	meanBody    atomic.Int64
+	cost        recomputeCost
 	splitsGauge prometheus.Gauge
 	// partHits counts PREFIX_AWARE requests per partition of the ring in
 	// use, for the leader's balancer (PartitionLoads).
@@ -221,6 +221,7 @@ func (p *Proxy) SetRing(r *ring.Ring, epoch uint64) error {
 		b := p.backends[rb.ID]
 		if b == nil || b.target != target {
 			b = newBackend(rb.ID, target, &p.cfg, p.m)
+			b.cost = &p.cost
 		}
 		t.bs[i] = b
 		next[rb.ID] = b

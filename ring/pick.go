@@ -23,6 +23,17 @@ type Loads interface {
 	Busy(b int) bool
 }
 
+// Queues is what a Loads may also implement so that the COST overflow
+// rule weighs what a request would wait for on its owner (the requests
+// the owner's engine queues) rather than how many it has in flight: an
+// engine runs many requests at once, and only the queued ones are ahead
+// of a new one.
+type Queues interface {
+	// Queued is the number of b's requests its engine is taken to queue
+	// now (0 when it does not queue).
+	Queued(b int) int64
+}
+
 // LoadTotals is what a Loads may also implement so that the bounded-loads
 // cap (Config.LoadFactor) costs O(1) instead of a walk over the fleet: the
 // fleet's in-flight total, kept as counts change (a Tally does the
@@ -154,9 +165,10 @@ func (r *Ring) Pick(key uint64, loads Loads) (Decision, error) {
 }
 
 // PickCost is Pick for a request whose prefill, redone on a backend that
-// does not hold its prefix, costs about recompute average requests (its
-// prompt length over the mean): the COST overflow rule leaves the owner
-// only when the owner is that much more loaded than the alternative.
+// does not hold its prefix, costs about recompute average requests (the
+// proxy weighs its prompt's length against the mean and the share of
+// prompts the owners' caches serve): the COST overflow rule leaves the
+// owner only when the owner is that much more loaded than the alternative.
 func (r *Ring) PickCost(key uint64, recompute int64, loads Loads) (Decision, error) {
 	if len(r.backends) == 0 {
 		return noDecision, ErrNoBackend
@@ -244,12 +256,13 @@ func (r *Ring) overflowWalk(order []int32) iter.Seq2[int, int] {
 //     cap (LoadFactor x the fleet's average) by more than recompute - 1:
 //     the request would redo recompute mean requests' worth of prefill
 //     elsewhere, so a long prompt tolerates a more loaded owner; or
-//   - its engine queues (Busy) and an alternative is less loaded by more
-//     than recompute.
+//   - its engine queues (Busy) by more than recompute requests (Queues),
+//     or, from a Loads that does not know the queue, an alternative is
+//     less loaded by more than recompute.
 //
 // It then takes the first backend in the key's order that is eligible,
-// under its limit, not queueing and under the cap (for the second case:
-// less loaded by more than recompute). With none, the request waits on the
+// under its limit, not queueing and under the cap (for the second case
+// without Queues: less loaded by more than recompute). With none, the request waits on the
 // warm owner: overflow never adds prefill work to a fleet that is busy
 // everywhere. It reports !ok when the owner is over its hard cap or not
 // eligible: the threshold walk decides then.
@@ -276,6 +289,16 @@ func (r *Ring) pickByCost(key uint64, recompute int64, loads Loads) (Decision, b
 	if !over && !busy {
 		return affinity, true
 	}
+	// ahead is what a request waits behind on the owner: its engine's
+	// queue when the Loads knows it (an alternative taken does not
+	// queue), else its in-flight count, less the alternative's.
+	ahead, queues := int64(0), false
+	if q, ok := loads.(Queues); ok && !over {
+		ahead, queues = q.Queued(o), true
+		if ahead <= recompute {
+			return affinity, true
+		}
+	}
 	for rank, b := range r.overflowWalk(order) {
 		if !r.eligible(b, loads) || loads.Busy(b) {
 			continue
@@ -284,7 +307,7 @@ func (r *Ring) pickByCost(key uint64, recompute int64, loads Loads) (Decision, b
 		if !r.hasRoom(b, n) || n+1 > bound {
 			continue
 		}
-		if !over && no-n <= recompute {
+		if !over && !queues && no-n <= recompute {
 			continue
 		}
 		return Decision{Backend: b, Reason: ReasonOverflow, Rank: rank}, true

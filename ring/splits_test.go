@@ -192,3 +192,63 @@ func TestPickCost(t *testing.T) {
 		t.Fatalf("down owner picked: %+v", d)
 	}
 }
+
+// queueLoads is a fakeLoads that knows its engines' queues (Queues).
+type queueLoads struct {
+	*fakeLoads
+	queued []int64
+}
+
+func (q queueLoads) Queued(b int) int64 { return q.queued[b] }
+
+var _ Queues = queueLoads{}
+
+// With Queues the COST rule weighs the owner's queue, not the gap in
+// in-flight counts: an engine that runs many requests at once and queues
+// few keeps its keys however busy the others look.
+func TestPickCostWeighsQueue(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.ConcurrencyThreshold = 64
+	r := mustRing(t, cfg, gpus(5))
+	loads := queueLoads{newLoads(5), make([]int64, 5)}
+	key := uint64(12345)
+	order := r.Order(r.Partition(key))
+	o, alt := int(order[0]), int(order[1])
+	pick := func(recompute int64) Decision {
+		t.Helper()
+		d, err := r.PickCost(key, recompute, loads)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	// The owner runs 20 and queues 2; the others run 1 each.
+	for b := range loads.inflight {
+		loads.inflight[b] = 1
+	}
+	loads.inflight[o], loads.busy[o], loads.queued[o] = 20, true, 2
+	if d := pick(2); d.Backend != o || d.Reason != ReasonAffinity {
+		t.Fatalf("owner queueing 2, recompute 2: %+v, want the owner", d)
+	}
+	// The same counts without Queues: 19 fewer in flight elsewhere.
+	if d, _ := r.PickCost(key, 2, loads.fakeLoads); d.Backend != alt {
+		t.Fatalf("without Queues: %+v, want the first alternative %d", d, alt)
+	}
+	// A queue longer than the recompute: the first alternative that does
+	// not queue takes it.
+	loads.queued[o] = 3
+	if d := pick(2); d.Backend != alt || d.Reason != ReasonOverflow || d.Rank != 1 {
+		t.Fatalf("owner queueing 3, recompute 2: %+v, want %d", d, alt)
+	}
+	loads.busy[alt] = true
+	if d := pick(2); d.Backend == alt || d.Backend == o || d.Reason != ReasonOverflow {
+		t.Fatalf("first alternative queues too: %+v", d)
+	}
+	// Every alternative queues: wait on the warm owner.
+	for b := range loads.busy {
+		loads.busy[b] = true
+	}
+	if d := pick(2); d.Backend != o {
+		t.Fatalf("busy fleet: %+v", d)
+	}
+}

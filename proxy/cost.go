@@ -1,0 +1,108 @@
+package proxy
+
+import "sync/atomic"
+
+// The recompute cost of leaving a key's owner.
+//
+// The COST overflow rule (ring.PickCost) leaves an owner whose engine
+// queues only when more than recompute average requests' work waits ahead
+// of the request there (the engine's queue) and a backend that does not
+// queue has room: recompute is what the move costs, in the same unit.
+//
+// An average request's work is the part of its prompt its backend does
+// not hold (decode aside): mean x (1 - h), where mean is the running mean
+// request size and h the share of prompt tokens the owners' answers report
+// cached. Leaving the owner forfeits the whole prompt: the part the owner
+// holds is prefilled again elsewhere, and the part it does not hold is
+// prefilled where the key's next requests (a conversation's next turn,
+// the document's next question) will not find it, for they go back to the
+// owner. So a request of body bytes costs
+//
+//	recompute = body / (mean x (1 - h))
+//
+// average requests, at least 1: with no reuse (h = 0) its size in mean
+// requests, where owners serve 60% of every prompt from cache (a Mooncake
+// trace) 2.5 times that, where they serve 90% (RAG) ten times. Until an
+// owner's answer has reported its cached tokens (engines report them in
+// usage.prompt_tokens_details.cached_tokens, streams only when the client
+// asks for usage), h is taken as 0.5.
+//
+// The counts are running means over about costWindow requests (body
+// sizes) and answers (tokens), updated with atomics; racing updates may
+// lose one, which a running mean does not notice.
+type recomputeCost struct {
+	// meanBody is the running mean request body size in bytes.
+	meanBody atomic.Int64
+	// prompt and cached are running means of the prompt and cached tokens
+	// of owners' answers with a usage report, scaled by costScale; 0
+	// before the first.
+	prompt, cached atomic.Int64
+}
+
+const (
+	// costWindow is the number of samples a running mean spans, about.
+	costWindow = 64
+	// costScale keeps the token means' fractions (a mean of small counts).
+	costScale = 1 << 10
+	// maxOwnerHitPermille caps h: recompute stays within 20 x a
+	// request's size in mean requests, so an owner whose cache serves
+	// everything can still be left when it queues that much.
+	maxOwnerHitPermille = 950
+	// maxCostTokens bounds one answer's counts (usage reports are bounded
+	// to maxUsageDigits digits already; this keeps the scaled means far
+	// from overflow).
+	maxCostTokens = 1 << 40
+)
+
+// units returns the recompute cost of a request of body bytes, in average
+// requests, at least 1; and records body in the running mean when count.
+func (c *recomputeCost) units(body int64, count bool) int64 {
+	mean := c.meanBody.Load()
+	if count {
+		if mean == 0 {
+			c.meanBody.Store(body)
+		} else {
+			c.meanBody.Store(mean + (body-mean)/costWindow)
+		}
+	}
+	if mean <= 0 {
+		return 1
+	}
+	h := c.ownerHitPermille()
+	// body / (mean x (1 - h)), rounded; body and mean are below 2^31
+	// (bodies are bounded far below), h below 1000.
+	num := body * 1000
+	den := mean * (1000 - h)
+	return max(1, (num+den/2)/den)
+}
+
+// ownerHitPermille returns h in thousandths: the owners' running cached
+// share, 500 before any report, at most maxOwnerHitPermille.
+func (c *recomputeCost) ownerHitPermille() int64 {
+	p, k := c.prompt.Load(), c.cached.Load()
+	if p <= 0 {
+		return 500
+	}
+	return min(maxOwnerHitPermille, max(0, k*1000/p))
+}
+
+// observe records an answer to a request of kind k whose engine reported
+// prompt and cached tokens. Only an owner's answers count (affinity,
+// split, session): what an overflow forfeits is what the owner holds.
+func (c *recomputeCost) observe(k kind, r usageReport) {
+	if c == nil || (k != kindAffinity && k != kindSplit && k != kindSession) || r.result != usageOK {
+		return
+	}
+	prompt, cached := min(r.prompt, maxCostTokens), min(r.cached, r.prompt, maxCostTokens)
+	if prompt <= 0 {
+		return
+	}
+	mp, mk := c.prompt.Load(), c.cached.Load()
+	if mp == 0 {
+		c.prompt.Store(prompt * costScale)
+		c.cached.Store(cached * costScale)
+		return
+	}
+	c.prompt.Store(mp + (prompt*costScale-mp)/costWindow)
+	c.cached.Store(mk + (cached*costScale-mk)/costWindow)
+}
