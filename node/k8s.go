@@ -78,11 +78,11 @@ func (cl *ClusterConfig) k8sDiscovery(d *cluster.DiscoveryConfig) error {
 	if !cl.k8sEnabled() {
 		return nil
 	}
-	pods, dyn, err := kube.Clients(cl.DiscoveryK8sKubeconfig)
+	dyn, err := kube.Client(cl.DiscoveryK8sKubeconfig)
 	if err != nil {
 		return err
 	}
-	f, err := kube.New(cl.k8sConfig(), pods, dyn)
+	f, err := kube.New(cl.k8sConfig(), dyn)
 	if err != nil {
 		return err
 	}

@@ -5,9 +5,10 @@ import "sync/atomic"
 // The recompute cost of leaving a key's owner.
 //
 // The COST overflow rule (ring.PickCost) leaves an owner whose engine
-// queues only when more than recompute average requests' work waits ahead
-// of the request there (the engine's queue) and a backend that does not
-// queue has room: recompute is what the move costs, in the same unit.
+// queues only when more than recompute requests wait ahead of the request
+// there (the engine's queue) and a backend that does not queue has room
+// and more than recompute fewer in flight: recompute is what the move
+// costs, in average requests' work.
 //
 // An average request's work is the part of its prompt its backend does
 // not hold (decode aside): mean x (1 - h), where mean is the running mean

@@ -124,7 +124,7 @@ type Settings struct {
 	// KeyDepth and Overflow are the zero values (FIXED, THRESHOLD) in
 	// states written before they existed, so those keep routing as then.
 	KeyDepth KeyDepth     `json:"key_depth,omitempty" yaml:"key_depth" flag:"key-depth" help:"PREFIX_AWARE key: ADAPTIVE (the shortest prefix not split for carrying too much traffic, learned; PrefixLength unused) or FIXED (the first PrefixLength bytes)"`
-	Overflow OverflowRule `json:"overflow,omitempty" yaml:"overflow" flag:"overflow" help:"when PREFIX_AWARE leaves a key's owner: COST (when the owner's engine queues more requests than the request's prefill is worth and a backend after it does not queue; the threshold stays a hard cap) or THRESHOLD (at ConcurrencyThreshold)"`
+	Overflow OverflowRule `json:"overflow,omitempty" yaml:"overflow" flag:"overflow" help:"when PREFIX_AWARE leaves a key's owner: COST (when the owner's engine queues more requests than the request's prefill is worth and a backend after it does not queue and has that many fewer in flight; the threshold stays a hard cap) or THRESHOLD (at ConcurrencyThreshold)"`
 	// SessionHeader is empty (off) in states written before it existed.
 	SessionHeader HeaderName `json:"session_header,omitempty" yaml:"session_header" flag:"session-header" help:"a request header (e.g. X-Session-Id, or SageMaker's X-Amzn-SageMaker-Session-Id) whose value, when a request carries it, keys the request instead of its prompt, so a conversation stays on one instance however its prompt changes; empty = off"`
 }

@@ -256,13 +256,13 @@ func (r *Ring) overflowWalk(order []int32) iter.Seq2[int, int] {
 //     cap (LoadFactor x the fleet's average) by more than recompute - 1:
 //     the request would redo recompute mean requests' worth of prefill
 //     elsewhere, so a long prompt tolerates a more loaded owner; or
-//   - its engine queues (Busy) by more than recompute requests (Queues),
-//     or, from a Loads that does not know the queue, an alternative is
-//     less loaded by more than recompute.
+//   - its engine queues (Busy), by more than recompute requests when the
+//     Loads knows the queue (Queues), and an alternative is less loaded
+//     by more than recompute.
 //
 // It then takes the first backend in the key's order that is eligible,
-// under its limit, not queueing and under the cap (for the second case
-// without Queues: less loaded by more than recompute). With none, the request waits on the
+// under its limit, not queueing and under the cap (for the second case:
+// less loaded by more than recompute). With none, the request waits on the
 // warm owner: overflow never adds prefill work to a fleet that is busy
 // everywhere. It reports !ok when the owner is over its hard cap or not
 // eligible: the threshold walk decides then.
@@ -289,15 +289,10 @@ func (r *Ring) pickByCost(key uint64, recompute int64, loads Loads) (Decision, b
 	if !over && !busy {
 		return affinity, true
 	}
-	// ahead is what a request waits behind on the owner: its engine's
-	// queue when the Loads knows it (an alternative taken does not
-	// queue), else its in-flight count, less the alternative's.
-	ahead, queues := int64(0), false
-	if q, ok := loads.(Queues); ok && !over {
-		ahead, queues = q.Queued(o), true
-		if ahead <= recompute {
-			return affinity, true
-		}
+	// The owner's queue, when the Loads knows it, is what a request
+	// would wait behind there: no more than recompute, and it stays.
+	if q, ok := loads.(Queues); ok && !over && q.Queued(o) <= recompute {
+		return affinity, true
 	}
 	for rank, b := range r.overflowWalk(order) {
 		if !r.eligible(b, loads) || loads.Busy(b) {
@@ -307,7 +302,7 @@ func (r *Ring) pickByCost(key uint64, recompute int64, loads Loads) (Decision, b
 		if !r.hasRoom(b, n) || n+1 > bound {
 			continue
 		}
-		if !over && !queues && no-n <= recompute {
+		if !over && no-n <= recompute {
 			continue
 		}
 		return Decision{Backend: b, Reason: ReasonOverflow, Rank: rank}, true

@@ -116,3 +116,33 @@ func Reasons() []ReasonInfo {
 	}
 	return out
 }
+
+// keyDepthLevels and overflowLevels are the command levels (see
+// StrategyInfo.Level) of the key depths and overflow rules, indexed by
+// value. The zero values (FIXED, THRESHOLD) are left out of the Raft log's
+// JSON, so every version reads them; the others came with level 2. A new
+// value takes the level of the build that adds it (TestSettingLevels
+// fails for a value without one).
+var (
+	keyDepthLevels = [len(keyDepthNames)]uint8{FixedDepth: 1, AdaptiveDepth: 2}
+	overflowLevels = [len(overflowNames)]uint8{ThresholdOverflow: 1, CostOverflow: 2}
+)
+
+// Level is the command level a router must apply before the agreed
+// routing settings may name k: a router of a lower level cannot decode it
+// and would halt. An unknown value counts as 1: settings naming it are
+// refused when applied.
+func (k KeyDepth) Level() uint8 {
+	if int(k) < len(keyDepthLevels) {
+		return keyDepthLevels[k]
+	}
+	return 1
+}
+
+// Level is as KeyDepth.Level, for an overflow rule.
+func (o OverflowRule) Level() uint8 {
+	if int(o) < len(overflowLevels) {
+		return overflowLevels[o]
+	}
+	return 1
+}

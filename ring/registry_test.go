@@ -148,3 +148,21 @@ func TestReasonTable(t *testing.T) {
 		t.Errorf("a reason past the table is %q", NumReasons)
 	}
 }
+
+// Every key depth and overflow rule has a command level, and the zero
+// values (omitted from the Raft log's JSON) are readable by every version.
+func TestSettingLevels(t *testing.T) {
+	for i := range keyDepthNames {
+		if l := KeyDepth(i).Level(); l == 0 {
+			t.Errorf("key depth %s has no level", KeyDepth(i))
+		}
+	}
+	for i := range overflowNames {
+		if l := OverflowRule(i).Level(); l == 0 {
+			t.Errorf("overflow rule %s has no level", OverflowRule(i))
+		}
+	}
+	if FixedDepth.Level() != 1 || ThresholdOverflow.Level() != 1 {
+		t.Errorf("zero values at levels %d and %d, want 1", FixedDepth.Level(), ThresholdOverflow.Level())
+	}
+}

@@ -236,9 +236,9 @@ func (cmd *Command) opLevel() uint8 {
 }
 
 // routingLevel is the level a router needs to decode routing settings r
-// (nil: none): its strategy's, from ring's strategy table, and 2 for
-// key_depth, overflow or session_header set. A strategy outside the table
-// counts as 1: such settings are refused when applied.
+// (nil: none): the highest of its strategy's, key depth's and overflow
+// rule's, from ring's tables, and 2 for a session_header set. A value
+// outside the tables counts as 1: such settings are refused when applied.
 func routingLevel(r *ring.Settings) uint8 {
 	if r == nil {
 		return 1
@@ -247,7 +247,8 @@ func routingLevel(r *ring.Settings) uint8 {
 	if info, ok := r.Strategy.Info(); ok {
 		l = max(l, info.Level)
 	}
-	if r.KeyDepth != 0 || r.Overflow != 0 || r.SessionHeader != "" {
+	l = max(l, r.KeyDepth.Level(), r.Overflow.Level())
+	if r.SessionHeader != "" {
 		l = max(l, 2)
 	}
 	return l

@@ -17,15 +17,20 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
 // PoolResource is the InferencePool API.
 var PoolResource = schema.GroupVersionResource{Group: "inference.networking.k8s.io", Version: "v1", Resource: "inferencepools"}
+
+// PodResource is the core pods API. Pods are read with the dynamic client
+// too and decoded into corev1.Pod: the typed clientset would compile and
+// link every API group's client for one List call.
+var PodResource = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
 
 // Bounds on what the API may hand back.
 const (
@@ -100,16 +105,14 @@ func (c *Config) Name() string {
 
 // Finder lists the endpoints. It is safe for concurrent use.
 type Finder struct {
-	cfg  Config
-	pods kubernetes.Interface
-	dyn  dynamic.Interface
+	cfg Config
+	dyn dynamic.Interface
 }
 
 var _ cluster.Finder = (*Finder)(nil)
 
-// New returns a finder over the given clients (dyn may be nil without a
-// pool).
-func New(cfg Config, pods kubernetes.Interface, dyn dynamic.Interface) (*Finder, error) {
+// New returns a finder over the given client.
+func New(cfg Config, dyn dynamic.Interface) (*Finder, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -122,15 +125,15 @@ func New(cfg Config, pods kubernetes.Interface, dyn dynamic.Interface) (*Finder,
 	if cfg.MaxEndpoints == 0 {
 		cfg.MaxEndpoints = DefaultMaxEndpoints
 	}
-	if cfg.Pool != "" && dyn == nil {
-		return nil, errors.New("kubernetes discovery: an InferencePool needs a dynamic client")
+	if dyn == nil {
+		return nil, errors.New("kubernetes discovery: no client")
 	}
-	return &Finder{cfg: cfg, pods: pods, dyn: dyn}, nil
+	return &Finder{cfg: cfg, dyn: dyn}, nil
 }
 
-// Clients connects to the API server: in the cluster (the pod's service
+// Client connects to the API server: in the cluster (the pod's service
 // account) when kubeconfig is empty, else with that kubeconfig file.
-func Clients(kubeconfig string) (kubernetes.Interface, dynamic.Interface, error) {
+func Client(kubeconfig string) (dynamic.Interface, error) {
 	var rc *rest.Config
 	var err error
 	if kubeconfig == "" {
@@ -139,19 +142,11 @@ func Clients(kubeconfig string) (kubernetes.Interface, dynamic.Interface, error)
 		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("kubernetes discovery: %w", err)
+		return nil, fmt.Errorf("kubernetes discovery: %w", err)
 	}
 	rc.Timeout = 10 * time.Second
 	rc.UserAgent = "warmroute"
-	pods, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, nil, err
-	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		return nil, nil, err
-	}
-	return pods, dyn, nil
+	return dynamic.NewForConfig(rc)
 }
 
 // serviceAccountNamespace is where a pod finds its namespace.
@@ -186,18 +181,21 @@ func (f *Finder) Find(ctx context.Context) ([]cluster.Backend, error) {
 	}
 	// One pod more than could fit tells a source over the bound.
 	limit := int64(f.cfg.MaxEndpoints/len(ports) + 1)
-	list, err := f.pods.CoreV1().Pods(f.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: selector, Limit: limit})
+	list, err := f.dyn.Resource(PodResource).Namespace(f.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: selector, Limit: limit})
 	if err != nil {
 		return nil, fmt.Errorf("listing pods: %w", err)
 	}
-	if list.Continue != "" || len(list.Items)*len(ports) > f.cfg.MaxEndpoints {
+	if list.GetContinue() != "" || len(list.Items)*len(ports) > f.cfg.MaxEndpoints {
 		return nil, fmt.Errorf("%w (%d): pods selected by %q", ErrTooMany, f.cfg.MaxEndpoints, selector)
 	}
 	var out []cluster.Backend
 	for i := range list.Items {
-		p := &list.Items[i]
+		var p corev1.Pod
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(list.Items[i].Object, &p); err != nil {
+			return nil, fmt.Errorf("listing pods: pod %s: %w", list.Items[i].GetName(), err)
+		}
 		ip := net.ParseIP(p.Status.PodIP)
-		if ip == nil || !podReady(p) {
+		if ip == nil || !podReady(&p) {
 			continue
 		}
 		for _, port := range ports {

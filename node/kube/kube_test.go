@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynfake "k8s.io/client-go/dynamic/fake"
-	"k8s.io/client-go/kubernetes/fake"
 )
 
 func pod(name, ip string, ready bool, lbl map[string]string, mut ...func(*corev1.Pod)) *corev1.Pod {
@@ -45,9 +44,16 @@ func pool(name string, match map[string]any, ports ...any) *unstructured.Unstruc
 	}}
 }
 
-func dyn(objs ...runtime.Object) *dynfake.FakeDynamicClient {
-	return dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{PoolResource: "InferencePoolList"}, objs...)
+// dyn is a fake API server holding objs: pods (typed) and pools
+// (unstructured).
+func dyn(t *testing.T, objs ...runtime.Object) *dynfake.FakeDynamicClient {
+	t.Helper()
+	s := runtime.NewScheme()
+	if err := corev1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	return dynfake.NewSimpleDynamicClientWithCustomListKinds(s,
+		map[schema.GroupVersionResource]string{PoolResource: "InferencePoolList", PodResource: "PodList"}, objs...)
 }
 
 func ids(bs []cluster.Backend) []string {
@@ -60,7 +66,7 @@ func ids(bs []cluster.Backend) []string {
 
 func TestFindPool(t *testing.T) {
 	vllm := map[string]string{"app": "vllm"}
-	pods := fake.NewSimpleClientset(
+	pods := []runtime.Object{
 		pod("a", "10.1.0.1", true, vllm),
 		pod("b", "10.1.0.2", true, vllm),
 		pod("not-ready", "10.1.0.3", false, vllm),
@@ -69,8 +75,8 @@ func TestFindPool(t *testing.T) {
 		pod("pending", "10.1.0.5", true, vllm, func(p *corev1.Pod) { p.Status.Phase = corev1.PodPending }),
 		pod("other-app", "10.1.0.6", true, map[string]string{"app": "other"}),
 		pod("v6", "fd00::7", true, vllm),
-	)
-	f, err := New(Config{Namespace: "llm", Pool: "llama"}, pods, dyn(pool("llama", map[string]any{"app": "vllm"}, int64(8000), int64(8001))))
+	}
+	f, err := New(Config{Namespace: "llm", Pool: "llama"}, dyn(t, append(pods, pool("llama", map[string]any{"app": "vllm"}, int64(8000), int64(8001)))...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +93,7 @@ func TestFindPool(t *testing.T) {
 	}
 
 	// A pool that is gone names no endpoints; a broken one is an error.
-	f, _ = New(Config{Namespace: "llm", Pool: "gone"}, pods, dyn())
+	f, _ = New(Config{Namespace: "llm", Pool: "gone"}, dyn(t, pods...))
 	if got, err := f.Find(context.Background()); err != nil || len(got) != 0 {
 		t.Errorf("missing pool: %v %v, want none and no error", ids(got), err)
 	}
@@ -99,7 +105,7 @@ func TestFindPool(t *testing.T) {
 		"no selector": pool("bad", map[string]any{}, int64(8000)),
 		"bad label":   pool("bad", map[string]any{"app": "a b"}, int64(8000)),
 	} {
-		f, _ := New(Config{Namespace: "llm", Pool: "bad"}, pods, dyn(p))
+		f, _ := New(Config{Namespace: "llm", Pool: "bad"}, dyn(t, append(slices.Clone(pods), p)...))
 		if _, err := f.Find(context.Background()); !errors.Is(err, ErrBadPool) {
 			t.Errorf("%s: %v, want ErrBadPool", name, err)
 		}
@@ -111,15 +117,15 @@ func TestFindSelectorBounded(t *testing.T) {
 	for i := range 10 {
 		objs = append(objs, pod(fmt.Sprint("p", i), fmt.Sprintf("10.2.0.%d", i+1), true, map[string]string{"app": "x"}))
 	}
-	pods := fake.NewSimpleClientset(objs...)
-	f, err := New(Config{Namespace: "llm", Selector: "app=x", Ports: []int{9000}, MaxEndpoints: 10}, pods, nil)
+	pods := dyn(t, objs...)
+	f, err := New(Config{Namespace: "llm", Selector: "app=x", Ports: []int{9000}, MaxEndpoints: 10}, pods)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, err := f.Find(context.Background()); err != nil || len(got) != 10 {
 		t.Fatalf("%d endpoints (%v), want 10", len(got), err)
 	}
-	f, _ = New(Config{Namespace: "llm", Selector: "app=x", Ports: []int{9000, 9001}, MaxEndpoints: 10}, pods, nil)
+	f, _ = New(Config{Namespace: "llm", Selector: "app=x", Ports: []int{9000, 9001}, MaxEndpoints: 10}, pods)
 	if _, err := f.Find(context.Background()); !errors.Is(err, ErrTooMany) {
 		t.Fatalf("20 endpoints over a bound of 10: %v, want ErrTooMany", err)
 	}
