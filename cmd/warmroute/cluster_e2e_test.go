@@ -295,10 +295,23 @@ func remoteOf(c *http.Client, p *router, id string) (int64, error) {
 
 // explained is the part of a /debug/route answer the tests compare.
 type explained struct {
-	Node    string `json:"node"`
-	Epoch   uint64 `json:"epoch"`
-	Backend string `json:"backend"`
-	Reason  string `json:"reason"`
+	Node       string `json:"node"`
+	Epoch      uint64 `json:"epoch"`
+	Backend    string `json:"backend"`
+	Reason     string `json:"reason"`
+	Candidates []struct {
+		ID string `json:"id"`
+	} `json:"candidates"`
+}
+
+// owner is the first backend of the key's order: whom the agreed state
+// (splits, moves, membership) makes the key's owner, whatever the health
+// and load that chose Backend.
+func (e explained) owner() string {
+	if len(e.Candidates) == 0 {
+		return ""
+	}
+	return e.Candidates[0].ID
 }
 
 func explain(c *http.Client, p *router, body []byte) (explained, error) {

@@ -115,7 +115,7 @@ func TestE2ESplitChurnFromOneRouter(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		before[i] = e.Backend
+		before[i] = e.owner()
 	}
 
 	m := hostileRouter(t, pki, key, "r9", []string{ps[0].gossip, ps[1].gossip})
@@ -170,8 +170,11 @@ func TestE2ESplitChurnFromOneRouter(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if e.Backend != before[i] && !slices.Contains(moved[i], e.Backend) {
-					moved[i] = append(moved[i], e.Backend)
+				// The owner, not the pick: on a loaded machine a probe
+				// that times out sends a pick past its owner for a
+				// moment, which says nothing of splits or moves.
+				if o := e.owner(); o != before[i] && !slices.Contains(moved[i], o) {
+					moved[i] = append(moved[i], o)
 				}
 			}
 		}
@@ -180,7 +183,7 @@ func TestE2ESplitChurnFromOneRouter(t *testing.T) {
 		t.Errorf("one router's claims changed the agreed splits %d times in 20 s (last %d bytes of splits: %.200s)", changes-1, len(lastSplits), lastSplits)
 	}
 	if len(moved) > 0 {
-		t.Errorf("chosen prompts moved off their owners: %v (owners before %v)", moved, before)
+		t.Errorf("chosen prompts changed owners: %v (owners before %v)", moved, before)
 	}
 	for _, p := range ps {
 		v, _ := adminMetric(c, p.admin, "warmroute_prefix_splits")
