@@ -136,7 +136,7 @@ func (b *backend) globalInFlight() int64 { return b.inflight.Load() + b.remote.L
 // or queues, so requests that end drain the estimate as soon as their
 // counts arrive (within a publish interval) and new ones grow it, instead
 // of one scrape's queue holding until the next scrape.
-func (b *backend) busy() bool { return b.globalInFlight() > b.queueAt.Load() }
+func (b *backend) busy() bool { return b.queued() > 0 }
 
 // queued is how many requests the engine is taken to queue now: the
 // cluster's in-flight count above the level busy compares it with, 0 when

@@ -118,6 +118,16 @@ func TestSplitsDepth(t *testing.T) {
 	}
 }
 
+// mustPickCost is r.PickCost, failing t on an error.
+func mustPickCost(t *testing.T, r *Ring, key uint64, recompute int64, loads Loads) Decision {
+	t.Helper()
+	d, err := r.PickCost(key, recompute, loads)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 func TestPickCost(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.ConcurrencyThreshold = 16
@@ -129,11 +139,7 @@ func TestPickCost(t *testing.T) {
 	o, alt := int(order[0]), int(order[1])
 	pick := func(recompute int64) Decision {
 		t.Helper()
-		d, err := r.PickCost(key, recompute, loads)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
+		return mustPickCost(t, r, key, recompute, loads)
 	}
 	set := func(owner, others int64) {
 		for b := range loads.inflight {
@@ -203,9 +209,9 @@ func (q queueLoads) Queued(b int) int64 { return q.queued[b] }
 
 var _ Queues = queueLoads{}
 
-// With Queues the COST rule weighs the owner's queue, not the gap in
+// With Queues the COST rule weighs the owner's queue beside the gap in
 // in-flight counts: an engine that runs many requests at once and queues
-// few keeps its keys however busy the others look.
+// few keeps its keys however idle the others look.
 func TestPickCostWeighsQueue(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.ConcurrencyThreshold = 64
@@ -216,11 +222,7 @@ func TestPickCostWeighsQueue(t *testing.T) {
 	o, alt := int(order[0]), int(order[1])
 	pick := func(recompute int64) Decision {
 		t.Helper()
-		d, err := r.PickCost(key, recompute, loads)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
+		return mustPickCost(t, r, key, recompute, loads)
 	}
 	// The owner runs 20 and queues 2; the others run 1 each.
 	for b := range loads.inflight {
