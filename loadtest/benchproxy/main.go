@@ -144,6 +144,7 @@ type options struct {
 	OpenStreams                      []int
 	OpenChunks, OpenReps             int
 	OpenGap, OpenRamp, OpenSettle    time.Duration
+	OpenEngine                       string
 	Out                              string
 	Timeout                          time.Duration
 	WarmrouteArgs                    string
@@ -183,6 +184,7 @@ func parseOptions(args []string) (options, error) {
 	fs.DurationVar(&o.OpenGap, "open-gap", 300*time.Millisecond, "open phase: time between a stream's events")
 	fs.DurationVar(&o.OpenRamp, "open-ramp", 3*time.Second, "open phase: the streams start spread over this time")
 	fs.IntVar(&o.OpenReps, "open-reps", 3, "open phase: repetitions, interleaved across targets, each on a fresh proxy process")
+	fs.StringVar(&o.OpenEngine, "open-engine", engineStub, "open phase: the backends: stub (this binary; each event carries its send time, so latencies are measured) or gpusim (warmroute's simulated vLLM: vLLM's chunks, usage chunk and /metrics, which warmroute scrapes; events counted, not timed)")
 	fs.DurationVar(&o.OpenSettle, "open-settle", 30*time.Second, "open phase: how long the proxy's memory is watched after the streams ended")
 	fs.StringVar(&o.Out, "out", "out/bench-proxy", "directory for results.json and summary.md")
 	fs.DurationVar(&o.Timeout, "timeout", 20*time.Minute, "bound on the whole run")
@@ -329,6 +331,12 @@ func runMain(args []string, stdout io.Writer) error {
 	if o.phase("open") {
 		env := openEnv{cs: &cs, dir: dir, stubs: addrs, bodies: streamBodies, readyBody: bodies[0], serve: serve,
 			minWindow: minOpenWindow, out: stdout}
+		if o.OpenEngine == engineGpusim {
+			if err := env.useGpusim(ctx, o, slices.Max(o.OpenStreams)); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "benchproxy: open phase on %d gpusim instances %v\n", o.Backends, env.stubs)
+		}
 		runs, err := runOpenPhase(ctx, env, o)
 		res.Open = runs
 		if err != nil {

@@ -52,6 +52,7 @@ func TestParseOpenOptions(t *testing.T) {
 		{[]string{"-open-streams", "5,5"}, "given twice"},
 		{[]string{"-open-streams", "1,2,3,4,5,6,7,8,9"}, "at most 8"},
 		{[]string{"-open-chunks", "2"}, "-open-chunks 2"},
+		{[]string{"-open-engine", "vllm"}, "-open-engine \"vllm\": stub or gpusim"},
 		{[]string{"-open-chunks", "10001"}, "-open-chunks"},
 		{[]string{"-open-gap", "0s"}, "-open-gap"},
 		{[]string{"-open-gap", "11s"}, "-open-gap"},
@@ -428,6 +429,9 @@ func TestOpenPhase(t *testing.T) {
 			t.Errorf("%s: %+v", tgt, r)
 		}
 		if r.isProxy() {
+			if r.LifeCPU <= 0 || r.LifeCPUPerEventUs <= 0 {
+				t.Errorf("%s whole-life CPU %v, %.2f us/event", tgt, r.LifeCPU, r.LifeCPUPerEventUs)
+			}
 			if r.IdleRSS < 1<<20 || r.PeakRSS == 0 || r.SettleRSS == 0 || len(r.SettleSeriesKB) != 2 {
 				t.Errorf("%s memory: idle %d peak %d settle %d series %v", tgt, r.IdleRSS, r.PeakRSS, r.SettleRSS, r.SettleSeriesKB)
 			}
@@ -451,6 +455,58 @@ func TestOpenPhase(t *testing.T) {
 	md := res.markdown()
 	if !strings.Contains(md, "**20 open streams**") || !strings.Contains(md, "| warmroute | ") {
 		t.Errorf("markdown:\n%s", md)
+	}
+}
+
+// TestOpenPhaseGpusim: -open-engine gpusim streams from warmroute's
+// gpusim processes (vLLM's chunks, then the finish reason and the usage),
+// counted, not timed, directly and through warmroute.
+func TestOpenPhaseGpusim(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs warmroute and gpusim")
+	}
+	taskset, err := exec.LookPath("taskset")
+	if err != nil {
+		t.Skip("no taskset")
+	}
+	dir := t.TempDir()
+	wr, err := proc.Binary(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := options{Warmroute: wr, Taskset: taskset, SUTCPUs: "0", GenCPUs: "0", Backends: 2, BodySize: 1024, Prefixes: 4,
+		PrefixBytes: 1024, BalanceFactor: 125, StreamPrefill: time.Millisecond, OpenEngine: engineGpusim, OpenStreams: []int{20},
+		OpenChunks: 30, OpenGap: 10 * time.Millisecond, OpenRamp: 20 * time.Millisecond, OpenReps: 1, OpenSettle: time.Second,
+		Timeout: time.Minute}
+	var cs children
+	defer cs.stopAll(3 * time.Second)
+	var out bytes.Buffer
+	env := openEnv{cs: &cs, dir: dir, minWindow: 0, out: &out,
+		serve: proc.ServeArgs{Strategy: "PREFIX_AWARE", PrefixLength: 1024, LoadFactor: 1.25, LogLevel: "warn"}}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := env.useGpusim(ctx, o, 20); err != nil {
+		t.Fatal(err)
+	}
+	if len(env.stubs) != 2 || len(env.serve.Backends) != 2 || !env.untimed || len(env.bodies) != 4 {
+		t.Fatalf("env after useGpusim: %+v", env)
+	}
+	for _, tgt := range []string{"direct", "warmroute"} {
+		r, err := runOpen(ctx, env, o, tgt, 20)
+		if err != nil {
+			t.Fatalf("%s: %v", tgt, err)
+		}
+		t.Log(r.line())
+		// Each stream brings its 30 tokens and the engine's own events.
+		if r.Invalid != "" || r.Errors != 0 || r.Events < 600 || !r.Untimed {
+			t.Fatalf("%s: invalid %q, %d errors, %d events, untimed %v: %v", tgt, r.Invalid, r.Errors, r.Events, r.Untimed, r.ErrorSamples)
+		}
+		if r.FirstP50 != 0 || r.LaterP99 != 0 {
+			t.Errorf("%s: untimed events have latencies: %+v", tgt, r)
+		}
+		if tgt == "warmroute" && (r.LifeCPU <= 0 || r.CPUPerEventUs <= 0) {
+			t.Errorf("warmroute CPU: whole life %v, window %.2f us/event", r.LifeCPU, r.CPUPerEventUs)
+		}
 	}
 }
 

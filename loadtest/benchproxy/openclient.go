@@ -32,6 +32,11 @@ type openClientSpec struct {
 	Prefill  time.Duration
 	Ramp     time.Duration
 	DialWait time.Duration // bound on one dial (default 10s)
+	// Untimed says the events carry no send time (an engine, not the
+	// stub): they are counted, not timed, and a stream must bring at
+	// least Chunks of them before [DONE] (an engine adds its own: the
+	// role, the finish reason, the usage).
+	Untimed bool
 }
 
 // openStreamSlack is how long past its expected end a stream may take
@@ -207,7 +212,7 @@ func (c *openClient) stream(ctx context.Context, i int, at time.Time) error {
 			return fmt.Errorf("after %d of %d events: %w", got, c.spec.Chunks, err)
 		}
 		if data == nil { // the last chunk
-			if !r.done || got != c.spec.Chunks {
+			if !r.done || got < c.spec.Chunks || (!c.spec.Untimed && got != c.spec.Chunks) {
 				return fmt.Errorf("%w: %d of %d events, [DONE] %v", errStreamShort, got, c.spec.Chunks, r.done)
 			}
 			return nil
@@ -222,18 +227,20 @@ func (c *openClient) stream(ctx context.Context, i int, at time.Time) error {
 				r.done = true
 				continue
 			}
-			sent, ok := parseEventTime(ev)
-			if !ok {
-				return fmt.Errorf("event %d carries no send time", got)
+			if !c.spec.Untimed {
+				sent, ok := parseEventTime(ev)
+				if !ok {
+					return fmt.Errorf("event %d carries no send time", got)
+				}
+				lat := max(latLowest, min(latHighest, (now-sent)/int64(time.Microsecond)))
+				sh.mu.Lock()
+				if got == 0 {
+					sh.first.RecordValue(lat)
+				} else {
+					sh.later.RecordValue(lat)
+				}
+				sh.mu.Unlock()
 			}
-			lat := max(latLowest, min(latHighest, (now-sent)/int64(time.Microsecond)))
-			sh.mu.Lock()
-			if got == 0 {
-				sh.first.RecordValue(lat)
-			} else {
-				sh.later.RecordValue(lat)
-			}
-			sh.mu.Unlock()
 			got++
 			c.events.Add(1)
 			if got == 1 && c.firsts.Add(1) == int64(c.spec.N) {

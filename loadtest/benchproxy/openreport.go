@@ -17,6 +17,7 @@ type openRow struct {
 	// Errors is the failed or short streams over every repetition.
 	Errors          int64  `json:"errors"`
 	CPUPerChunkUs   spread `json:"cpu_per_chunk_us"`
+	LifeCPUPerEvent spread `json:"life_cpu_per_event_us"`
 	RSSPerStreamKB  spread `json:"rss_per_stream_kb"`
 	HeapPerStreamKB spread `json:"heap_per_stream_kb"`
 	AllocsPerChunk  spread `json:"allocs_per_chunk"`
@@ -31,6 +32,8 @@ type openRow struct {
 	LaterP50ms spread   `json:"later_p50_ms"`
 	LaterP99ms spread   `json:"later_p99_ms"`
 	GenBusy    spread   `json:"gen_busy_pct"`
+	// Untimed says the events carried no send time (gpusim).
+	Untimed bool `json:"untimed,omitempty"`
 }
 
 // openRatio is a warmroute/HAProxy ratio at one stream count, taken per
@@ -57,7 +60,7 @@ func (r *results) summariseOpen() {
 	for _, n := range r.openCounts() {
 		for _, tgt := range r.targetNames() {
 			row := openRow{Target: tgt, N: n}
-			var cpu, rss, heap, allocs, idle, ratio, mb, f50, f99, l50, l99, gen []float64
+			var cpu, life, rss, heap, allocs, idle, ratio, mb, f50, f99, l50, l99, gen []float64
 			for _, x := range r.Open {
 				if x.N != n || x.Target != tgt {
 					continue
@@ -68,6 +71,7 @@ func (r *results) summariseOpen() {
 					continue
 				}
 				row.Valid++
+				row.Untimed = x.Untimed
 				f50 = append(f50, ms(x.FirstP50))
 				f99 = append(f99, ms(x.FirstP99))
 				l50 = append(l50, ms(x.LaterP50))
@@ -77,6 +81,7 @@ func (r *results) summariseOpen() {
 					continue
 				}
 				cpu = append(cpu, x.CPUPerEventUs)
+				life = append(life, x.LifeCPUPerEventUs)
 				rss = append(rss, x.rssPerStreamKB())
 				if x.IdleHeap > 0 {
 					heap = append(heap, x.heapPerStreamKB())
@@ -95,6 +100,7 @@ func (r *results) summariseOpen() {
 				continue
 			}
 			row.CPUPerChunkUs, row.RSSPerStreamKB, row.HeapPerStreamKB = spreadOf(cpu), spreadOf(rss), spreadOf(heap)
+			row.LifeCPUPerEvent = spreadOf(life)
 			row.AllocsPerChunk = spreadOf(allocs)
 			row.IdleRSSMB, row.SettleRatio, row.SettleMB = spreadOf(idle), spreadOf(ratio), spreadOf(mb)
 			row.FirstP50ms, row.FirstP99ms, row.LaterP50ms, row.LaterP99ms = spreadOf(f50), spreadOf(f99), spreadOf(l50), spreadOf(l99)
@@ -106,8 +112,9 @@ func (r *results) summariseOpen() {
 			f    func(openRun) float64
 		}{
 			{"CPU per chunk", func(x openRun) float64 { return x.CPUPerEventUs }},
+			{"CPU per event, whole life", func(x openRun) float64 { return x.LifeCPUPerEventUs }},
 			{"RSS per open stream", func(x openRun) float64 { return x.rssPerStreamKB() }},
-			{"inter-event p99 latency", func(x openRun) float64 { return float64(x.LaterP99) }},
+			{"inter-event p99 latency", func(x openRun) float64 { return float64(x.LaterP99) }}, // 0 untimed: left out
 		} {
 			v := r.openRatioPerRep(n, q.f)
 			if len(v) > 0 {
@@ -171,7 +178,7 @@ func (x openRow) cells() []string {
 		near = strings.Join(x.SettleNear, ", ")
 	}
 	lat := func(s spread) string {
-		if x.Valid == 0 {
+		if x.Valid == 0 || x.Untimed {
 			return "-"
 		}
 		return s.fmt(3, "")
@@ -184,12 +191,12 @@ func (x openRow) cells() []string {
 	if x.Valid > 0 {
 		gen = x.GenBusy.fmt(0, "")
 	}
-	return []string{x.Target, dash(x.CPUPerChunkUs, 2), dash(x.RSSPerStreamKB, 2), heap, allocs, dash(x.IdleRSSMB, 1),
+	return []string{x.Target, dash(x.CPUPerChunkUs, 2), dash(x.LifeCPUPerEvent, 2), dash(x.RSSPerStreamKB, 2), heap, allocs, dash(x.IdleRSSMB, 1),
 		dash(x.SettleRatio, 2), dash(x.SettleMB, 1), near,
 		lat(x.FirstP50ms), lat(x.FirstP99ms), lat(x.LaterP50ms), lat(x.LaterP99ms), errs, gen}
 }
 
-var openColumns = []string{"target", "CPU us/chunk", "RSS KB/stream", "Go heap KB/stream", "Go allocs/chunk", "idle RSS MB",
+var openColumns = []string{"target", "CPU us/chunk", "CPU us/event, whole life", "RSS KB/stream", "Go heap KB/stream", "Go allocs/chunk", "idle RSS MB",
 	"RSS after settle / idle", "RSS after settle - idle, MB", "within 20% of idle after",
 	"first event p50 ms", "first event p99 ms", "later events p50 ms", "later events p99 ms", "errors", "generator busy %"}
 
@@ -197,9 +204,9 @@ func (r *results) openHeading() string {
 	o := r.Options
 	return fmt.Sprintf("Open streams: N SSE streams open at once through a fresh proxy process, %d events %s apart each, started over %s; "+
 		"median over the valid ones of %d repetitions (min-max). CPU per chunk and memory per stream are taken in the steady window "+
-		"(every stream open); Go heap is heap in use (garbage not yet collected included) and Go allocs are counted over the window (warmroute); "+
-		"latency is each event's receive time minus the stub's send time; the settle columns are RSS %s after the streams ended.",
-		o.OpenChunks, o.OpenGap, o.OpenRamp, o.OpenReps, o.OpenSettle)
+		"(every stream open); the whole-life CPU runs from just before the first request to just after the last stream ended, over every event received; Go heap is heap in use (garbage not yet collected included) and Go allocs are counted over the window (warmroute); "+
+		"latency is each event's receive time minus the stub's send time; the settle columns are RSS %s after the streams ended. Engine: %s.",
+		o.OpenChunks, o.OpenGap, o.OpenRamp, o.OpenReps, o.OpenSettle, o.engineText())
 }
 
 func (r *results) openText(b *strings.Builder) {
@@ -289,4 +296,12 @@ func (r *results) openNotes(b *strings.Builder) {
 		}
 		b.WriteString("\n")
 	}
+}
+
+// engineText names the open phase's backends for the report.
+func (o options) engineText() string {
+	if o.OpenEngine == engineGpusim {
+		return "gpusim (vLLM's chunk shape and usage chunk; events are not timed, so the latency columns are empty)"
+	}
+	return "the stub (one timed chunk per event)"
 }

@@ -115,6 +115,8 @@ func openWindowEnd(started time.Time, chunks int, gap, prefill time.Duration) ti
 // validateOpen checks the open-streams settings.
 func (o *options) validateOpen() error {
 	switch {
+	case o.OpenEngine != engineStub && o.OpenEngine != engineGpusim:
+		return fmt.Errorf("-open-engine %q: stub or gpusim", o.OpenEngine)
 	case o.OpenChunks < 3 || o.OpenChunks > maxBenchChunks:
 		return fmt.Errorf("-open-chunks %d: 3 to %d events per stream", o.OpenChunks, maxBenchChunks)
 	case o.OpenGap < minOpenGap || o.OpenGap > maxBenchGap:
@@ -188,6 +190,9 @@ type openRun struct {
 	Rep    int    `json:"rep"`
 	Target string `json:"target"`
 	N      int    `json:"n"`
+	// Untimed says the events carried no send time (gpusim): the latency
+	// fields are empty.
+	Untimed bool `json:"untimed,omitempty"`
 	// Invalid says why the run does not count ("" when it does): failed
 	// or short streams, a steady window too short, the proxy exiting.
 	Invalid      string   `json:"invalid,omitempty"`
@@ -213,6 +218,13 @@ type openRun struct {
 	WindowEvents int64         `json:"window_events"`
 	// CPUPerEventUs is WindowCPU / WindowEvents, in microseconds.
 	CPUPerEventUs float64 `json:"cpu_per_event_us"`
+	// The whole life: the proxy's CPU time from just before the first
+	// stream's request to just after the last stream ended (accepting,
+	// reading and routing every request, connecting upstream, the relay,
+	// the last events, teardown; the window's two /metrics scrapes are
+	// in it), and that per event received.
+	LifeCPU           time.Duration `json:"life_cpu_ns"`
+	LifeCPUPerEventUs float64       `json:"life_cpu_per_event_us"`
 	// OtherSUTBusy and GenBusy are as in run, over the window.
 	OtherSUTBusy float64 `json:"other_sut_busy"`
 	GenBusy      float64 `json:"gen_busy"`
@@ -261,6 +273,7 @@ type openEnv struct {
 	serve     proc.ServeArgs
 	minWindow time.Duration
 	out       io.Writer
+	untimed   bool // the events carry no send time (gpusim)
 }
 
 // runOpenPhase runs every stream count, repetition and target, the targets
@@ -292,7 +305,7 @@ func (r openRun) line() string {
 	fmt.Fprintf(&b, "rep %d %-9s open n=%-5d first p50/p99 %7.3f/%7.3fms  later p50/p99 %7.3f/%7.3fms  errors %d",
 		r.Rep, r.Target, r.N, ms(r.FirstP50), ms(r.FirstP99), ms(r.LaterP50), ms(r.LaterP99), r.Errors)
 	if r.isProxy() {
-		fmt.Fprintf(&b, "  cpu %6.2fus/chunk  rss %+7.1fKB/stream", r.CPUPerEventUs, r.rssPerStreamKB())
+		fmt.Fprintf(&b, "  cpu %6.2fus/chunk (whole life %6.2f)  rss %+7.1fKB/stream", r.CPUPerEventUs, r.LifeCPUPerEventUs, r.rssPerStreamKB())
 		if r.IdleHeap > 0 {
 			fmt.Fprintf(&b, "  heap %+7.1fKB/stream  %.1f allocs/chunk", r.heapPerStreamKB(), r.AllocsPerEvent)
 		}
@@ -389,7 +402,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // only when the run could not take place (the proxy did not start, the
 // harness was stopped); failed streams make the run invalid.
 func runOpen(ctx context.Context, env openEnv, o options, target string, n int) (openRun, error) {
-	r := openRun{Target: target, N: n}
+	r := openRun{Target: target, N: n, Untimed: env.untimed}
 	var invalid []string
 	var px openProxy
 	addrs := env.stubs
@@ -416,9 +429,15 @@ func runOpen(ctx context.Context, env openEnv, o options, target string, n int) 
 	}
 
 	c, err := newOpenClient(openClientSpec{Addrs: addrs, Bodies: env.bodies, N: n, Chunks: o.OpenChunks,
-		Gap: o.OpenGap, Prefill: o.StreamPrefill, Ramp: o.OpenRamp})
+		Gap: o.OpenGap, Prefill: o.StreamPrefill, Ramp: o.OpenRamp, Untimed: env.untimed})
 	if err != nil {
 		return r, err
+	}
+	var life0 time.Duration
+	if px.p != nil {
+		if life0, err = cpuTime(px.p.Pid()); err != nil {
+			return r, err
+		}
 	}
 	cctx, cancelStreams := context.WithCancel(ctx)
 	defer func() {
@@ -449,6 +468,16 @@ func runOpen(ctx context.Context, env openEnv, o options, target string, n int) 
 		return r, ctx.Err()
 	}
 	r.Events, r.Errors, r.ErrorSamples = c.events.Load(), c.failed.Load(), c.errorSamples()
+	if px.p != nil {
+		life1, err := cpuTime(px.p.Pid())
+		if err != nil {
+			return r, err
+		}
+		r.LifeCPU = life1 - life0
+		if r.Events > 0 {
+			r.LifeCPUPerEventUs = us(r.LifeCPU) / float64(r.Events)
+		}
+	}
 	if r.Errors > 0 {
 		invalid = append(invalid, fmt.Sprintf("%d of %d streams failed or ended early", r.Errors, n))
 	}

@@ -13,12 +13,20 @@ import (
 type workload struct {
 	BodySize, Prefixes, Suffixes int
 	Stream                       bool
+	// MaxTokens is each request's max_tokens (16 when 0); Usage asks for
+	// the usage chunk at a stream's end (stream_options.include_usage), as
+	// OpenAI clients that count tokens do.
+	MaxTokens int
+	Usage     bool
 }
 
 var words = strings.Fields(`the of and to in is for on that with as by this be are from at or an it
 not which have has was can will all more their one about other been into than may most its some
 such only over also after before these many where when who what use used using data model request
 cache prefix token router instance backend document policy answer question context retrieval`)
+
+// benchModel is the model every request names (gpusim serves it).
+const benchModel = "meta-llama/Llama-3.1-8B-Instruct"
 
 func text(rng *rand.Rand, n int) string {
 	var b strings.Builder
@@ -36,11 +44,16 @@ type chatMessage struct {
 	Content string `json:"content"`
 }
 
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
 type chatRequest struct {
-	Model     string        `json:"model"`
-	Stream    bool          `json:"stream"`
-	MaxTokens int           `json:"max_tokens"`
-	Messages  []chatMessage `json:"messages"`
+	Model         string         `json:"model"`
+	Stream        bool           `json:"stream"`
+	StreamOptions *streamOptions `json:"stream_options,omitempty"`
+	MaxTokens     int            `json:"max_tokens"`
+	Messages      []chatMessage  `json:"messages"`
 }
 
 // bodies returns Prefixes x Suffixes request bodies, deterministic, in an
@@ -52,10 +65,18 @@ func (w workload) bodies() ([][]byte, error) {
 	for i := range system {
 		system[i] = fmt.Sprintf("You are assistant %d. ", i) + text(rng, w.BodySize*3/4)
 	}
+	maxTokens := w.MaxTokens
+	if maxTokens == 0 {
+		maxTokens = 16
+	}
+	var opts *streamOptions
+	if w.Usage {
+		opts = &streamOptions{IncludeUsage: true}
+	}
 	var out [][]byte
 	for s := 0; s < w.Suffixes; s++ {
 		for p := 0; p < w.Prefixes; p++ {
-			req := chatRequest{Model: "meta-llama/Llama-3.1-8B-Instruct", Stream: w.Stream, MaxTokens: 16,
+			req := chatRequest{Model: benchModel, Stream: w.Stream, StreamOptions: opts, MaxTokens: maxTokens,
 				Messages: []chatMessage{{Role: "system", Content: system[p]}, {Role: "user", Content: ""}}}
 			b, err := json.Marshal(req)
 			if err != nil {
