@@ -216,9 +216,14 @@ const triggerGap = 250 * time.Millisecond
 
 // rising asks trigger for a scrape of b's engine when the cluster's
 // in-flight count on it, inflight, is past the highest level seen without
-// a queue, at most every triggerGap; now is unix nanos.
+// a queue, at most every triggerGap; now is unix nanos. An engine that
+// never gave a figure (no scrape yet, or one whose /metrics carries none
+// of the engine's: a backend that is not vLLM-shaped, a stub) is not
+// asked between rounds: there is no level to pass, and a scrape that
+// teaches nothing would otherwise be asked for every triggerGap, beside
+// the request that asked.
 func (b *backend) rising(trigger ScrapeTrigger, inflight, now int64) {
-	if trigger == nil || inflight <= b.quietHigh.Load() {
+	if trigger == nil || b.learnedAt.Load() == 0 || inflight <= b.quietHigh.Load() {
 		return
 	}
 	last := b.lastTrigger.Load()

@@ -140,6 +140,12 @@ func TestLearnedCapacity(t *testing.T) {
 	if s := status(); s.Capacity != 0 || s.Pressed {
 		t.Fatalf("before any scrape: %+v", s)
 	}
+	// Before the engine gave any figure, a rise asks for no scrape: there
+	// is no level to pass.
+	own.rising(&log, 5, t0.UnixNano())
+	if log.len() != 0 {
+		t.Fatalf("%d scrapes asked for before the engine gave a figure", log.len())
+	}
 	// A quiet scrape at 3 in flight: nothing learnt of the capacity, but 3
 	// is the highest level seen without a queue.
 	p.SetRemote(id, 3, EngineQueue{Running: 3, Scraped: t0})
