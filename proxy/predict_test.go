@@ -163,7 +163,7 @@ func TestCacheCount(t *testing.T) {
 	} {
 		var cc cacheCounts
 		cc.count(c.pr, c.r)
-		c.want.rates()
+		c.want.Rates()
 		got := cc.figures()
 		if len(got) != 1 || got[0] != c.want {
 			t.Errorf("%+v answered %v: %+v, want %+v", c.pr, c.r, got, c.want)
