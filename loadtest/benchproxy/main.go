@@ -145,6 +145,10 @@ type options struct {
 	OpenChunks, OpenReps             int
 	OpenGap, OpenRamp, OpenSettle    time.Duration
 	OpenEngine                       string
+	LongSizes                        []int
+	LongRate                         float64
+	LongConns                        int
+	LongDuration, LongWarmup         time.Duration
 	Out                              string
 	Timeout                          time.Duration
 	WarmrouteArgs                    string
@@ -165,7 +169,7 @@ func parseOptions(args []string) (options, error) {
 	fs.StringVar(&o.SUTCPUs, "sut-cpus", "0", "CPUs the proxy under test is pinned to")
 	fs.StringVar(&o.GenCPUs, "gen-cpus", "1", "CPUs wrk and the stub backends are pinned to")
 	fs.IntVar(&o.Backends, "backends", 4, "stub backends")
-	phases := fs.String("phases", strings.Join(phaseNames, ","), "phases to run, comma-separated: wrk (requests/s, latency and CPU per request), stream (time to the first SSE chunk), open (many long SSE streams open at once)")
+	phases := fs.String("phases", strings.Join(defaultPhases, ","), "phases to run, comma-separated: wrk (requests/s, latency and CPU per request), stream (time to the first SSE chunk), open (many long SSE streams open at once), long (long prompts at a fixed rate; not run unless named)")
 	fs.DurationVar(&o.Duration, "duration", 5*time.Second, "length of each measured wrk run (whole seconds)")
 	fs.DurationVar(&o.Warmup, "warmup", time.Second, "unmeasured wrk run before each measured one (whole seconds; 0 = none)")
 	fs.IntVar(&o.Reps, "reps", 5, "repetitions of the wrk and stream phases, interleaved across targets")
@@ -186,6 +190,11 @@ func parseOptions(args []string) (options, error) {
 	fs.IntVar(&o.OpenReps, "open-reps", 3, "open phase: repetitions, interleaved across targets, each on a fresh proxy process")
 	fs.StringVar(&o.OpenEngine, "open-engine", engineStub, "open phase: the backends: stub (this binary; each event carries its send time, so latencies are measured) or gpusim (warmroute's simulated vLLM: vLLM's chunks, usage chunk and /metrics, which warmroute scrapes; events counted, not timed)")
 	fs.DurationVar(&o.OpenSettle, "open-settle", 30*time.Second, "open phase: how long the proxy's memory is watched after the streams ended")
+	longSizes := fs.String("long-sizes", "400000,8192", "long phase: request body sizes in bytes, comma-separated (400000 is about 100k tokens)")
+	fs.Float64Var(&o.LongRate, "long-rate", 100, "long phase: requests per second, sent on time whatever the answers take")
+	fs.IntVar(&o.LongConns, "long-conns", 64, "long phase: most connections open at once; a request due when all are busy counts late and makes the run invalid")
+	fs.DurationVar(&o.LongDuration, "long-duration", 10*time.Second, "long phase: measured window per target and size")
+	fs.DurationVar(&o.LongWarmup, "long-warmup", 2*time.Second, "long phase: load before the window")
 	fs.StringVar(&o.Out, "out", "out/bench-proxy", "directory for results.json and summary.md")
 	fs.DurationVar(&o.Timeout, "timeout", 20*time.Minute, "bound on the whole run")
 	fs.IntVar(&o.Nice, "nice", 0, "niceness for the proxies, stubs and wrk (e.g. -10 so other processes on a shared machine disturb less; needs root)")
@@ -228,6 +237,14 @@ func parseOptions(args []string) (options, error) {
 	}
 	if o.phase("open") {
 		if err := o.validateOpen(); err != nil {
+			return o, err
+		}
+	}
+	if o.phase("long") {
+		if o.LongSizes, err = parseLongSizes(*longSizes); err != nil {
+			return o, err
+		}
+		if err := o.validateLong(); err != nil {
 			return o, err
 		}
 	}
@@ -323,7 +340,7 @@ func runMain(args []string, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "benchproxy: phases %s; %d stub backends %v; SUT cpus %s, generator cpus %s; load average %s\n",
 		strings.Join(o.Phases, ","), o.Backends, addrs, o.SUTCPUs, o.GenCPUs, res.LoadAvgStart)
 
-	if o.phase("wrk") || o.phase("stream") {
+	if o.phase("wrk") || o.phase("stream") || o.phase("long") {
 		if err := runRequestPhases(ctx, &cs, dir, o, stubs, addrs, serve, bodies, streamBodies, res, stdout); err != nil {
 			return err
 		}
@@ -448,6 +465,11 @@ func runRequestPhases(ctx context.Context, cs *children, dir string, o options, 
 					rep, st[i].Target, st[i].Engine, ms(st[i].FirstP50), ms(st[i].FirstP90), ms(st[i].TotalP50), st[i].Events)
 			}
 			res.Streams = append(res.Streams, st...)
+		}
+		if o.phase("long") {
+			if err := runLongRep(ctx, targets, o, rep, res, stdout); err != nil {
+				return err
+			}
 		}
 	}
 	for _, t := range targets {

@@ -48,7 +48,10 @@ const (
 )
 
 // phases the harness knows, in the order it runs them.
-var phaseNames = []string{"wrk", "stream", "open"}
+var phaseNames = []string{"wrk", "stream", "open", "long"}
+
+// defaultPhases are the phases run unless -phases names others.
+var defaultPhases = []string{"wrk", "stream", "open"}
 
 // parsePhases reads -phases: a comma-separated subset of phaseNames.
 func parsePhases(s string) ([]string, error) {

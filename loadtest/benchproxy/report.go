@@ -123,6 +123,9 @@ type results struct {
 	Open           []openRun   `json:"open,omitempty"`
 	OpenRows       []openRow   `json:"open_rows,omitempty"`
 	OpenRatios     []openRatio `json:"open_ratios,omitempty"`
+	Long           []longRun   `json:"long,omitempty"`
+	LongRows       []longRow   `json:"long_rows,omitempty"`
+	LongRatios     []longRatio `json:"long_ratios,omitempty"`
 }
 
 func (r *results) targetNames() []string {
@@ -220,6 +223,7 @@ func (r *results) summarise() {
 		r.summariseStreams(engine)
 	}
 	r.summariseOpen()
+	r.summariseLong()
 }
 
 func (r *results) summariseStreams(engine string) {
@@ -269,6 +273,9 @@ func (r *results) text() string {
 	if len(r.OpenRows) > 0 {
 		r.openText(&b)
 	}
+	if len(r.LongRows) > 0 {
+		r.longText(&b)
+	}
 	fmt.Fprintf(&b, "\nload average: start %s, end %s\n", r.LoadAvgStart, r.LoadAvgEnd)
 	return b.String()
 }
@@ -313,6 +320,9 @@ func (r *results) markdown() string {
 	}
 	if len(r.OpenRows) > 0 {
 		r.openMarkdown(&b)
+	}
+	if len(r.LongRows) > 0 {
+		r.longMarkdown(&b)
 	}
 	fmt.Fprintf(&b, "\nLoad average at start %s, at end %s.\n", r.LoadAvgStart, r.LoadAvgEnd)
 	return b.String()
