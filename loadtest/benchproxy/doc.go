@@ -21,6 +21,18 @@
 // reads the proxy's CPU time per relayed event and its RSS (and, for
 // warmroute, Go heap) per open stream over its idle figure; after the
 // streams end it watches how much of that memory the process returns.
+// Each proxy run also reports its whole-life CPU per event: from just
+// before the first request to just after the last stream ended. With
+// -open-engine gpusim (engine.go) the streams come from warmroute's own
+// gpusim processes instead of the stub (vLLM's chunk shape, the finish
+// reason and usage chunks, its /metrics); their events are counted, not
+// timed.
+//
+// The long-prompt phase (-phases long; long.go; not run unless named)
+// sends chat bodies of -long-sizes bytes (400,000, about 100k tokens, and
+// 8,192) at a fixed rate to each target, open loop, and reports the
+// proxy's CPU per request (and cores per 100 requests/s), the latency it
+// adds to a direct call, and its peak RSS.
 //
 // Repetitions are interleaved (direct, HAProxy, warmroute, then again) so
 // ratios come from the same conditions, and the summary gives the median
