@@ -375,11 +375,10 @@ func TestOpenClientErrors(t *testing.T) {
 	}
 }
 
-// TestOpenPhase runs the phase end to end at a tiny size: 20 streams of 30
-// events 10 ms apart against the stubs directly, warmroute (the real
-// binary) and HAProxy when installed, each proxy a fresh pinned process,
-// and summarises it.
-func TestOpenPhase(t *testing.T) {
+// openPhaseTools skips the test in -short or without taskset, and returns
+// a temporary directory, the warmroute binary and taskset's path.
+func openPhaseTools(t *testing.T) (dir, wr, taskset string) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs warmroute")
 	}
@@ -387,11 +386,19 @@ func TestOpenPhase(t *testing.T) {
 	if err != nil {
 		t.Skip("no taskset")
 	}
-	dir := t.TempDir()
-	wr, err := proc.Binary(dir)
-	if err != nil {
+	dir = t.TempDir()
+	if wr, err = proc.Binary(dir); err != nil {
 		t.Fatal(err)
 	}
+	return dir, wr, taskset
+}
+
+// TestOpenPhase runs the phase end to end at a tiny size: 20 streams of 30
+// events 10 ms apart against the stubs directly, warmroute (the real
+// binary) and HAProxy when installed, each proxy a fresh pinned process,
+// and summarises it.
+func TestOpenPhase(t *testing.T) {
+	dir, wr, taskset := openPhaseTools(t)
 	o := options{Warmroute: wr, Taskset: taskset, SUTCPUs: "0", GenCPUs: "0", PrefixBytes: 2048, BalanceFactor: 125,
 		StreamPrefill: time.Millisecond, OpenStreams: []int{20}, OpenChunks: 30, OpenGap: 10 * time.Millisecond,
 		OpenRamp: 20 * time.Millisecond, OpenReps: 1, OpenSettle: time.Second, Timeout: time.Minute}
@@ -462,18 +469,7 @@ func TestOpenPhase(t *testing.T) {
 // gpusim processes (vLLM's chunks, then the finish reason and the usage),
 // counted, not timed, directly and through warmroute.
 func TestOpenPhaseGpusim(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs warmroute and gpusim")
-	}
-	taskset, err := exec.LookPath("taskset")
-	if err != nil {
-		t.Skip("no taskset")
-	}
-	dir := t.TempDir()
-	wr, err := proc.Binary(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, wr, taskset := openPhaseTools(t)
 	o := options{Warmroute: wr, Taskset: taskset, SUTCPUs: "0", GenCPUs: "0", Backends: 2, BodySize: 1024, Prefixes: 4,
 		PrefixBytes: 1024, BalanceFactor: 125, StreamPrefill: time.Millisecond, OpenEngine: engineGpusim, OpenStreams: []int{20},
 		OpenChunks: 30, OpenGap: 10 * time.Millisecond, OpenRamp: 20 * time.Millisecond, OpenReps: 1, OpenSettle: time.Second,
