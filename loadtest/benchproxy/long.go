@@ -84,24 +84,7 @@ func (r longRun) line() string {
 
 // parseLongSizes reads -long-sizes: body sizes in bytes, comma-separated.
 func parseLongSizes(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		f = strings.TrimSpace(f)
-		n, err := strconv.Atoi(f)
-		if err != nil || n < minLongSize || n > maxLongSize {
-			return nil, fmt.Errorf("-long-sizes: bad size %q (%d to %d bytes)", f, minLongSize, maxLongSize)
-		}
-		for _, m := range out {
-			if m == n {
-				return nil, fmt.Errorf("-long-sizes: %d given twice", n)
-			}
-		}
-		out = append(out, n)
-	}
-	if len(out) > maxLongSizes {
-		return nil, fmt.Errorf("-long-sizes: at most %d sizes", maxLongSizes)
-	}
-	return out, nil
+	return parseIntList("-long-sizes", "size", s, minLongSize, maxLongSize, maxLongSizes, " bytes")
 }
 
 // validateLong checks the long-prompt settings.
@@ -422,15 +405,34 @@ func joinInts(v []int) string {
 	return strings.Join(s, ", ")
 }
 
+var longColumns = []string{"bytes", "target", "CPU us/req", "cores per 100 req/s", "p50 ms", "p99 ms",
+	"added p50 ms", "added p99 ms", "peak RSS MB", "valid"}
+
+// cells renders the row's cells, in longColumns' order: "-" where no
+// repetition was valid, and for the proxy's own figures on direct.
+func (x longRow) cells() []string {
+	fig := func(s spread, prec int, proxyOnly bool) string {
+		if x.Valid == 0 || (proxyOnly && x.Target == "direct") {
+			return "-"
+		}
+		return s.fmt(prec, "")
+	}
+	return []string{strconv.Itoa(x.Size), x.Target, fig(x.CPUPerReqUs, 1, true), fig(x.CoresPer100, 4, true),
+		fig(x.P50ms, 2, false), fig(x.P99ms, 2, false), fig(x.AddedP50ms, 2, true), fig(x.AddedP99ms, 2, true),
+		fig(x.PeakRSSMB, 1, true), fmt.Sprintf("%d of %d", x.Valid, x.Runs)}
+}
+
+func (r *results) longCells() [][]string {
+	rows := make([][]string, 0, len(r.LongRows))
+	for _, x := range r.LongRows {
+		rows = append(rows, x.cells())
+	}
+	return rows
+}
+
 func (r *results) longText(b *strings.Builder) {
 	fmt.Fprintf(b, "\n%s\n", r.longHeading())
-	fmt.Fprintf(b, "%-8s %-10s %-24s %-24s %-22s %-22s %-22s %-22s %-20s %s\n", "bytes", "target", "CPU us/req", "cores per 100 req/s",
-		"p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "peak RSS MB", "valid")
-	for _, row := range r.LongRows {
-		fmt.Fprintf(b, "%-8d %-10s %-24s %-24s %-22s %-22s %-22s %-22s %-20s %d of %d\n", row.Size, row.Target,
-			dash(row.CPUPerReqUs, 1), dash(row.CoresPer100, 4), dash(row.P50ms, 2), dash(row.P99ms, 2),
-			dash(row.AddedP50ms, 2), dash(row.AddedP99ms, 2), dash(row.PeakRSSMB, 1), row.Valid, row.Runs)
-	}
+	writeAligned(b, longColumns, r.longCells())
 	for _, q := range r.LongRatios {
 		fmt.Fprintf(b, "warmroute / haproxy CPU per request at %d bytes: %s\n", q.Size, q.Ratio.fmt(2, "x"))
 	}
@@ -442,12 +444,8 @@ func (r *results) longText(b *strings.Builder) {
 }
 
 func (r *results) longMarkdown(b *strings.Builder) {
-	fmt.Fprintf(b, "\n%s\n\n| bytes | target | CPU us/req | cores per 100 req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | peak RSS MB | valid |\n|---|---|---|---|---|---|---|---|---|---|\n", r.longHeading())
-	for _, row := range r.LongRows {
-		fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %d of %d |\n", row.Size, row.Target,
-			dash(row.CPUPerReqUs, 1), dash(row.CoresPer100, 4), dash(row.P50ms, 2), dash(row.P99ms, 2),
-			dash(row.AddedP50ms, 2), dash(row.AddedP99ms, 2), dash(row.PeakRSSMB, 1), row.Valid, row.Runs)
-	}
+	fmt.Fprintf(b, "\n%s\n\n", r.longHeading())
+	writeMarkdownTable(b, longColumns, r.longCells())
 	if len(r.LongRatios) > 0 {
 		b.WriteString("\n")
 		for _, q := range r.LongRatios {
@@ -456,22 +454,9 @@ func (r *results) longMarkdown(b *strings.Builder) {
 	}
 }
 
-// dash formats s, or "-" when it has no value (no valid run, or a figure
-// the target has not).
-func dash(s spread, prec int) string {
-	if s == (spread{}) {
-		return "-"
-	}
-	return s.fmt(prec, "")
-}
-
 // runLongRep runs one repetition of the long phase: every size, every
 // target, the targets' order rotated by rep.
-func runLongRep(ctx context.Context, targets []target, o options, rep int, res *results, stdout io.Writer) error {
-	bodies, err := longBodies(o)
-	if err != nil {
-		return err
-	}
+func runLongRep(ctx context.Context, targets []target, o options, bodies map[int][][]byte, rep int, res *results, stdout io.Writer) error {
 	for _, size := range o.LongSizes {
 		for k := range targets {
 			t := targets[(k+rep)%len(targets)]

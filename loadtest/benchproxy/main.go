@@ -428,6 +428,12 @@ func runRequestPhases(ctx context.Context, cs *children, dir string, o options, 
 	}
 	fmt.Fprintf(stdout, "benchproxy: HAProxy %s; warmroute %s\n", hapAddr, wrArgs.Listen)
 
+	var longBodiesBySize map[int][][]byte
+	if o.phase("long") {
+		if longBodiesBySize, err = longBodies(o); err != nil {
+			return err
+		}
+	}
 	var wrkr *wrkRunner
 	if o.phase("wrk") {
 		if wrkr, err = newWrkRunner(dir, o.Wrk, o.Taskset, o.GenCPUs, o.Nice, bodies); err != nil {
@@ -467,7 +473,7 @@ func runRequestPhases(ctx context.Context, cs *children, dir string, o options, 
 			res.Streams = append(res.Streams, st...)
 		}
 		if o.phase("long") {
-			if err := runLongRep(ctx, targets, o, rep, res, stdout); err != nil {
+			if err := runLongRep(ctx, targets, o, longBodiesBySize, rep, res, stdout); err != nil {
 				return err
 			}
 		}

@@ -209,29 +209,47 @@ func (r *results) openHeading() string {
 		o.OpenChunks, o.OpenGap, o.OpenRamp, o.OpenReps, o.OpenSettle, o.engineText())
 }
 
+// openCells renders the rows at n streams.
+func (r *results) openCells(n int) [][]string {
+	var rows [][]string
+	for _, x := range r.OpenRows {
+		if x.N == n {
+			rows = append(rows, x.cells())
+		}
+	}
+	return rows
+}
+
+// writeAligned writes a header and rows as text columns, each as wide as
+// its widest cell.
+func writeAligned(b *strings.Builder, header []string, rows [][]string) {
+	widths := make([]int, len(header))
+	for _, row := range append([][]string{header}, rows...) {
+		for i, c := range row {
+			widths[i] = max(widths[i], len(c))
+		}
+	}
+	for _, row := range append([][]string{header}, rows...) {
+		for i, c := range row {
+			fmt.Fprintf(b, "%-*s  ", widths[i], c)
+		}
+		b.WriteString("\n")
+	}
+}
+
+// writeMarkdownTable writes a header and rows as a Markdown table.
+func writeMarkdownTable(b *strings.Builder, header []string, rows [][]string) {
+	fmt.Fprintf(b, "| %s |\n|%s\n", strings.Join(header, " | "), strings.Repeat("---|", len(header)))
+	for _, row := range rows {
+		fmt.Fprintf(b, "| %s |\n", strings.Join(row, " | "))
+	}
+}
+
 func (r *results) openText(b *strings.Builder) {
 	fmt.Fprintf(b, "\n%s\n", r.openHeading())
 	for _, n := range r.openCounts() {
 		fmt.Fprintf(b, "\nn=%d open streams\n", n)
-		var rows [][]string
-		rows = append(rows, openColumns)
-		for _, x := range r.OpenRows {
-			if x.N == n {
-				rows = append(rows, x.cells())
-			}
-		}
-		widths := make([]int, len(openColumns))
-		for _, row := range rows {
-			for i, c := range row {
-				widths[i] = max(widths[i], len(c))
-			}
-		}
-		for _, row := range rows {
-			for i, c := range row {
-				fmt.Fprintf(b, "%-*s  ", widths[i], c)
-			}
-			b.WriteString("\n")
-		}
+		writeAligned(b, openColumns, r.openCells(n))
 		for _, q := range r.OpenRatios {
 			if q.N == n {
 				fmt.Fprintf(b, "  warmroute / HAProxy, %-24s %s  (%d repetitions)\n", q.Name+":", q.Spread.fmt(2, ""), q.Reps)
@@ -244,12 +262,8 @@ func (r *results) openText(b *strings.Builder) {
 func (r *results) openMarkdown(b *strings.Builder) {
 	fmt.Fprintf(b, "\n%s\n", r.openHeading())
 	for _, n := range r.openCounts() {
-		fmt.Fprintf(b, "\n**%d open streams**\n\n| %s |\n|%s\n", n, strings.Join(openColumns, " | "), strings.Repeat("---|", len(openColumns)))
-		for _, x := range r.OpenRows {
-			if x.N == n {
-				fmt.Fprintf(b, "| %s |\n", strings.Join(x.cells(), " | "))
-			}
-		}
+		fmt.Fprintf(b, "\n**%d open streams**\n\n", n)
+		writeMarkdownTable(b, openColumns, r.openCells(n))
 		first := true
 		for _, q := range r.OpenRatios {
 			if q.N != n {

@@ -83,19 +83,27 @@ func parseStreamCounts(s string) ([]int, error) {
 	if s == "" || s == "0" {
 		return nil, nil
 	}
+	return parseIntList("-open-streams", "count", s, 1, maxOpenStreams, maxOpenCounts, "; \"0\" alone skips the phase")
+}
+
+// parseIntList reads a flag's comma-separated list of what (counts,
+// sizes): each lo to hi, at most most of them, none twice. hint ends the
+// message of a bad entry.
+func parseIntList(flag, what, s string, lo, hi, most int, hint string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 || n > maxOpenStreams {
-			return nil, fmt.Errorf("-open-streams: bad count %q (1 to %d; \"0\" alone skips the phase)", f, maxOpenStreams)
+		f = strings.TrimSpace(f)
+		n, err := strconv.Atoi(f)
+		if err != nil || n < lo || n > hi {
+			return nil, fmt.Errorf("%s: bad %s %q (%d to %d%s)", flag, what, f, lo, hi, hint)
 		}
 		if slices.Contains(out, n) {
-			return nil, fmt.Errorf("-open-streams: %d given twice", n)
+			return nil, fmt.Errorf("%s: %d given twice", flag, n)
 		}
 		out = append(out, n)
 	}
-	if len(out) > maxOpenCounts {
-		return nil, fmt.Errorf("-open-streams: %d counts, at most %d", len(out), maxOpenCounts)
+	if len(out) > most {
+		return nil, fmt.Errorf("%s: %d given, at most %d", flag, len(out), most)
 	}
 	return out, nil
 }
