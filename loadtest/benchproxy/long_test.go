@@ -100,6 +100,43 @@ func TestLongClient(t *testing.T) {
 	}
 }
 
+// A target that answers with an error status or an answer over the bound
+// fails the request, and the client reads no more than the bound.
+func TestLongClientBadAnswers(t *testing.T) {
+	huge := strings.Repeat("x", maxLongAnswer+100)
+	for _, tc := range []struct {
+		name, want string
+		h          http.HandlerFunc
+	}{
+		{"status", "status 500", func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			http.Error(w, "no", http.StatusInternalServerError)
+		}},
+		{"too large", "answer over 1MiB", func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			io.WriteString(w, huge)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(tc.h)
+			defer srv.Close()
+			bodies, err := workload{BodySize: 2048, Prefixes: 1, Suffixes: 1}.bodies()
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := newLongClient(srv.URL, bodies, 20, 4)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			c.run(ctx, 200*time.Millisecond, time.Now())
+			if c.ok.Load() != 0 || c.failed.Load() != c.sent.Load() || c.sent.Load() == 0 ||
+				len(c.samples) == 0 || !strings.Contains(c.samples[0], tc.want) {
+				t.Fatalf("%d sent, %d ok, %d failed, samples %q; want every one failed with %q",
+					c.sent.Load(), c.ok.Load(), c.failed.Load(), c.samples, tc.want)
+			}
+		})
+	}
+}
+
 // The summary takes medians over valid runs, added latency against the
 // same repetition's direct run, and ratios where both proxies' runs are
 // valid.
