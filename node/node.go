@@ -161,7 +161,7 @@ func New(cfg Config, opts Options) (_ *Node, err error) {
 		return nil, fmt.Errorf("routing: %w", err)
 	}
 
-	if n.trafficLn, err = net.Listen("tcp", cfg.Listen); err != nil {
+	if n.trafficLn, err = proxy.Listen(cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
 	if n.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {

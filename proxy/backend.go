@@ -310,13 +310,14 @@ func newDialer(cfg *Config) fasthttp.DialFuncWithTimeout {
 		if timeout <= 0 || timeout > connect {
 			timeout = connect
 		}
-		d := net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
+		// No TCP keep-alive probes (four setsockopt calls per dial): a
+		// backend that vanishes is found by the first-byte and stream-idle
+		// deadlines, and an idle pooled connection by the check before
+		// reuse. TCP_NODELAY is the net package's default.
+		d := net.Dialer{Timeout: timeout, KeepAlive: -1}
 		c, err := d.Dial("tcp", addr)
 		if err != nil {
 			return nil, &dialError{err: err}
-		}
-		if tc, ok := c.(*net.TCPConn); ok {
-			_ = tc.SetNoDelay(true)
 		}
 		return newUpstreamConn(c, first, idle), nil
 	}

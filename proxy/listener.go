@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"net"
 	"strconv"
 	"sync"
@@ -8,6 +9,16 @@ import (
 
 	"github.com/valyala/fasthttp"
 )
+
+// Listen opens the client listener on addr (TCP). Accepted connections
+// get no TCP keep-alive probes (Go's default sets four socket options on
+// every accepted connection): an idle client is closed after IdleTimeout,
+// and one that vanishes mid-stream by the write stall deadline
+// (WriteTimeout), so probes would find nothing those do not.
+func Listen(addr string) (net.Listener, error) {
+	lc := net.ListenConfig{KeepAlive: -1}
+	return lc.Listen(context.Background(), "tcp", addr)
+}
 
 // clientListener accepts client connections, refuses those over MaxConns
 // with an OpenAI-style 503 (fasthttp's own refusal is plain text), and

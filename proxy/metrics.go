@@ -58,7 +58,11 @@ type metrics struct {
 	bodiesRefused prometheus.Counter
 	// memReturns counts the memory returns after a burst (trim.go).
 	memReturns prometheus.Counter
-	none       *backendMetrics // requests that reached no backend
+	// offRelay counts streams that could have gone through the relay
+	// but took the goroutine path: their backend had
+	// MaxConnsPerBackend connections open and no idle relay one.
+	offRelay prometheus.Counter
+	none     *backendMetrics // requests that reached no backend
 
 	// The usage backends report in their answers (usage.go).
 	promptTokens *prometheus.CounterVec
@@ -113,6 +117,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "warmroute_memory_returns_total",
 			Help: "Times the router returned free memory to the system after a burst of client connections ended.",
 		}),
+		offRelay: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warmroute_streams_off_relay_total",
+			Help: "Streams passed by a goroutine each (more memory and CPU per stream) instead of the event-loop relay, because their backend had max-conns-per-backend connections open and none idle; raise max-conns-per-backend if this grows.",
+		}),
 		connsRejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "warmroute_client_connections_rejected_total",
 			Help: "Client connections refused with 503 because MaxConns were open.",
@@ -135,7 +143,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"backend", "result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.decision, m.ttfb, m.retries, m.aborts, m.ejections, m.upErrors, m.connsRejected, m.bodiesRefused, m.memReturns,
+		reg.MustRegister(m.requests, m.decision, m.ttfb, m.retries, m.aborts, m.ejections, m.upErrors, m.connsRejected, m.bodiesRefused, m.memReturns, m.offRelay,
 			m.promptTokens, m.cachedTokens, m.usageReports)
 	}
 	m.none = &backendMetrics{}

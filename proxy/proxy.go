@@ -184,10 +184,14 @@ func New(cfg Config) (*Proxy, error) {
 		MaxRequestBodySize: int(cfg.MaxBodySize),
 		// The handler reads each body itself, against the body budget
 		// (readBody), instead of fasthttp reading it whole first.
-		StreamRequestBody:             true,
-		ReadBufferSize:                int(cfg.MaxHeaderSize),
-		ReadTimeout:                   cfg.ReadTimeout,
-		IdleTimeout:                   cfg.IdleTimeout,
+		StreamRequestBody: true,
+		ReadBufferSize:    int(cfg.MaxHeaderSize),
+		ReadTimeout:       cfg.ReadTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		// A burst of streams leaves as many idle workers (a goroutine
+		// and its stack each) as were waiting for headers at once;
+		// they go after 2 s instead of fasthttp's 10.
+		MaxIdleWorkerDuration:         2 * time.Second,
 		DisableHeaderNamesNormalizing: false,
 		NoDefaultServerHeader:         true,
 		NoDefaultContentType:          true,

@@ -53,7 +53,10 @@ type relayStream struct {
 	// keepAlive: the client connection serves its next request after the
 	// stream (not when it asked to close).
 	keepAlive bool
-	pipelined []byte // what the client sent after the request
+	// laddr and raddr are the client connection's addresses, which it
+	// keeps when it comes back (serveAgain).
+	laddr, raddr net.Addr
+	pipelined    []byte // what the client sent after the request
 
 	usage    usageScan
 	pred     prediction // what the router predicted of the answer (predict.go)
@@ -76,6 +79,7 @@ func (p *Proxy) relayable(ctx *fasthttp.RequestCtx, st *reqState, b *backend) (*
 	}
 	// At the bound, an idle relay connection (counted) may still be used.
 	if b.client.ConnsCount()+int(b.relayConns.Load()) >= p.cfg.MaxConnsPerBackend && b.idleUps.n.Load() == 0 {
+		p.m.offRelay.Inc()
 		return nil, false
 	}
 	return rc, true
@@ -287,6 +291,7 @@ func (rs *relayStream) hijacked(c net.Conn) {
 	if len(rs.pipelined) > maxPipelined {
 		rs.keepAlive, rs.pipelined = false, nil
 	}
+	rs.laddr, rs.raddr = rs.client.LocalAddr(), rs.client.RemoteAddr()
 	cfd, cerr := relay.Detach(rs.client.Conn)
 	ufd, uerr := relay.Detach(rs.up.Conn)
 	in, _ := rs.br.Peek(rs.br.Buffered()) // Start copies it
@@ -372,7 +377,7 @@ func (rs *relayStream) End(r relay.Result) {
 	case r.Client < 0:
 		p.open.Add(-1)
 	case rs.keepAlive:
-		p.serveAgain(r.Client, rs.pipelined)
+		p.serveAgain(r.Client, rs.laddr, rs.raddr, rs.pipelined)
 	default:
 		relay.CloseFD(r.Client)
 		p.open.Add(-1)
@@ -384,13 +389,10 @@ func (rs *relayStream) End(r relay.Result) {
 
 // serveAgain gives a client connection back to the server for its next
 // request (prefixed with what it pipelined), unless Shutdown began. The
-// connection is still counted open.
-func (p *Proxy) serveAgain(fd int, pipelined []byte) {
-	c, err := relay.Attach(fd)
-	if err != nil {
-		p.open.Add(-1)
-		return
-	}
+// connection is still counted open; it keeps its addresses laddr and
+// raddr.
+func (p *Proxy) serveAgain(fd int, laddr, raddr net.Addr, pipelined []byte) {
+	c := relay.ResumeClient(fd, laddr, raddr)
 	p.mu.Lock()
 	if p.shutdown {
 		p.mu.Unlock()

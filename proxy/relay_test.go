@@ -6,10 +6,12 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/warmroute/warmroute/ring"
 )
 
@@ -154,6 +156,43 @@ func TestRelayedStreamClientLeaves(t *testing.T) {
 	waitFor(t, func() bool {
 		return h.p.relay.Active() == 0 && h.p.open.Load() == 0 && h.p.backends["b/"].inflight.Load() == 0
 	}, "the stream ended and counted")
+}
+
+// A stream to a backend at MaxConnsPerBackend, with no idle relay
+// connection, takes the goroutine path, is counted in
+// warmroute_streams_off_relay_total, and still gets its whole answer.
+func TestStreamOffRelayAtConnBound(t *testing.T) {
+	stub := newHoldingStub(t)
+	cfg := noProbes()
+	cfg.StreamRelay = true
+	cfg.MaxConnsPerBackend = 1
+	cfg.MaxConnWait = 5 * time.Second
+	h := startProxyBackends(t, cfg, ring.DefaultConfig(), []ring.Backend{{ID: "b/", Addr: "http://" + stub.ln.Addr().String()}})
+	first := h.dial(t)
+	first.Write(chatRequest(1<<10, true))
+	waitFor(t, func() bool { return h.p.relay.Active() == 1 }, "the first stream on the relay")
+	if n := testutil.ToFloat64(h.p.m.offRelay); n != 0 {
+		t.Fatalf("off-relay count %v with one stream", n)
+	}
+	second := h.dial(t)
+	second.Write(chatRequest(1<<10, true))
+	waitFor(t, func() bool { return testutil.ToFloat64(h.p.m.offRelay) == 1 }, "the second stream counted off the relay")
+	close(stub.release)
+	for i, c := range []net.Conn{first, second} {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("stream %d: %v", i, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		if err != nil || !bytes.Contains(body, []byte("data: [DONE]")) {
+			t.Fatalf("stream %d body %q, %v", i, body, err)
+		}
+	}
+	if h.p.relay.Active() != 0 {
+		t.Fatalf("%d streams still on the relay", h.p.relay.Active())
+	}
 }
 
 // Shutdown waits for relayed streams until its context ends, then ends

@@ -142,8 +142,11 @@ func (r *Relay) Close() {
 }
 
 // Detach returns a descriptor of c's socket that the caller owns (a
-// duplicate, non-blocking and close-on-exec); the caller then closes c,
-// which leaves the socket open through the duplicate.
+// duplicate, close-on-exec); the caller then closes c, which leaves the
+// socket open through the duplicate. c must be non-blocking, as every
+// socket of the net package and every connection Resume and ResumeClient
+// make is: a duplicate shares the open file's O_NONBLOCK, so it is not
+// set again (two system calls per socket on every stream's way in).
 func Detach(c net.Conn) (int, error) {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
@@ -162,19 +165,7 @@ func Detach(c net.Conn) (int, error) {
 	if derr != nil {
 		return -1, derr
 	}
-	if err := unix.SetNonblock(fd, true); err != nil {
-		unix.Close(fd)
-		return -1, err
-	}
 	return fd, nil
-}
-
-// Attach makes a net.Conn of a descriptor the relay gave back (and closes
-// the descriptor: the connection holds a duplicate).
-func Attach(fd int) (net.Conn, error) {
-	f := os.NewFile(uintptr(fd), "relayed")
-	defer f.Close()
-	return net.FileConn(f)
 }
 
 // CloseFD closes a descriptor the relay gave back.
@@ -182,23 +173,48 @@ func CloseFD(fd int) { unix.Close(fd) }
 
 // Resume makes a net.Conn of an upstream descriptor the relay gave back
 // (Result.Up), for the next request on it, and owns the descriptor from
-// then on. It is cheaper than Attach, whose net.FileConn duplicates the
+// then on. It is cheaper than net.FileConn, which duplicates the
 // descriptor and asks the kernel for the socket's type and both addresses
 // (a dozen system calls, on the way to a stream's first event): the
 // descriptor is taken as it is, as an *os.File on the runtime poller (two
 // system calls), and the connection reports no addresses.
-func Resume(fd int) net.Conn { return resumed{os.NewFile(uintptr(fd), "upstream")} }
+func Resume(fd int) net.Conn { return resumed{File: os.NewFile(uintptr(fd), "upstream")} }
+
+// ResumeClient is Resume for a client descriptor the relay gave back
+// (Result.Client), for the connection's next request: it reports laddr
+// and raddr, the addresses the connection had before its stream (the
+// server logs and forwards the client's), and its write side can be shut
+// (CloseWrite), as a lingering close does.
+func ResumeClient(fd int, laddr, raddr net.Addr) net.Conn {
+	return resumed{File: os.NewFile(uintptr(fd), "client"), laddr: laddr, raddr: raddr}
+}
 
 // resumed is a socket as an *os.File, which reads, writes, takes deadlines
 // and gives its descriptor (SyscallConn, so Detach works on it) as a
 // net.Conn does.
-type resumed struct{ *os.File }
+type resumed struct {
+	*os.File
+	laddr, raddr net.Addr
+}
 
-// LocalAddr is not known: nil.
-func (resumed) LocalAddr() net.Addr { return nil }
+// LocalAddr returns the address it was given, or nil.
+func (c resumed) LocalAddr() net.Addr { return c.laddr }
 
-// RemoteAddr is not known: nil.
-func (resumed) RemoteAddr() net.Addr { return nil }
+// RemoteAddr returns the address it was given, or nil.
+func (c resumed) RemoteAddr() net.Addr { return c.raddr }
+
+// CloseWrite shuts the socket's write side.
+func (c resumed) CloseWrite() error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.Shutdown(int(fd), unix.SHUT_WR) }); err != nil {
+		return err
+	}
+	return serr
+}
 
 // Quiet reports whether the idle connection fd (an upstream the relay
 // gave back) may carry a request: a non-blocking MSG_PEEK recv finds

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // pair returns a loopback TCP connection's two ends: one for the test, the
@@ -141,16 +143,33 @@ func TestRelayPassesAStream(t *testing.T) {
 		t.Fatalf("observer heard %q", rec.body)
 	}
 	// The client connection is the caller's again, and works.
-	c, err := Attach(res.Client)
-	if err != nil {
-		t.Fatal(err)
+	// It keeps the addresses it is given, and is still non-blocking
+	// (Detach does not set O_NONBLOCK on its duplicate: it is shared).
+	if fl, err := unix.FcntlInt(uintptr(res.Client), unix.F_GETFL, 0); err != nil || fl&unix.O_NONBLOCK == 0 {
+		t.Fatalf("given-back descriptor flags %#x, %v: want O_NONBLOCK", fl, err)
 	}
+	c := ResumeClient(res.Client, cl.RemoteAddr(), cl.LocalAddr())
 	defer c.Close()
+	if c.RemoteAddr() != cl.LocalAddr() || c.LocalAddr() != cl.RemoteAddr() {
+		t.Fatalf("addresses %v %v, want %v %v", c.LocalAddr(), c.RemoteAddr(), cl.RemoteAddr(), cl.LocalAddr())
+	}
 	buf := make([]byte, 4)
 	cl.Write([]byte("ping"))
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
 		t.Fatalf("given-back connection read %q, %v", buf, err)
+	}
+	// Its write side shuts: the peer reads EOF, and may still write.
+	if err := c.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	cl.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := cl.Read(buf); n != 0 || err != io.EOF {
+		t.Fatalf("peer read after CloseWrite: %d, %v; want EOF", n, err)
+	}
+	cl.Write([]byte("pong"))
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "pong" {
+		t.Fatalf("read after CloseWrite %q, %v", buf, err)
 	}
 	// The upstream connection was closed.
 	up.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -450,10 +469,7 @@ func TestRelayGivesTheUpstreamBack(t *testing.T) {
 			if Quiet(res.Up) {
 				t.Fatal("a given-back upstream with a byte to read is quiet")
 			}
-			c, err := Attach(res.Up)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := Resume(res.Up)
 			defer c.Close()
 			c.SetReadDeadline(time.Now().Add(5 * time.Second))
 			buf := make([]byte, 1)

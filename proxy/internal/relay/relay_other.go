@@ -28,14 +28,14 @@ func (r *Relay) Close() {}
 // Detach is not supported here.
 func Detach(net.Conn) (int, error) { return -1, ErrUnsupported }
 
-// Attach is not supported here.
-func Attach(int) (net.Conn, error) { return nil, ErrUnsupported }
-
 // CloseFD is not supported here.
 func CloseFD(int) {}
 
 // Resume is not reached (New returned nil).
 func Resume(int) net.Conn { return nil }
+
+// ResumeClient is not reached (New returned nil).
+func ResumeClient(int, net.Addr, net.Addr) net.Conn { return nil }
 
 // Quiet is not supported here: false.
 func Quiet(int) bool { return false }
