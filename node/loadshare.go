@@ -127,7 +127,7 @@ func engineQueue(s engine.Stats) proxy.EngineQueue { return gossipQueue(toGossip
 // gossipQueue is what a scrape says about the engine's queue, for the
 // proxy's busy estimate and learned capacity: nothing when the scrape
 // failed or the engine exports no queue figure; the running count when it
-// exports one.
+// exports one; and its prefix-cache hit rate when it exports one.
 func gossipQueue(s gossip.EngineStats) proxy.EngineQueue {
 	if !s.Has(gossip.EngineWaiting) {
 		return proxy.EngineQueue{}
@@ -135,6 +135,9 @@ func gossipQueue(s gossip.EngineStats) proxy.EngineQueue {
 	q := proxy.EngineQueue{Waiting: queued(s.Waiting), Scraped: s.Scraped}
 	if s.Has(gossip.EngineRunning) {
 		q.Running = queued(s.Running)
+	}
+	if s.Has(gossip.EnginePrefixHitRate) && s.PrefixHitRate >= 0 && s.PrefixHitRate <= 1 {
+		q.PrefixHit, q.HasPrefixHit = s.PrefixHitRate, true
 	}
 	return q
 }

@@ -29,6 +29,22 @@ func TestEngineQueueFromScrape(t *testing.T) {
 			t.Errorf("waiting %v: local %+v, gossiped %+v, want %+v", c.waiting, local, remote, want)
 		}
 	}
+	// The prefix-cache hit rate comes along when the engine exports one
+	// in range; otherwise it is not known.
+	for _, c := range []struct {
+		rate float64
+		ok   bool
+	}{{0, true}, {0.9, true}, {1, true}, {-0.1, false}, {1.5, false}, {math.NaN(), false}} {
+		local := engineQueue(engine.Stats{OK: true, Known: engine.KnownWaiting | engine.KnownPrefixHitRate, PrefixHitRate: c.rate, Scraped: now})
+		remote := gossipQueue(gossip.EngineStats{OK: true, Known: gossip.EngineWaiting | gossip.EnginePrefixHitRate, PrefixHitRate: c.rate, Scraped: now})
+		want := proxy.EngineQueue{Scraped: now}
+		if c.ok {
+			want.PrefixHit, want.HasPrefixHit = c.rate, true
+		}
+		if local != want || remote != want {
+			t.Errorf("hit rate %v: local %+v, gossiped %+v, want %+v", c.rate, local, remote, want)
+		}
+	}
 	for name, q := range map[string]proxy.EngineQueue{
 		"failed scrape":     engineQueue(engine.Stats{Known: engine.KnownWaiting, Waiting: 4, Scraped: now}),
 		"no queue figure":   engineQueue(engine.Stats{OK: true, Known: engine.KnownRunning, Waiting: 4, Scraped: now}),

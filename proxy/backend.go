@@ -183,7 +183,8 @@ func (b *backend) setQueue(q EngineQueue) {
 // queue, starts over at a queue from the level the engine ran then, so
 // that a rise past it asks for the next scrape at once (TriggerScrape)
 // rather than at the next round. A scrape without a running figure
-// teaches nothing of the capacity.
+// teaches nothing of the capacity. A new scrape's prefix-cache hit rate
+// also goes to the recompute cost (cost.go).
 func (b *backend) learn(q EngineQueue) {
 	if q.Scraped.IsZero() {
 		return
@@ -193,6 +194,9 @@ func (b *backend) learn(q EngineQueue) {
 		return
 	}
 	b.learnedAt.Store(at)
+	if q.HasPrefixHit && b.cost != nil {
+		b.cost.observeEngine(q.PrefixHit)
+	}
 	inflight := b.globalInFlight()
 	run := min(q.Running, maxEngineQueue)
 	if q.Waiting > 0 {
@@ -254,6 +258,12 @@ type EngineQueue struct {
 	Running int64
 	// Scraped is when the figure was read; zero when there is none.
 	Scraped time.Time
+	// PrefixHit is the engine's prefix-cache hit rate (0..1) over the
+	// last scrape window, when HasPrefixHit: what the recompute cost
+	// takes as the owners' cached share until their answers report one
+	// (cost.go).
+	PrefixHit    float64
+	HasPrefixHit bool
 }
 
 // ScrapeTrigger asks for a scrape of a backend's engine before the next

@@ -23,10 +23,15 @@ import "sync/atomic"
 //
 // average requests, at least 1: with no reuse (h = 0) its size in mean
 // requests, where owners serve 60% of every prompt from cache (a Mooncake
-// trace) 2.5 times that, where they serve 90% (RAG) ten times. Until an
-// owner's answer has reported its cached tokens (engines report them in
-// usage.prompt_tokens_details.cached_tokens, streams only when the client
-// asks for usage), h is taken as 0.5.
+// trace) 2.5 times that, where they serve 90% (RAG) ten times. h comes
+// from the owners' answers that report their cached tokens
+// (usage.prompt_tokens_details.cached_tokens). Many deployments never
+// see one: vLLM reports it only with --enable-prompt-tokens-details, and
+// in a stream only when the client asks for usage. Until an answer has
+// reported it, h is the engines' own prefix-cache hit rate, as their
+// metrics give it (vllm:prefix_cache_hits over queries, scraped; a
+// running mean over the fleet's scrapes, which counts every request,
+// overflowed ones too, so it errs low); with neither, 0.5.
 //
 // The counts are running means over about costWindow requests (body
 // sizes) and answers (tokens), updated with atomics; racing updates may
@@ -38,6 +43,11 @@ type recomputeCost struct {
 	// of owners' answers with a usage report, scaled by costScale; 0
 	// before the first.
 	prompt, cached atomic.Int64
+	// engineHit is the running mean of the engines' scraped prefix-cache
+	// hit rates, in thousandths scaled by costScale; engineSeen once one
+	// came.
+	engineHit  atomic.Int64
+	engineSeen atomic.Bool
 }
 
 const (
@@ -78,13 +88,33 @@ func (c *recomputeCost) units(body int64, count bool) int64 {
 }
 
 // ownerHitPermille returns h in thousandths: the owners' running cached
-// share, 500 before any report, at most maxOwnerHitPermille.
+// share; before any report the engines' scraped hit rate, or 500; at most
+// maxOwnerHitPermille.
 func (c *recomputeCost) ownerHitPermille() int64 {
 	p, k := c.prompt.Load(), c.cached.Load()
 	if p <= 0 {
+		if c.engineSeen.Load() {
+			return min(maxOwnerHitPermille, max(0, c.engineHit.Load()/costScale))
+		}
 		return 500
 	}
 	return min(maxOwnerHitPermille, max(0, k*1000/p))
+}
+
+// observeEngine records an engine's prefix-cache hit rate (0..1) from a
+// new scrape of its metrics; a rate outside 0..1 (or NaN) is ignored.
+func (c *recomputeCost) observeEngine(rate float64) {
+	if !(rate >= 0 && rate <= 1) {
+		return
+	}
+	x := int64(rate*1000) * costScale
+	if !c.engineSeen.Load() {
+		c.engineHit.Store(x)
+		c.engineSeen.Store(true)
+		return
+	}
+	m := c.engineHit.Load()
+	c.engineHit.Store(m + (x-m)/costWindow)
 }
 
 // observe records an answer to a request of kind k whose engine reported

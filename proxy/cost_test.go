@@ -1,6 +1,12 @@
 package proxy
 
-import "testing"
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/warmroute/warmroute/internal/backendspec"
+)
 
 func TestRecomputeCostUnits(t *testing.T) {
 	var c recomputeCost
@@ -84,5 +90,62 @@ func TestCountUsageTeachesCost(t *testing.T) {
 	b.countUsage(prediction{kind: kindAffinity, warm: true}, usageReport{result: usageOK, prompt: 100, cached: 75})
 	if h := c.ownerHitPermille(); h != 750 {
 		t.Fatalf("owner hit %d permille after one answer caching 75%%, want 750", h)
+	}
+}
+
+// Before any owner's answer reports its cached tokens, h is the engines'
+// scraped prefix-cache hit rate (a running mean over scrapes); once an
+// answer reports, the answers decide. Rates outside 0..1 are ignored.
+func TestRecomputeCostFromEngineHitRate(t *testing.T) {
+	var c recomputeCost
+	c.units(4000, true) // the mean: 4000 bytes
+	c.observeEngine(math.NaN())
+	c.observeEngine(-1)
+	c.observeEngine(2)
+	if h := c.ownerHitPermille(); h != 500 {
+		t.Fatalf("after invalid rates: h %d permille, want 500", h)
+	}
+	c.observeEngine(0.9)
+	if h := c.ownerHitPermille(); h != 900 {
+		t.Fatalf("first engine rate 0.9: h %d permille, want 900", h)
+	}
+	if got := c.units(4000, false); got != 10 {
+		t.Errorf("engine h = 0.9: units(mean) = %d, want 10", got)
+	}
+	// A running mean: one scrape of 0.5 moves it by 1/costWindow.
+	c.observeEngine(0.5)
+	if h := c.ownerHitPermille(); h >= 900 || h < 890 {
+		t.Errorf("after one scrape of 0.5: h %d permille, want just under 900", h)
+	}
+	for range 20 * costWindow {
+		c.observeEngine(0.99)
+	}
+	if h := c.ownerHitPermille(); h != maxOwnerHitPermille {
+		t.Errorf("engines at 0.99: h %d permille, want the cap %d", h, maxOwnerHitPermille)
+	}
+	// An owner's answer with cached tokens takes over.
+	c.observe(kindAffinity, usageReport{result: usageOK, prompt: 1000, cached: 200})
+	if h := c.ownerHitPermille(); h != 200 {
+		t.Errorf("after an owner's report of 20%%: h %d permille, want 200", h)
+	}
+}
+
+// A backend's new scrape, not a copy of it, teaches the engine's rate.
+func TestScrapeTeachesEngineHitRate(t *testing.T) {
+	cfg := DefaultConfig()
+	b := newBackend("b/", backendspec.Target{HostPort: "127.0.0.1:1"}, &cfg, newMetrics(nil))
+	b.cost = new(recomputeCost)
+	now := time.Now()
+	b.setQueue(EngineQueue{Scraped: now, PrefixHit: 0.8, HasPrefixHit: true})
+	if h := b.cost.ownerHitPermille(); h != 800 {
+		t.Fatalf("h %d permille after a scrape of 0.8, want 800", h)
+	}
+	b.setQueue(EngineQueue{Scraped: now.Add(time.Millisecond), PrefixHit: 0, HasPrefixHit: true}) // a copy
+	if h := b.cost.ownerHitPermille(); h != 800 {
+		t.Fatalf("h %d permille after a copy of the scrape, want 800", h)
+	}
+	b.setQueue(EngineQueue{Scraped: now.Add(time.Second)}) // no rate
+	if h := b.cost.ownerHitPermille(); h != 800 {
+		t.Fatalf("h %d permille after a scrape without a rate, want 800", h)
 	}
 }
