@@ -212,6 +212,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	out := fs.String("out", "", "directory for report.html, report.json and the fleet's logs (default out/demo-TIMESTAMP)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	dryRun := fs.Bool("dry-run", false, "print the runs and how long they will take, and start nothing")
+	agreement := fs.Bool("agreement", false, "with --routers 2 or more: ask every router where the workload's first 16 requests would go, all at once every second from the end of the warm-up to the end of the run, and report how often their picks agreed")
 	usage := "usage: warmroute demo [flags]\n\n" +
 		"Starts a local fleet (gpusim instances, simulated vLLM engines, behind warmroute\n" +
 		"routers, all child processes of this executable on free loopback ports), runs each\n" +
@@ -267,7 +268,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	fc.LogDir = filepath.Join(dir, "logs")
 
-	plan := compare.Plan{Strategies: strategies, Fleet: fc}
+	plan := compare.Plan{Strategies: strategies, Fleet: fc, Agreement: *agreement}
 	for _, name := range workloads {
 		c, err := demoCase(name, *seed, *warmup, *duration, *rateScale)
 		if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"html"
 	"os"
@@ -233,5 +234,52 @@ func TestE2EDemoDefaultFitsThreeMinutes(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("--dry-run made its output directory (%v)", err)
+	}
+}
+
+// TestE2EDemoAgreement runs the demo with two routers and --agreement: the
+// routers are asked about the workload's first requests over the measured
+// window, the terminal says how often they agreed, and report.json carries
+// the counts: every request compared in every round, and the owners (the
+// agreed ring) the same on both routers. The picks may differ: three
+// instances take rag at the rate sized for seven, so requests overflow.
+func TestE2EDemoAgreement(t *testing.T) {
+	needBinary(t)
+	t.Parallel() // about 12 s, waiting on the demo's load
+	out := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b, err := exec.CommandContext(ctx, binPath, "demo", "--workloads", "rag", "--strategies", "PREFIX_AWARE",
+		"--routers", "2", "--instances", "3", "--warmup", "1s", "--duration", "3s", "--agreement", "--quiet", "--out", out).CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, b)
+	}
+	if !regexp.MustCompile(`rag / PREFIX_AWARE: 2 routers, [1-9][0-9]* rounds: picks agreed on [0-9]+ of [1-9][0-9]* \([0-9.]+%\), owners on ([0-9]+) of ([0-9]+) \(100\.0%\)`).Match(b) {
+		t.Errorf("no agreement line for rag:\n%s", b)
+	}
+	js, err := os.ReadFile(filepath.Join(out, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Runs []struct {
+			Agreement *struct {
+				Routers  int `json:"routers"`
+				Rounds   int `json:"rounds"`
+				Compared int `json:"compared"`
+				Picks    int `json:"picks_agreeing"`
+				Owners   int `json:"owners_agreeing"`
+			} `json:"agreement"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal(js, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Runs) != 1 || rep.Runs[0].Agreement == nil {
+		t.Fatalf("report.json runs without agreement: %s", js)
+	}
+	a := rep.Runs[0].Agreement
+	if a.Routers != 2 || a.Rounds < 1 || a.Compared != 16*a.Rounds || a.Owners != a.Compared || a.Picks > a.Compared {
+		t.Errorf("agreement %+v", *a)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/loadtest"
+	"github.com/warmroute/warmroute/loadtest/agree"
 	"github.com/warmroute/warmroute/loadtest/fleet"
 	"github.com/warmroute/warmroute/loadtest/stats"
 	"github.com/warmroute/warmroute/loadtest/workload"
@@ -43,6 +44,12 @@ type Plan struct {
 	// OnResult, when set, is called after every run (for incremental
 	// output).
 	OnResult func(stats.Summary)
+	// Agreement, with more than one router, asks every router where the
+	// workload's first AgreementRequests requests (default 16) would go,
+	// all at once every second from the end of the warm-up to the end of the run (loadtest/agree),
+	// and puts the counts in the run's Summary.
+	Agreement         bool
+	AgreementRequests int
 }
 
 // Validate reports the first problem with p.
@@ -142,12 +149,13 @@ func (p *Plan) one(ctx context.Context, c Case, s string) (*stats.Summary, error
 		}
 		w.Model = ids[0]
 	}
-	var gen workload.Generator
-	if c.Generator != nil {
-		gen, err = c.Generator(w.Model)
-	} else {
-		gen, err = workload.New(w)
+	newGen := func() (workload.Generator, error) {
+		if c.Generator != nil {
+			return c.Generator(w.Model)
+		}
+		return workload.New(w)
 	}
+	gen, err := newGen()
 	if err != nil {
 		return nil, err
 	}
@@ -161,11 +169,59 @@ func (p *Plan) one(ctx context.Context, c Case, s string) (*stats.Summary, error
 	lc.Label = s
 	lc.Workload = c.Name
 	p.logf("%s / %s: fleet ready in %.1fs, running %s", c.Name, s, time.Since(t0).Seconds(), describeLoad(lc))
+	var probe func() *stats.Agreement
+	if p.Agreement && len(f.Routers()) > 1 {
+		if probe, err = p.startAgreement(ctx, f.Routers(), newGen, lc.Warmup); err != nil {
+			return nil, err
+		}
+	}
 	sum, err := loadtest.Run(ctx, lc, gen)
+	if probe != nil {
+		sum.Agreement = probe()
+	}
 	if err != nil && !errors.Is(err, loadtest.ErrInterrupted) {
 		return nil, err
 	}
 	return &sum, err
+}
+
+// startAgreement starts asking the routers about the first requests of a
+// generator newGen makes, once warmup has passed; the function it returns
+// stops it and returns the counts (nil when the window never began).
+func (p *Plan) startAgreement(ctx context.Context, routers []fleet.Router, newGen func() (workload.Generator, error), warmup time.Duration) (func() *stats.Agreement, error) {
+	gen, err := newGen()
+	if err != nil {
+		return nil, err
+	}
+	n := p.AgreementRequests
+	if n <= 0 {
+		n = 16
+	}
+	cfg := agree.Config{Requests: make([]agree.Request, n)}
+	for i := range cfg.Requests {
+		var r workload.Request
+		gen.Next(&r)
+		cfg.Requests[i] = agree.Request{Path: r.Path, Body: r.Body}
+	}
+	for i, r := range routers {
+		cfg.Routers = append(cfg.Routers, agree.Router{Name: fmt.Sprintf("router-%d", i), AdminURL: r.AdminURL})
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan *stats.Agreement, 1)
+	go func() {
+		select {
+		case <-pctx.Done():
+			done <- nil
+			return
+		case <-time.After(warmup):
+		}
+		a := agree.Run(pctx, cfg)
+		done <- &a
+	}()
+	return func() *stats.Agreement {
+		cancel()
+		return <-done
+	}, nil
 }
 
 func describeLoad(c loadtest.Config) string {

@@ -351,3 +351,31 @@ func TestPredictionsTable(t *testing.T) {
 		t.Errorf("page lacks the affinity row:\n%s", page)
 	}
 }
+
+// TestAgreementLines: a run that asked its routers (demo --agreement)
+// gets a line with its counts and first disagreement; none otherwise.
+func TestAgreementLines(t *testing.T) {
+	runs := sampleRuns()
+	var b bytes.Buffer
+	if err := WriteTable(&b, runs); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "agreement:") {
+		t.Fatalf("agreement lines without an agreement probe:\n%s", b.String())
+	}
+	runs[1].Agreement = &stats.Agreement{Routers: 8, Rounds: 35, Compared: 560, Picks: 552, Owners: 560, SameEpoch: 35, Failed: 2,
+		First: "request 3: router-0->b1 (overflow rank 1) router-1->b0 (affinity)"}
+	b.Reset()
+	if err := WriteTable(&b, runs); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"rag / PREFIX_AWARE: 8 routers, 35 rounds: picks agreed on 552 of 560 (98.6%), owners on 560 of 560 (100.0%); every answer of a round at one epoch in 35 of 35 rounds; 2 calls unanswered",
+		"first disagreement: request 3: router-0->b1 (overflow rank 1) router-1->b0 (affinity)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -272,6 +272,9 @@ func WriteTable(w io.Writer, runs []stats.Summary) error {
 	if err := writePredictions(w, runs); err != nil {
 		return err
 	}
+	if err := writeAgreement(w, runs); err != nil {
+		return err
+	}
 	return writeVerdict(w, NewVerdict(runs, Candidate))
 }
 
@@ -418,4 +421,40 @@ func hitRate(s *stats.Summary) float64 {
 		return s.KV.HitRate
 	}
 	return s.UsageCachedRate
+}
+
+// writeAgreement writes, for the runs that asked the routers where the
+// same requests would go (demo --agreement), how often they chose alike.
+func writeAgreement(w io.Writer, runs []stats.Summary) error {
+	header := false
+	for _, r := range runs {
+		a := r.Agreement
+		if a == nil {
+			continue
+		}
+		if !header {
+			fmt.Fprintln(w, "\nagreement: every router asked where the workload's first requests would go, at the same moment, from the end of the warm-up to the end of the run")
+			header = true
+		}
+		line := fmt.Sprintf("  %s / %s: %d routers, %d rounds: picks agreed on %s, owners on %s; every answer of a round at one epoch in %d of %d rounds",
+			r.Workload, r.Label, a.Routers, a.Rounds, ofCount(a.Picks, a.Compared), ofCount(a.Owners, a.Compared), a.SameEpoch, a.Rounds)
+		if a.Failed > 0 {
+			line += fmt.Sprintf("; %d calls unanswered", a.Failed)
+		}
+		if _, err := fmt.Fprintln(w, line); err != nil {
+			return err
+		}
+		if a.First != "" {
+			fmt.Fprintf(w, "    first disagreement: %s\n", a.First)
+		}
+	}
+	return nil
+}
+
+// ofCount is "k of n (p%)".
+func ofCount(k, n int) string {
+	if n == 0 {
+		return "0 of 0"
+	}
+	return fmt.Sprintf("%d of %d (%.1f%%)", k, n, 100*float64(k)/float64(n))
 }

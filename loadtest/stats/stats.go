@@ -261,6 +261,9 @@ type Summary struct {
 	// answers delivered, per decision kind, over the measured window; nil
 	// when the routers' metrics were not read (or have none).
 	Predictions []Prediction `json:"predictions,omitempty"`
+	// Agreement is how often the routers chose alike over the measured
+	// window, when the run asked them (demo --agreement); nil otherwise.
+	Agreement *Agreement `json:"agreement,omitempty"`
 }
 
 // Summarize returns the Summary of everything recorded. window is the
@@ -356,4 +359,37 @@ func trafficShares(counts map[string]int64, expected []string) (map[string]float
 		return shares, 0
 	}
 	return shares, hi / lo
+}
+
+// Agreement is how often the routers of one cluster, asked about the same
+// requests at the same moment, chose alike (loadtest/agree): over Rounds
+// rounds, Compared requests were answered by two routers or more, of
+// which Picks were sent to the same backend by all of them and Owners had
+// the same load-blind owner; SameEpoch rounds had every answer at one
+// epoch. Failed counts explainer calls that got no answer.
+type Agreement struct {
+	Routers   int    `json:"routers"`
+	Rounds    int    `json:"rounds"`
+	Compared  int    `json:"compared"`
+	Picks     int    `json:"picks_agreeing"`
+	Owners    int    `json:"owners_agreeing"`
+	SameEpoch int    `json:"same_epoch_rounds"`
+	Failed    int    `json:"failed_calls"`
+	First     string `json:"first_disagreement,omitempty"`
+}
+
+// Add adds round r's counts (Routers and the first disagreement stay).
+func (a *Agreement) Add(r Agreement) {
+	if a.Routers == 0 {
+		a.Routers = r.Routers
+	}
+	a.Rounds += r.Rounds
+	a.Compared += r.Compared
+	a.Picks += r.Picks
+	a.Owners += r.Owners
+	a.SameEpoch += r.SameEpoch
+	a.Failed += r.Failed
+	if a.First == "" {
+		a.First = r.First
+	}
 }

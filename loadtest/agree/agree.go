@@ -1,0 +1,215 @@
+package agree
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/warmroute/warmroute/loadtest/stats"
+)
+
+// Router is one router's admin listener.
+type Router struct {
+	Name     string
+	AdminURL string // http://127.0.0.1:P
+}
+
+// Request is one request to ask about: its API path (/v1/chat/completions)
+// and body.
+type Request struct {
+	Path string
+	Body []byte
+}
+
+// Config says whom to ask about what, and how often.
+type Config struct {
+	Routers  []Router
+	Requests []Request
+	// Every is the time from the start of one round to the next
+	// (default 1 s: 16 requests a second to each router load the fleet little); a round that takes longer starts the next at once.
+	Every time.Duration
+	// Timeout bounds one explainer call (default 2 s).
+	Timeout time.Duration
+	// Client makes the calls (default: a client of its own, closed when
+	// Run returns).
+	Client *http.Client
+}
+
+// maxAnswer bounds an explainer answer read.
+const maxAnswer = 1 << 20
+
+// explanation is the part of an explainer answer read here.
+type explanation struct {
+	Epoch      uint64 `json:"epoch"`
+	Backend    string `json:"backend"`
+	Reason     string `json:"reason"`
+	Rank       int    `json:"rank"`
+	Candidates []struct {
+		ID      string `json:"id"`
+		State   string `json:"state"`
+		Healthy bool   `json:"healthy"`
+	} `json:"candidates"`
+}
+
+// owner is the first candidate that is active and healthy.
+func (e explanation) owner() string {
+	for _, c := range e.Candidates {
+		if c.Healthy && c.State == "active" {
+			return c.ID
+		}
+	}
+	return ""
+}
+
+// Run asks round after round until ctx ends and returns the counts.
+func Run(ctx context.Context, cfg Config) stats.Agreement {
+	if cfg.Every <= 0 {
+		cfg.Every = time.Second
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 2 * time.Second
+	}
+	hc := cfg.Client
+	if hc == nil {
+		tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}
+		defer tr.CloseIdleConnections()
+		hc = &http.Client{Transport: tr}
+	}
+	out := stats.Agreement{Routers: len(cfg.Routers)}
+	if len(cfg.Routers) < 2 || len(cfg.Requests) == 0 {
+		return out
+	}
+	t := time.NewTicker(cfg.Every)
+	defer t.Stop()
+	for {
+		r := round(ctx, hc, cfg)
+		if ctx.Err() != nil {
+			return out // a round cut short is not counted
+		}
+		out.Add(r)
+		select {
+		case <-ctx.Done():
+			return out
+		case <-t.C:
+		}
+	}
+}
+
+// round asks every router about every request, the routers at once.
+func round(ctx context.Context, hc *http.Client, cfg Config) stats.Agreement {
+	n, m := len(cfg.Routers), len(cfg.Requests)
+	answers := make([][]explanation, n)
+	ok := make([][]bool, n)
+	var wg sync.WaitGroup
+	for i := range cfg.Routers {
+		answers[i], ok[i] = make([]explanation, m), make([]bool, m)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j, q := range cfg.Requests {
+				e, err := explain(ctx, hc, cfg.Timeout, cfg.Routers[i].AdminURL, q)
+				answers[i][j], ok[i][j] = e, err == nil
+			}
+		}()
+	}
+	wg.Wait()
+	return tally(cfg.Routers, answers, ok)
+}
+
+// tally counts one round: a request is compared when at least two routers
+// answered it, and agrees when they all named the same backend (owner).
+// The round's epochs agree when every router answered at one epoch.
+func tally(routers []Router, answers [][]explanation, ok [][]bool) stats.Agreement {
+	out := stats.Agreement{Routers: len(routers), Rounds: 1, SameEpoch: 1}
+	epoch, seen := uint64(0), false
+	for j := range answers[0] {
+		var first explanation
+		got, picks, owners := 0, true, true
+		for i := range routers {
+			if !ok[i][j] {
+				out.Failed++
+				continue
+			}
+			e := answers[i][j]
+			if !seen {
+				epoch, seen = e.Epoch, true
+			} else if e.Epoch != epoch {
+				out.SameEpoch = 0
+			}
+			if got == 0 {
+				first = e
+			} else {
+				picks = picks && e.Backend == first.Backend
+				owners = owners && e.owner() == first.owner()
+			}
+			got++
+		}
+		if got < 2 {
+			continue
+		}
+		out.Compared++
+		if picks {
+			out.Picks++
+		} else if out.First == "" {
+			out.First = describe(routers, answers, ok, j)
+		}
+		if owners {
+			out.Owners++
+		}
+	}
+	return out
+}
+
+// describe names what each router picked for request j.
+func describe(routers []Router, answers [][]explanation, ok [][]bool, j int) string {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "request %d:", j)
+	for i, r := range routers {
+		if !ok[i][j] {
+			continue
+		}
+		e := answers[i][j]
+		if e.Reason == "overflow" {
+			fmt.Fprintf(&b, " %s->%s (overflow rank %d)", r.Name, e.Backend, e.Rank)
+		} else {
+			fmt.Fprintf(&b, " %s->%s (%s)", r.Name, e.Backend, e.Reason)
+		}
+	}
+	return b.String()
+}
+
+// explain asks one router where q would go.
+func explain(ctx context.Context, hc *http.Client, timeout time.Duration, adminURL string, q Request) (explanation, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var e explanation
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, adminURL+"/debug/route"+q.Path, bytes.NewReader(q.Body))
+	if err != nil {
+		return e, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return e, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
+	if err != nil {
+		return e, err
+	}
+	if len(b) > maxAnswer {
+		return e, fmt.Errorf("explainer answer over %d bytes", maxAnswer)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return e, fmt.Errorf("explainer: HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(b))
+	}
+	if err := json.Unmarshal(b, &e); err != nil {
+		return e, fmt.Errorf("explainer answer: %w", err)
+	}
+	return e, nil
+}
