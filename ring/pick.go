@@ -465,6 +465,9 @@ type Candidate struct {
 	State    string `json:"state"`
 	Healthy  bool   `json:"healthy"`
 	Busy     bool   `json:"busy"`
+	// Queued is what the COST rule takes the backend's engine to queue
+	// (Queues), when the Loads knows it.
+	Queued int64 `json:"queued,omitempty"`
 }
 
 // Explanation is what the route explainer shows: the key's partition, the
@@ -476,7 +479,10 @@ type Explanation struct {
 	Backend    string      `json:"backend,omitempty"`
 	Reason     string      `json:"reason"`
 	Rank       int         `json:"rank"`
-	Error      string      `json:"error,omitempty"`
+	// Recompute is the request's recompute cost in average requests, as
+	// the COST overflow rule weighed it (ExplainCost).
+	Recompute int64  `json:"recompute"`
+	Error     string `json:"error,omitempty"`
 }
 
 // Explain runs Pick and reports how it got there. For RANDOM and
@@ -488,10 +494,11 @@ func (r *Ring) Explain(key uint64, loads Loads) Explanation {
 
 // ExplainCost is Explain for PickCost.
 func (r *Ring) ExplainCost(key uint64, recompute int64, loads Loads) Explanation {
-	e := Explanation{Strategy: r.cfg.Strategy.String(), Partition: r.Partition(key), Rank: -1}
+	e := Explanation{Strategy: r.cfg.Strategy.String(), Partition: r.Partition(key), Rank: -1, Recompute: max(recompute, 1)}
+	q, _ := loads.(Queues)
 	for rank, b32 := range r.Order(e.Partition) {
 		b := int(b32)
-		e.Candidates = append(e.Candidates, Candidate{
+		c := Candidate{
 			ID:       r.backends[b].ID,
 			Rank:     rank,
 			InFlight: loads.InFlight(b),
@@ -499,7 +506,11 @@ func (r *Ring) ExplainCost(key uint64, recompute int64, loads Loads) Explanation
 			State:    r.backends[b].State.String(),
 			Healthy:  loads.Healthy(b),
 			Busy:     loads.Busy(b),
-		})
+		}
+		if q != nil {
+			c.Queued = q.Queued(b)
+		}
+		e.Candidates = append(e.Candidates, c)
 	}
 	d, err := r.PickCost(key, recompute, loads)
 	e.Reason = d.Reason.String()

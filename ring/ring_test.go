@@ -373,6 +373,40 @@ func TestExplain(t *testing.T) {
 	}
 }
 
+// ExplainCost shows the recompute cost it weighed (at least 1) and, with a
+// Loads that knows the queues, each candidate's queue.
+func TestExplainCostShowsItsInputs(t *testing.T) {
+	r := mustRing(t, DefaultConfig(), gpus(3))
+	plain := r.ExplainCost(42, 0, newLoads(3))
+	if plain.Recompute != 1 {
+		t.Errorf("recompute %d for 0, want 1", plain.Recompute)
+	}
+	for _, c := range plain.Candidates {
+		if c.Queued != 0 {
+			t.Errorf("queue %d shown without Queues: %+v", c.Queued, c)
+		}
+	}
+	q := queueLoads{fakeLoads: newLoads(3), queued: []int64{4, 0, 2}}
+	e := r.ExplainCost(42, 5, q)
+	if e.Recompute != 5 {
+		t.Errorf("recompute %d, want 5", e.Recompute)
+	}
+	for _, c := range e.Candidates {
+		i := -1
+		for b, rb := range r.Backends() {
+			if rb.ID == c.ID {
+				i = b
+			}
+		}
+		if i < 0 {
+			t.Fatalf("candidate %s is not a backend of the ring", c.ID)
+		}
+		if c.Queued != q.queued[i] {
+			t.Errorf("candidate %s: queued %d, want %d", c.ID, c.Queued, q.queued[i])
+		}
+	}
+}
+
 func TestZoneAwareOverflow(t *testing.T) {
 	bs := gpus(8)
 	for i := range bs {

@@ -49,10 +49,13 @@ type explanation struct {
 	Backend    string `json:"backend"`
 	Reason     string `json:"reason"`
 	Rank       int    `json:"rank"`
+	Recompute  int64  `json:"recompute"`
 	Candidates []struct {
-		ID      string `json:"id"`
-		State   string `json:"state"`
-		Healthy bool   `json:"healthy"`
+		ID       string `json:"id"`
+		State    string `json:"state"`
+		Healthy  bool   `json:"healthy"`
+		InFlight int64  `json:"in_flight"`
+		Queued   int64  `json:"queued"`
 	} `json:"candidates"`
 }
 
@@ -165,7 +168,9 @@ func tally(routers []Router, answers [][]explanation, ok [][]bool) stats.Agreeme
 	return out
 }
 
-// describe names what each router picked for request j.
+// describe names what each router picked for request j, and what it saw
+// of the first candidate (the owner): its in-flight count and queue, and
+// the request's recompute cost, the figures the COST rule weighs.
 func describe(routers []Router, answers [][]explanation, ok [][]bool, j int) string {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "request %d:", j)
@@ -175,10 +180,15 @@ func describe(routers []Router, answers [][]explanation, ok [][]bool, j int) str
 		}
 		e := answers[i][j]
 		if e.Reason == "overflow" {
-			fmt.Fprintf(&b, " %s->%s (overflow rank %d)", r.Name, e.Backend, e.Rank)
+			fmt.Fprintf(&b, " %s->%s (overflow rank %d", r.Name, e.Backend, e.Rank)
 		} else {
-			fmt.Fprintf(&b, " %s->%s (%s)", r.Name, e.Backend, e.Reason)
+			fmt.Fprintf(&b, " %s->%s (%s", r.Name, e.Backend, e.Reason)
 		}
+		if len(e.Candidates) > 0 {
+			c := e.Candidates[0]
+			fmt.Fprintf(&b, "; owner in flight %d, queued %d; recompute %d", c.InFlight, c.Queued, e.Recompute)
+		}
+		b.WriteByte(')')
 	}
 	return b.String()
 }

@@ -27,8 +27,8 @@ func explainer(t *testing.T, pick func(body string) (backend, reason string), ca
 		b, _ := io.ReadAll(r.Body)
 		backend, reason := pick(string(b))
 		json.NewEncoder(w).Encode(map[string]any{
-			"epoch": 7, "backend": backend, "reason": reason, "rank": 1,
-			"candidates": []map[string]any{{"id": "b0", "state": "active", "healthy": true}, {"id": "b1", "state": "active", "healthy": true}},
+			"epoch": 7, "backend": backend, "reason": reason, "rank": 1, "recompute": 2,
+			"candidates": []map[string]any{{"id": "b0", "state": "active", "healthy": true, "in_flight": 5, "queued": 3}, {"id": "b1", "state": "active", "healthy": true}},
 		})
 	}))
 	t.Cleanup(srv.Close)
@@ -81,7 +81,7 @@ func TestRunCountsAgreement(t *testing.T) {
 	if got.Failed != 2*got.Rounds {
 		t.Errorf("failed %d, want the down router's 2 per round (%d rounds)", got.Failed, got.Rounds)
 	}
-	if !strings.Contains(got.First, "request 1:") || !strings.Contains(got.First, "c->b1 (overflow rank 1)") || !strings.Contains(got.First, "a->b0 (affinity)") {
+	if !strings.Contains(got.First, "request 1:") || !strings.Contains(got.First, "c->b1 (overflow rank 1; owner in flight 5, queued 3; recompute 2)") || !strings.Contains(got.First, "a->b0 (affinity; owner in flight 5, queued 3; recompute 2)") {
 		t.Errorf("first disagreement %q", got.First)
 	}
 }
