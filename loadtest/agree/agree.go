@@ -43,8 +43,10 @@ type Config struct {
 // maxAnswer bounds an explainer answer read.
 const maxAnswer = 1 << 20
 
-// explanation is the part of an explainer answer read here.
-type explanation struct {
+// Explanation is the part of a route explainer's answer (POST
+// /debug/route/<path>) the probes read.
+type Explanation struct {
+	Node       string `json:"node"`
 	Epoch      uint64 `json:"epoch"`
 	Backend    string `json:"backend"`
 	Reason     string `json:"reason"`
@@ -59,8 +61,9 @@ type explanation struct {
 	} `json:"candidates"`
 }
 
-// owner is the first candidate that is active and healthy.
-func (e explanation) owner() string {
+// Owner is the load-blind choice: the first candidate in the partition's
+// order that is active and healthy in the router's view ("" when none is).
+func (e Explanation) Owner() string {
 	for _, c := range e.Candidates {
 		if c.Healthy && c.State == "active" {
 			return c.ID
@@ -106,11 +109,11 @@ func Run(ctx context.Context, cfg Config) stats.Agreement {
 // round asks every router about every request, the routers at once.
 func round(ctx context.Context, hc *http.Client, cfg Config) stats.Agreement {
 	n, m := len(cfg.Routers), len(cfg.Requests)
-	answers := make([][]explanation, n)
+	answers := make([][]Explanation, n)
 	ok := make([][]bool, n)
 	var wg sync.WaitGroup
 	for i := range cfg.Routers {
-		answers[i], ok[i] = make([]explanation, m), make([]bool, m)
+		answers[i], ok[i] = make([]Explanation, m), make([]bool, m)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -127,11 +130,11 @@ func round(ctx context.Context, hc *http.Client, cfg Config) stats.Agreement {
 // tally counts one round: a request is compared when at least two routers
 // answered it, and agrees when they all named the same backend (owner).
 // The round's epochs agree when every router answered at one epoch.
-func tally(routers []Router, answers [][]explanation, ok [][]bool) stats.Agreement {
+func tally(routers []Router, answers [][]Explanation, ok [][]bool) stats.Agreement {
 	out := stats.Agreement{Routers: len(routers), Rounds: 1, SameEpoch: 1}
 	epoch, seen := uint64(0), false
 	for j := range answers[0] {
-		var first explanation
+		var first Explanation
 		got, picks, owners := 0, true, true
 		for i := range routers {
 			if !ok[i][j] {
@@ -148,7 +151,7 @@ func tally(routers []Router, answers [][]explanation, ok [][]bool) stats.Agreeme
 				first = e
 			} else {
 				picks = picks && e.Backend == first.Backend
-				owners = owners && e.owner() == first.owner()
+				owners = owners && e.Owner() == first.Owner()
 			}
 			got++
 		}
@@ -171,7 +174,7 @@ func tally(routers []Router, answers [][]explanation, ok [][]bool) stats.Agreeme
 // describe names what each router picked for request j, and what it saw
 // of the first candidate (the owner): its in-flight count and queue, and
 // the request's recompute cost, the figures the COST rule weighs.
-func describe(routers []Router, answers [][]explanation, ok [][]bool, j int) string {
+func describe(routers []Router, answers [][]Explanation, ok [][]bool, j int) string {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "request %d:", j)
 	for i, r := range routers {
@@ -194,10 +197,10 @@ func describe(routers []Router, answers [][]explanation, ok [][]bool, j int) str
 }
 
 // explain asks one router where q would go.
-func explain(ctx context.Context, hc *http.Client, timeout time.Duration, adminURL string, q Request) (explanation, error) {
+func explain(ctx context.Context, hc *http.Client, timeout time.Duration, adminURL string, q Request) (Explanation, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var e explanation
+	var e Explanation
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, adminURL+"/debug/route"+q.Path, bytes.NewReader(q.Body))
 	if err != nil {
 		return e, err

@@ -118,7 +118,7 @@ func TestRunNeedsTwoRouters(t *testing.T) {
 // one epoch.
 func TestTallyEpochs(t *testing.T) {
 	rs := []Router{{Name: "a"}, {Name: "b"}}
-	answers := [][]explanation{{{Epoch: 3, Backend: "x"}}, {{Epoch: 4, Backend: "x"}}}
+	answers := [][]Explanation{{{Epoch: 3, Backend: "x"}}, {{Epoch: 4, Backend: "x"}}}
 	ok := [][]bool{{true}, {true}}
 	got := tally(rs, answers, ok)
 	if got.SameEpoch != 0 || got.Picks != 1 || got.Compared != 1 {

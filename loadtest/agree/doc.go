@@ -6,6 +6,6 @@
 // counts the rounds' picks that agree, the owners (the load-blind first
 // choice) that agree, and the rounds in which every router answered at the
 // same epoch. The demo runs it from the end of a run's warm-up to its end
-// (warmroute demo --agreement); the chaos suite has its own prober, which
-// also follows faults.
+// (warmroute demo --agreement). The chaos suite's prober, which also
+// follows faults, reads the same Explanation.
 package agree

@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/warmroute/warmroute/loadtest/agree"
 )
 
 // explainPath is the route explainer for chat requests.
@@ -99,34 +101,17 @@ func (c *adminClient) do(ctx context.Context, method, url string, body []byte, o
 	return nil
 }
 
-// explanation is the part of a /debug/route answer the probe reads.
-type explanation struct {
-	Node       string `json:"node"`
-	Epoch      uint64 `json:"epoch"`
-	Backend    string `json:"backend"`
-	Reason     string `json:"reason"`
-	Rank       int    `json:"rank"`
-	Candidates []struct {
-		ID      string `json:"id"`
-		State   string `json:"state"`
-		Healthy bool   `json:"healthy"`
-	} `json:"candidates"`
-}
-
-// owner is the load-blind choice: the first candidate in the partition's
-// order that is active and healthy in this router's view (NoPick when
-// none is).
-func (e explanation) owner() string {
-	for _, c := range e.Candidates {
-		if c.Healthy && c.State == "active" {
-			return c.ID
-		}
+// owner is e's load-blind choice, NoPick when no candidate is active and
+// healthy in the router's view.
+func owner(e agree.Explanation) string {
+	if o := e.Owner(); o != "" {
+		return o
 	}
 	return NoPick
 }
 
 // describe is a short form of the pick for disagreement samples.
-func (e explanation) describe() string {
+func describe(e agree.Explanation) string {
 	if e.Reason == "overflow" {
 		return fmt.Sprintf("%s (overflow rank %d)", e.Backend, e.Rank)
 	}
@@ -178,10 +163,10 @@ func (p *prober) Run(ctx context.Context) {
 }
 
 // explain asks one router where body would go.
-func (p *prober) explain(ctx context.Context, r Router, body []byte) (explanation, error) {
+func (p *prober) explain(ctx context.Context, r Router, body []byte) (agree.Explanation, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ProbeTimeout)
 	defer cancel()
-	var e explanation
+	var e agree.Explanation
 	err := p.admin.do(ctx, http.MethodPost, r.AdminURL+explainPath, body, &e)
 	if err == nil && e.Backend == "" {
 		e.Backend = NoPick
@@ -215,7 +200,7 @@ func (p *prober) tick(ctx context.Context, i int) Tick {
 					}
 					continue
 				}
-				picks[r][j], owners[r][j], said[r][j] = e.Backend, e.owner(), e.describe()
+				picks[r][j], owners[r][j], said[r][j] = e.Backend, owner(e), describe(e)
 				epochs[r] = max(epochs[r], e.Epoch)
 				answered[r] = true
 			}
@@ -286,7 +271,7 @@ func (p *prober) snapshot(ctx context.Context, r Router) ([]string, uint64, erro
 		go func() {
 			defer wg.Done()
 			for k := range next {
-				var e explanation
+				var e agree.Explanation
 				var err error
 				for attempt := 0; attempt < 3; attempt++ {
 					if e, err = p.explain(ctx, r, p.prompts[k]); err == nil {
