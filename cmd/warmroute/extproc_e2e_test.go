@@ -61,6 +61,38 @@ func startPickers(t *testing.T, n int, backends []string, extra ...string) []*pi
 	return out
 }
 
+// respawnPicker starts replica p again (its name, data directory, gossip
+// and Raft addresses) and waits until it is ready. Its ext-proc and health
+// ports were freed when it died, and other tests draw ports from the same
+// range: when one was taken meanwhile, it starts again on new ones (twice
+// at most).
+func respawnPicker(t *testing.T, p *pickerReplica) *router {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		r := spawnRouter(t, p.args)
+		err := r.waitReady()
+		if err == nil {
+			return r
+		}
+		if attempt == 3 || !r.portTaken() {
+			t.Fatal(err)
+		}
+		t.Logf("a port was taken meanwhile; starting %s again on new ext-proc ports: %v", p.args.NodeName, err)
+		r.Kill()
+		p.ext, p.health = freeAddr(t), freeAddr(t)
+		extra := slices.Clone(p.args.Extra)
+		for i := 0; i+1 < len(extra); i++ {
+			switch extra[i] {
+			case "--ext-proc-listen":
+				extra[i+1] = p.ext
+			case "--ext-proc-health-listen":
+				extra[i+1] = p.health
+			}
+		}
+		p.args.Extra = extra
+	}
+}
+
 // pickerBackends returns n loopback backend URLs nothing listens on.
 func pickerBackends(t *testing.T, n int) []string {
 	var out []string
@@ -489,10 +521,7 @@ func TestEPPReplicasAgree(t *testing.T) {
 		t.Errorf("one replica killed: agreement %.2f%% (want >= 99.9%%), %d decisions changed (want 0: the fleet did not)", 100*share, changed)
 	}
 
-	r := spawnRouter(t, ps[2].args)
-	if err := r.waitReady(); err != nil {
-		t.Fatal(err)
-	}
+	r := respawnPicker(t, ps[2])
 	ps[2].router = r
 	waitAgreed(t, &http.Client{Timeout: 5 * time.Second}, []*router{ps[0].router, ps[1].router, r}, 30*time.Second)
 	via[2] = dialPicker(t, ps[2])
