@@ -58,11 +58,39 @@ func needBinary(t *testing.T) {
 // freeAddr returns a loopback address free right now.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	addrs, err := proc.FreeAddrs("127.0.0.1", 1)
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		addrs, err := proc.FreeAddrs("127.0.0.1", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if handOut(addrs[0]) {
+			return addrs[0]
+		}
 	}
-	return addrs[0]
+	t.Fatal("freeAddr: every free port drawn was handed out before")
+	return ""
+}
+
+// handedOut holds the addresses freeAddr gave this test binary's tests.
+// FreeAddrs draws free ports at random, so two tests running in parallel
+// could each get one that was free when they asked, and the second process
+// to bind it fail; handing each address out once rules that out between
+// the tests of this binary.
+var handedOut = struct {
+	sync.Mutex
+	m map[string]bool
+}{m: map[string]bool{}}
+
+// handOut records addr as handed out, and reports whether it was not
+// before.
+func handOut(addr string) bool {
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if handedOut.m[addr] {
+		return false
+	}
+	handedOut.m[addr] = true
+	return true
 }
 
 // sseEngine is a stub engine: after firstDelay it streams n SSE events gap
@@ -405,24 +433,9 @@ func TestE2EThreeProcessCluster(t *testing.T) {
 	held := make(chan struct{})
 	hold.hold.Store(&held)
 	other := newEngine(t, 0, 0, 1)
-	var routers []*router
-	var gossipAddrs []string
-	for i := 0; i < 3; i++ {
-		g := freeAddr(t)
-		gossipAddrs = append(gossipAddrs, g)
-		a := proc.ServeArgs{Backends: []string{hold.srv.URL}, NodeName: fmt.Sprintf("r%d", i), GossipListen: g, RaftListen: freeAddr(t),
-			BootstrapExpect: 3, RaftTimeout: 200 * time.Millisecond, DataDir: t.TempDir()}
-		if i > 0 {
-			a.Join = gossipAddrs[:1]
-		}
-		// None is ready before all three have formed the cluster.
-		routers = append(routers, launch(t, a))
-	}
-	for _, r := range routers {
-		if err := r.waitReady(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// None is ready before all three have formed the cluster; a router
+	// whose port another test took meanwhile starts them all again.
+	routers := spawnCluster(t, 3, proc.ServeArgs{Backends: []string{hold.srv.URL}}, nil)
 	// A leader is elected and every router routes on the agreed ring.
 	waitAgreed(t, &http.Client{Timeout: 5 * time.Second}, routers, 20*time.Second)
 
