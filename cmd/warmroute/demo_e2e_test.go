@@ -244,6 +244,7 @@ func TestE2EDemoDefaultFitsThreeMinutes(t *testing.T) {
 // agreed ring) the same on both routers. The picks may differ: three
 // instances take rag at the rate sized for seven, so requests overflow.
 func TestE2EDemoAgreement(t *testing.T) {
+	integOnly(t, "a fleet of 2 routers and 3 instances under load for 8 s, beside the gate's other end-to-end tests; loadtest/agree and loadtest/report test the probe and its report in the gate")
 	needBinary(t)
 	t.Parallel() // about 12 s, waiting on the demo's load
 	out := t.TempDir()
