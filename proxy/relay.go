@@ -53,10 +53,7 @@ type relayStream struct {
 	// keepAlive: the client connection serves its next request after the
 	// stream (not when it asked to close).
 	keepAlive bool
-	// laddr and raddr are the client connection's addresses, which it
-	// keeps when it comes back (serveAgain).
-	laddr, raddr net.Addr
-	pipelined    []byte // what the client sent after the request
+	pipelined []byte // what the client sent after the request
 
 	usage    usageScan
 	pred     prediction // what the router predicted of the answer (predict.go)
@@ -291,7 +288,6 @@ func (rs *relayStream) hijacked(c net.Conn) {
 	if len(rs.pipelined) > maxPipelined {
 		rs.keepAlive, rs.pipelined = false, nil
 	}
-	rs.laddr, rs.raddr = rs.client.LocalAddr(), rs.client.RemoteAddr()
 	cfd, cerr := relay.Detach(rs.client.Conn)
 	ufd, uerr := relay.Detach(rs.up.Conn)
 	in, _ := rs.br.Peek(rs.br.Buffered()) // Start copies it
@@ -377,7 +373,10 @@ func (rs *relayStream) End(r relay.Result) {
 	case r.Client < 0:
 		p.open.Add(-1)
 	case rs.keepAlive:
-		p.serveAgain(r.Client, rs.laddr, rs.raddr, rs.pipelined)
+		// The server closed rs.client at the hand-over; a closed
+		// connection still reports its addresses, which the client's
+		// descriptor keeps.
+		p.serveAgain(r.Client, rs.client.LocalAddr(), rs.client.RemoteAddr(), rs.pipelined)
 	default:
 		relay.CloseFD(r.Client)
 		p.open.Add(-1)

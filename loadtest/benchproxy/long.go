@@ -337,12 +337,7 @@ type longRatio struct {
 }
 
 func (r *results) findLong(rep int, tgt string, size int) (longRun, bool) {
-	for _, l := range r.Long {
-		if l.Rep == rep && l.Target == tgt && l.Size == size {
-			return l, true
-		}
-	}
-	return longRun{}, false
+	return firstWhere(r.Long, func(l longRun) bool { return l.Rep == rep && l.Target == tgt && l.Size == size })
 }
 
 func (r *results) summariseLong() {

@@ -137,12 +137,16 @@ func (r *results) targetNames() []string {
 }
 
 func (r *results) find(rep int, tgt string, conns int) (run, bool) {
-	for _, x := range r.Runs {
-		if x.Rep == rep && x.Target == tgt && x.Conns == conns {
-			return x, true
-		}
+	return firstWhere(r.Runs, func(x run) bool { return x.Rep == rep && x.Target == tgt && x.Conns == conns })
+}
+
+// firstWhere returns the first element of xs for which ok holds.
+func firstWhere[T any](xs []T, ok func(T) bool) (T, bool) {
+	if i := slices.IndexFunc(xs, ok); i >= 0 {
+		return xs[i], true
 	}
-	return run{}, false
+	var zero T
+	return zero, false
 }
 
 func (r *results) summarise() {
