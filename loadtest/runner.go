@@ -147,6 +147,7 @@ type run struct {
 	start    time.Time
 	measure  time.Time // start + Warmup: outcomes before it are not recorded
 	sent     atomic.Int64
+	warm     *warmup
 	warmed   atomic.Int64 // warm-up requests finished (not recorded)
 	inFlight atomic.Int64
 	canceled atomic.Int64
@@ -184,6 +185,11 @@ func (r *run) execute(ctx context.Context) (stats.Summary, error) {
 	r.start = time.Now()
 	r.measure = r.start.Add(r.cfg.Warmup)
 	r.lastDone.Store(r.measure.UnixNano())
+	r.warm = newWarmup(r.measure, r.cfg.Warmup > 0)
+	if r.cfg.Warmup > 0 {
+		bg.Add(1)
+		go func() { defer bg.Done(); r.warm.closeAt(bgCtx) }()
+	}
 	if r.scraper != nil {
 		bg.Add(1)
 		go func() { defer bg.Done(); r.sample(bgCtx) }()
@@ -323,14 +329,15 @@ func (r *run) openLoop(ctx, reqCtx context.Context, wg *sync.WaitGroup) {
 			req = r.reqPool.Get().(*workload.Request)
 			r.gen.Next(req)
 		}
-		r.bounds.add(req, !intended.Before(r.measure))
+		warm := r.warm.start(intended)
+		r.bounds.add(req, !warm)
 		target := r.cfg.Targets[i%len(r.cfg.Targets)]
 		wg.Add(1)
 		r.sent.Add(1)
 		r.inFlight.Add(1)
 		go func(req *workload.Request, at time.Time) {
 			defer wg.Done()
-			r.send(reqCtx, target, req, at)
+			r.send(reqCtx, target, req, at, warm)
 			<-sem
 		}(req, intended)
 		req = nil
@@ -347,56 +354,63 @@ func (r *run) closedLoop(ctx, reqCtx context.Context, wg *sync.WaitGroup) {
 		n  int
 	)
 	deadline := r.measure.Add(r.cfg.Duration)
-	// next hands out the next request, or nil when the run is over.
-	next := func() (*workload.Request, string) {
+	// next hands out the next request, whether it is a warm-up one, and
+	// its start, or nil when the run is over.
+	next := func() (*workload.Request, string, bool, time.Time) {
 		mu.Lock()
 		defer mu.Unlock()
+		now := time.Now()
 		if ctx.Err() != nil || (r.cfg.Requests > 0 && n >= r.cfg.Requests) ||
-			(r.cfg.Duration > 0 && !time.Now().Before(deadline)) {
-			return nil, ""
+			(r.cfg.Duration > 0 && !now.Before(deadline)) {
+			return nil, "", false, now
 		}
 		req := r.reqPool.Get().(*workload.Request)
 		if r.sched == nil {
 			r.gen.Next(req)
 		} else if _, ok := r.sched.NextAt(req); !ok {
 			r.reqPool.Put(req)
-			return nil, ""
+			return nil, "", false, now
 		}
-		r.bounds.add(req, !time.Now().Before(r.measure))
+		warm := r.warm.start(now)
+		r.bounds.add(req, !warm)
 		target := r.cfg.Targets[n%len(r.cfg.Targets)]
 		n++
-		return req, target
+		r.sent.Add(1)
+		r.inFlight.Add(1)
+		return req, target, warm, now
 	}
 	for w := 0; w < r.cfg.Concurrency; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				req, target := next()
+				req, target, warm, at := next()
 				if req == nil {
 					return
 				}
-				r.sent.Add(1)
-				r.inFlight.Add(1)
-				r.send(reqCtx, target, req, time.Now())
+				r.send(reqCtx, target, req, at, warm)
 			}
 		}()
 	}
 	// the workers stop by themselves; the caller waits for them
 }
 
-// send performs one request and records its outcome.
-func (r *run) send(reqCtx context.Context, target string, req *workload.Request, intended time.Time) {
+// send performs one request and records its outcome, unless it is a
+// warm-up one.
+func (r *run) send(reqCtx context.Context, target string, req *workload.Request, intended time.Time, warm bool) {
 	o := r.outPool.Get().(*stats.Outcome)
 	*o = stats.Outcome{ITL: o.ITL[:0]}
 	ctx, cancel := context.WithTimeout(reqCtx, r.cfg.Timeout)
 	r.client.do(ctx, reqCtx, target, req, intended, o)
 	cancel()
 	r.inFlight.Add(-1)
+	if warm {
+		defer r.warm.finish()
+	}
 	switch {
 	case o.Err == ErrKindCanceled:
 		r.canceled.Add(1)
-	case intended.Before(r.measure):
+	case warm:
 		r.warmed.Add(1)
 	default:
 		r.rec.Record(o)
@@ -412,15 +426,13 @@ func (r *run) send(reqCtx context.Context, target string, req *workload.Request,
 	r.reqPool.Put(req)
 }
 
-// warmupScrape takes the counters the hit rate starts from at the end of
-// the warm-up.
+// warmupScrape takes the counters the hit rate starts from once the
+// warm-up is over.
 func (r *run) warmupScrape(ctx context.Context) {
-	t := time.NewTimer(time.Until(r.measure))
-	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return
-	case <-t.C:
+	case <-r.warm.over():
 	}
 	cur, _ := r.scraper.scrape(ctx)
 	r.kvMu.Lock()
@@ -433,12 +445,10 @@ func (r *run) warmupScrape(ctx context.Context) {
 // predictionsFromMeasure takes the routers' prediction counters again at
 // the end of the warm-up, so that the figures cover the measured window.
 func (r *run) predictionsFromMeasure(ctx context.Context) {
-	t := time.NewTimer(time.Until(r.measure))
-	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return
-	case <-t.C:
+	case <-r.warm.over():
 	}
 	r.pred.begin(ctx)
 }
