@@ -56,6 +56,26 @@ func (c *Mesh) PublishHot(total uint64, partitions int, list []HotPrefix) {
 	}
 }
 
+// PublishCost shares what this node's own traffic says of the recompute
+// work unit with the other nodes, once, with the next publish. Call it
+// about once a second; the Raft leader adds every node's up (CostReports)
+// and commits the mean, so every router weighs a move alike.
+func (c *Mesh) PublishCost(f CostFigure) {
+	c.pub.setCost(f)
+}
+
+// CostReport is one other node's last cost figure (PublishCost).
+type CostReport struct {
+	Node string
+	CostFigure
+}
+
+// CostReports appends to dst the cost figures the other nodes published
+// within maxAge.
+func (c *Mesh) CostReports(dst []CostReport, maxAge time.Duration) []CostReport {
+	return c.st.costReports(dst, maxAge, time.Now())
+}
+
 // HotReport is one other node's last counted hot prefixes (PublishHot),
 // with the partition counts it published (PublishPartitions) for a ring
 // of as many partitions, if fresh: the traffic its claims must be part of.

@@ -62,6 +62,7 @@ type publisher struct {
 	parts       []byte // a tagParts payload for the next tick (empty: none)
 	hot         []byte // a tagHot payload for the next tick (empty: none)
 	hotC        []byte // a tagHotCounts payload for the next tick (empty: none)
+	cost        []byte // a tagCost payload for the next tick (empty: none)
 	partTop     []PartLoad
 	pk          packer
 }
@@ -183,6 +184,10 @@ func (p *publisher) publish(now time.Time, tick bool) [][]byte {
 		p.pk.addHotCounts(p.hotC)
 		p.hotC = p.hotC[:0]
 	}
+	if tick && len(p.cost) > 0 {
+		p.pk.addCost(p.cost)
+		p.cost = p.cost[:0]
+	}
 	pkts := p.pk.packets()
 	if len(pkts) == 0 && full && p.keepalive {
 		p.pk.flush()
@@ -244,6 +249,14 @@ func (p *publisher) setHot(total uint64, partitions int, list []HotPrefix) {
 	if partitions > 0 && partitions <= MaxPartitions {
 		p.hotC = appendHotCounts(p.hotC, total, partitions, list)
 	}
+}
+
+// setCost queues the tagCost payload of f for the next tick, which sends
+// it once: a lost one is replaced by the next.
+func (p *publisher) setCost(f CostFigure) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cost = appendCost(p.cost[:0], f)
 }
 
 // ownBlock appends this node's block with all its current figures, under

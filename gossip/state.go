@@ -66,6 +66,9 @@ type remoteNode struct {
 	hotTotal uint64
 	hotParts uint64
 	hotAt    time.Time
+	// The node's last tagCost section and when it arrived.
+	cost   CostFigure
+	costAt time.Time
 
 	// Signed mode only.
 	heard       bool      // a block of some run was accepted
@@ -388,6 +391,9 @@ func (s *state) applyFigures(n *remoteNode, blk *wireBlock, now time.Time) {
 		n.hot, n.hotAt = append(n.hot[:0], blk.hotCounts...), now
 		n.hotTotal, n.hotParts = blk.hotTotal, blk.hotParts
 	}
+	if blk.hasCost && !blk.relays {
+		n.cost, n.costAt = blk.cost, now
+	}
 	for i := range blk.loads {
 		l := &blk.loads[i]
 		if l.inFlight < 0 || l.inFlight > MaxInFlight || l.age > maxAge {
@@ -499,6 +505,20 @@ func (s *state) hotReports(dst []HotReport, maxAge, partsAge time.Duration, now 
 	return dst
 }
 
+// costReports appends to dst the cost figures of every node heard from
+// within maxAge.
+func (s *state) costReports(dst []CostReport, maxAge time.Duration, now time.Time) []CostReport {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, n := range s.nodes {
+		if n.closed || n.costAt.IsZero() || now.Sub(n.costAt) > maxAge {
+			continue
+		}
+		dst = append(dst, CostReport{Node: name, CostFigure: n.cost})
+	}
+	return dst
+}
+
 // engineRescrapeGap: a newer scrape with identical figures rebuilds the
 // View only when it is this much newer (re-sent copies of one scrape
 // differ by rounding).
@@ -555,6 +575,7 @@ func (s *state) resetNode(n *remoteNode) {
 	}
 	n.parts, n.partLd = 0, n.partLd[:0]
 	n.hot, n.hotAt, n.hotTotal, n.hotParts = n.hot[:0], time.Time{}, 0, 0
+	n.cost, n.costAt = CostFigure{}, time.Time{}
 }
 
 // setLocal records engine stats scraped by this node.

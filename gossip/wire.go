@@ -28,6 +28,7 @@ import (
 //	tagParts      payload = partitions:uvarint (partition:uvarint count:uvarint)*
 //	tagHot        payload = (key:uint64le depth:uvarint)*
 //	tagHotCounts  payload = total:uvarint partitions:uvarint (key:uint64le depth:uvarint count:uvarint part:uvarint)*
+//	tagCost       payload = unit:uvarint requests:uvarint flags:byte (costFromAnswers)
 //
 // A kindPublish message carries one block from its sender; figures in a
 // tagLoads section carry the block's seq and are fresh. A kindState
@@ -51,6 +52,12 @@ import (
 // of partitions partitions): the leader adds the counts up across routers
 // and splits a prefix only when the owner of that partition is pressed
 // (node/splits.go); it ignores tagHot, which earlier leaders read.
+// A tagCost section (in a sender's own publish block, about once a second)
+// carries the sender's own recompute work unit (the bytes of prompt an
+// average request of its traffic makes a backend prefill, proxy's
+// RecomputeFigures) and its requests in its last period, for the Raft
+// leader, which commits their weighted mean so every router weighs a move
+// off an owner alike (node/cost.go).
 // A kindBye message is a block without sections:
 // its sender is leaving and its figures must be dropped now.
 //
@@ -96,6 +103,7 @@ const (
 	tagParts      = 6
 	tagHot        = 7
 	tagHotCounts  = 8
+	tagCost       = 9
 
 	// maxString bounds any string on the wire.
 	maxString = 1024
@@ -121,6 +129,10 @@ const (
 	// MaxHotTotal bounds a tagHotCounts section's total and counts (a
 	// router's decayed request count, in its fixed-point unit).
 	MaxHotTotal = 1 << 40
+	// MaxCostUnit bounds a tagCost section's unit (proxy.MaxRecomputeUnit)
+	// and MaxCostRequests its request count.
+	MaxCostUnit     = 1 << 31
+	MaxCostRequests = 1 << 40
 	// MaxPartitions bounds a tagParts section's partition count (it is
 	// ring's bound on PartitionCount).
 	MaxPartitions = 1 << 20
@@ -149,6 +161,8 @@ const (
 	healthFailing = 0x01
 
 	chainWant = 0x01
+
+	costFromAnswers = 0x01
 )
 
 // sigContext starts every signed input, so a gossip signature can never
@@ -211,6 +225,19 @@ type wireBlock struct {
 	hotTotal  uint64
 	hotParts  uint64
 	hotCounts []HotPrefix
+	// A tagCost section.
+	hasCost bool
+	cost    CostFigure
+}
+
+// CostFigure is what one router's own traffic says of the recompute work
+// unit (see proxy.RecomputeFigures): the unit in bytes, whether the
+// cached share in it came from answers' usage reports, and the router's
+// requests in its last period, which weigh it.
+type CostFigure struct {
+	Unit        uint64
+	Requests    uint64
+	FromAnswers bool
 }
 
 // HotPrefix is a prompt prefix a router's traffic calls to split: a
@@ -358,6 +385,7 @@ func (blk *wireBlock) decode(r *reader) error {
 	blk.parts, blk.partLoad = 0, blk.partLoad[:0]
 	blk.hasHot, blk.hot = false, blk.hot[:0]
 	blk.hasHotC, blk.hotTotal, blk.hotParts, blk.hotCounts = false, 0, 0, blk.hotCounts[:0]
+	blk.hasCost, blk.cost = false, CostFigure{}
 	blk.origin = r.str(maxNodeName)
 	blk.instance = r.uvarint()
 	blk.seq = r.uvarint()
@@ -467,6 +495,16 @@ func (blk *wireBlock) decode(r *reader) error {
 				}
 				blk.hotCounts = append(blk.hotCounts, HotPrefix{Key: key, Depth: uint32(depth), Count: count, Part: uint32(part)})
 			}
+		case tagCost:
+			if blk.hasCost {
+				return ErrBadMessage
+			}
+			unit, requests, flags := sec.uvarint(), sec.uvarint(), sec.byte1()
+			if sec.err || len(sec.b) != 0 || unit > MaxCostUnit || requests > MaxCostRequests {
+				return ErrBadMessage
+			}
+			blk.hasCost = true
+			blk.cost = CostFigure{Unit: unit, Requests: requests, FromAnswers: flags&costFromAnswers != 0}
 		default:
 			// A section from a later version: skip it.
 		}
@@ -719,6 +757,7 @@ type packer struct {
 	parts   []byte // a whole tagParts payload
 	hot     []byte // a whole tagHot payload
 	hotC    []byte // a whole tagHotCounts payload
+	cost    []byte // a whole tagCost payload
 	block   []byte
 	out     [][]byte // packets; their buffers are reused by reset
 	n       int      // packets in use
@@ -733,16 +772,17 @@ func (p *packer) reset(kind byte, origin string, instance, seq uint64) {
 	p.parts = p.parts[:0]
 	p.hot = p.hot[:0]
 	p.hotC = p.hotC[:0]
+	p.cost = p.cost[:0]
 	p.n = 0
 }
 
 // size is an upper bound of the packet holding the pending sections.
 func (p *packer) size() int {
-	return 3 + binary.MaxVarintLen32 + len(p.head) + 4*(1+binary.MaxVarintLen32) + len(p.loads) + len(p.engines) + len(p.health) + len(p.parts) + len(p.hot) + len(p.hotC)
+	return 3 + binary.MaxVarintLen32 + len(p.head) + 4*(1+binary.MaxVarintLen32) + len(p.loads) + len(p.engines) + len(p.health) + len(p.parts) + len(p.hot) + len(p.hotC) + len(p.cost)
 }
 
 func (p *packer) pending() bool {
-	return len(p.loads) > 0 || len(p.engines) > 0 || len(p.parts) > 0 || len(p.hot) > 0 || len(p.hotC) > 0
+	return len(p.loads) > 0 || len(p.engines) > 0 || len(p.parts) > 0 || len(p.hot) > 0 || len(p.hotC) > 0 || len(p.cost) > 0
 }
 
 // addLoad appends a tagLoads entry and, when health is not empty, its
@@ -793,6 +833,16 @@ func (p *packer) addHotCounts(payload []byte) {
 	}
 }
 
+// addCost adds a tagCost payload, whole (a packet holds at most one).
+func (p *packer) addCost(payload []byte) {
+	if len(p.cost) > 0 {
+		p.flush()
+	}
+	if p.fit(len(payload)) {
+		p.cost = append(p.cost, payload...)
+	}
+}
+
 // fit makes room for n more bytes, flushing the pending entries into a
 // packet first when they would not fit. It reports false for an entry too
 // large for any packet, which is dropped.
@@ -824,6 +874,9 @@ func (p *packer) flush() {
 	if len(p.hotC) > 0 {
 		p.block = appendSection(p.block, tagHotCounts, p.hotC)
 	}
+	if len(p.cost) > 0 {
+		p.block = appendSection(p.block, tagCost, p.cost)
+	}
 	if p.n == len(p.out) {
 		p.out = append(p.out, nil)
 	}
@@ -838,6 +891,19 @@ func (p *packer) flush() {
 	p.parts = p.parts[:0]
 	p.hot = p.hot[:0]
 	p.hotC = p.hotC[:0]
+	p.cost = p.cost[:0]
+}
+
+// appendCost appends a tagCost payload of f, its figures clamped to their
+// bounds.
+func appendCost(dst []byte, f CostFigure) []byte {
+	dst = binary.AppendUvarint(dst, min(f.Unit, MaxCostUnit))
+	dst = binary.AppendUvarint(dst, min(f.Requests, MaxCostRequests))
+	var flags byte
+	if f.FromAnswers {
+		flags |= costFromAnswers
+	}
+	return append(dst, flags)
 }
 
 // appendHot appends a tagHot payload: the first MaxHotEntries of list

@@ -170,6 +170,7 @@ func (n *Node) applyAgreed() {
 	if err := n.proxy.SetSplits(st.Splits); err != nil {
 		n.log.Error("cannot install the agreed prefix splits; keeping the last ones", "epoch", epoch, "err", err)
 	}
+	n.proxy.SetRecomputeUnit(st.RecomputeUnit)
 	if models := servedModels(&st); !maps.EqualFunc(models, n.models, slices.Equal) {
 		n.models = models
 		n.proxy.SetModels(models)

@@ -192,11 +192,54 @@ func (n *Node) newScraper() (*engine.Scraper, error) {
 // leader, hands the other nodes' health verdicts to the health tracker,
 // until ctx ends.
 func (n *Node) followGossip(ctx context.Context) {
-	var fed verdictFeed
-	follow(ctx, n.gossip.Subscribe, verdictRefresh, func() {
-		n.applyView()
-		n.feedVerdicts(&fed, time.Now())
-	})
+	var (
+		fed  verdictFeed
+		held = map[string]gossip.EngineStats{}
+	)
+	ch, cancel := n.gossip.Subscribe()
+	defer cancel()
+	tick := time.NewTicker(verdictRefresh)
+	defer tick.Stop()
+	settle := time.NewTimer(time.Hour)
+	defer settle.Stop()
+	for {
+		now := time.Now()
+		if due := n.applyView(held, now); !due.IsZero() {
+			settle.Reset(due.Sub(now))
+		}
+		n.feedVerdicts(&fed, now)
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		case <-tick.C:
+		case <-settle.C:
+		}
+	}
+}
+
+// engineSettle is how old an engine scrape must be before this router
+// routes on it. Every router takes a scrape through gossip at its own
+// moment (the router that scraped it at once, the others a publish or so
+// later); routing on it from the same age on, every router sees the
+// owner's queue change together, within a clock tick of each other
+// rather than a gossip hop, and picks alike. A queue is known this much
+// later: a fifth of the default scrape interval.
+const engineSettle = 200 * time.Millisecond
+
+// settledEngine returns the engine figures of a backend to route on now:
+// es once it is engineSettle old, else the last settled figures held
+// (none before the first), and when es will be settled (zero: it is).
+// held keeps the settled figures by backend.
+func settledEngine(held map[string]gossip.EngineStats, id string, es gossip.EngineStats, now time.Time) (gossip.EngineStats, time.Time) {
+	if due := es.Scraped.Add(engineSettle); !es.Scraped.IsZero() && due.After(now) {
+		return held[id], due
+	}
+	held[id] = es
+	return es, time.Time{}
 }
 
 // verdictRefresh is how often the leader repeats the other nodes'
@@ -238,14 +281,32 @@ func (n *Node) feedVerdicts(f *verdictFeed, now time.Time) {
 	}
 }
 
-// applyView copies the current gossip view into the proxy.
-func (n *Node) applyView() {
+// applyView copies the current gossip view into the proxy: the in-flight
+// counts as they are, the engine figures once settled (settledEngine,
+// held by backend). It returns when the next held figures settle (zero:
+// none waits).
+func (n *Node) applyView(held map[string]gossip.EngineStats, now time.Time) time.Time {
 	v := n.gossip.View()
 	r, _ := n.proxy.Ring()
-	for _, b := range r.Backends() {
+	var next time.Time
+	bs := r.Backends()
+	for _, b := range bs {
 		es, _ := v.Engine(b.ID)
+		es, due := settledEngine(held, b.ID, es, now)
+		if !due.IsZero() && (next.IsZero() || due.Before(next)) {
+			next = due
+		}
 		n.proxy.SetRemote(b.ID, v.RemoteInFlight(b.ID), gossipQueue(es))
 	}
+	if len(held) > 2*len(bs)+16 {
+		// backends gone from the ring
+		for id := range held {
+			if _, ok := r.Index(id); !ok {
+				delete(held, id)
+			}
+		}
+	}
+	return next
 }
 
 // GossipAddr is the bound gossip address, or "" when running alone.

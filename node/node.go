@@ -365,10 +365,14 @@ func (n *Node) Run(ctx context.Context) error {
 			n.awaitAgreement(bg)
 		}()
 	}
-	wg.Add(4)
+	wg.Add(5)
 	go func() {
 		defer wg.Done()
 		n.followAgreement(bg)
+	}()
+	go func() {
+		defer wg.Done()
+		n.learnCost(bg)
 	}()
 	go func() {
 		defer wg.Done()

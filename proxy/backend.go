@@ -131,9 +131,9 @@ func (b *backend) available(now int64) bool {
 func (b *backend) globalInFlight() int64 { return b.inflight.Load() + b.remote.Load() }
 
 // busy reports whether the engine is taken to queue requests now: its last
-// scrape reported W requests queued while the cluster had I in flight, and
-// the count is still above I-W. A request in flight is one the engine runs
-// or queues, so requests that end drain the estimate as soon as their
+// scrape reported a queue while it ran R requests, and the cluster's
+// in-flight count is still above R. A request in flight is one the engine
+// runs or queues, so requests that end drain the estimate as soon as their
 // counts arrive (within a publish interval) and new ones grow it, instead
 // of one scrape's queue holding until the next scrape.
 func (b *backend) busy() bool { return b.queued() > 0 }
@@ -143,17 +143,30 @@ func (b *backend) busy() bool { return b.queued() > 0 }
 // it does not queue.
 func (b *backend) queued() int64 { return max(0, b.globalInFlight()-b.queueAt.Load()) }
 
+// anchorSlack is how far the in-flight count at a scrape less its queue
+// may be from what the engine ran for the busy estimate to anchor at the
+// latter (setQueue): two requests, or an eighth of them.
+func anchorSlack(running int64) int64 { return max(2, running/8) }
+
 // engineCopyGap: engine figures scraped within this of the ones in use are
 // a copy of them, not a new scrape (gossip derives a remote scrape's time
 // from its age, so copies re-sent by the cluster differ by a few
 // milliseconds). Scrapes are a second apart by default.
 const engineCopyGap = 100 * time.Millisecond
 
-// setQueue takes an engine scrape: a queue anchors the busy estimate at
-// the in-flight count now less the queue; no queue clears it. A copy of
-// the scrape in use changes nothing, so the estimate drains with the
-// counts rather than being re-anchored by each copy. A new scrape also
-// teaches the backend's capacity (learn).
+// setQueue takes an engine scrape: a queue of W anchors the busy estimate
+// at the cluster's in-flight count when the scrape arrived less W; no
+// queue clears it. Every router takes the scrape at its own moment,
+// through gossip, so routers a request apart would anchor a request apart
+// and part ways on whether to leave the owner; so when the engine ran R
+// requests and that anchor is within anchorSlack of R (the engine runs
+// and queues what the routers sent it, the usual case), the anchor is R,
+// the same on every router. An engine that also serves traffic bypassing
+// the routers, or one whose figures do not match the routers' counts,
+// keeps the anchor from the counts. A copy of the scrape in use changes
+// nothing, so the estimate drains with the counts rather than being
+// re-anchored by each copy. A new scrape also teaches the backend's
+// capacity (learn).
 func (b *backend) setQueue(q EngineQueue) {
 	b.learn(q)
 	if q.Waiting <= 0 || q.Scraped.IsZero() {
@@ -172,7 +185,11 @@ func (b *backend) setQueue(q EngineQueue) {
 		return
 	}
 	b.engineSeen.Store(at)
-	b.queueAt.Store(max(0, b.globalInFlight()-min(q.Waiting, maxEngineQueue)))
+	anchor := max(0, b.globalInFlight()-min(q.Waiting, maxEngineQueue))
+	if run := min(q.Running, maxEngineQueue); run > 0 && anchor-run <= anchorSlack(run) && run-anchor <= anchorSlack(run) {
+		anchor = run
+	}
+	b.queueAt.Store(anchor)
 }
 
 // learn takes what a new scrape (not a copy of the last one learnt from)

@@ -213,3 +213,48 @@ func TestStatusWithoutThreshold(t *testing.T) {
 		}
 	}
 }
+
+// TestBusyAnchorAgreesAcrossRouters: two routers take the same scrape (a
+// queue while the engine ran 7) at different moments, one a request
+// later than the other; once their in-flight counts agree again, so do
+// their queue estimates, for the anchor is what the engine ran, not the
+// count when the scrape arrived.
+func TestBusyAnchorAgreesAcrossRouters(t *testing.T) {
+	id := "gpu-1/"
+	router := func() (*Proxy, *backend) {
+		p := totalsProxy(t)
+		setTotalsRing(t, p, totalsRingConfig(), totalsBackends([]int{1, 2}), 1)
+		tab := p.tab.Load()
+		i, _ := tab.ring.Index(id)
+		return p, tab.bs[i]
+	}
+	pa, a := router()
+	pb, b := router()
+	t0 := time.Now()
+	scrape := EngineQueue{Waiting: 3, Running: 7, Scraped: t0}
+	// a takes the scrape at 10 in flight (4 its own); b a request later,
+	// at 11 (its own 5, the other 6 as gossip reports them).
+	a.inflight.Add(4)
+	pa.SetRemote(id, 6, scrape)
+	b.inflight.Add(5)
+	pb.SetRemote(id, 6, scrape)
+	// a learns of b's request: both count 11 in flight.
+	pa.SetRemote(id, 7, scrape)
+	if qa, qb := a.queued(), b.queued(); qa != 4 || qb != 4 {
+		t.Fatalf("queued %d and %d at 11 in flight with 7 running, want 4 and 4", qa, qb)
+	}
+	// Requests end: both drain alike, to no queue at 7.
+	pa.SetRemote(id, 3, scrape)
+	pb.SetRemote(id, 2, scrape)
+	if qa, qb := a.queued(), b.queued(); qa != 0 || qb != 0 {
+		t.Fatalf("queued %d and %d at 7 in flight, want 0 and 0", qa, qb)
+	}
+	// An engine busy with work that bypasses the routers: it runs 8 and
+	// queues 8 while the routers have 3 in flight. Their requests wait
+	// behind that queue: the anchor comes from the counts, not from R.
+	pa.SetRemote(id, 0, EngineQueue{Waiting: 8, Running: 8, Scraped: t0.Add(time.Second)})
+	a.inflight.Add(3 - a.inflight.Load())
+	if !a.busy() {
+		t.Fatalf("not busy with 3 in flight behind a queue of 8 from elsewhere (queued %d)", a.queued())
+	}
+}

@@ -36,7 +36,22 @@ import "sync/atomic"
 // The counts are running means over about costWindow requests (body
 // sizes) and answers (tokens), updated with atomics; racing updates may
 // lose one, which a running mean does not notice.
+//
+// mean x (1 - h) is the work unit: the bytes of prompt an average request
+// makes its backend prefill. Routers in a cluster each learn it from
+// their own traffic, so the same request would weigh a different number
+// of units on each, and the routers would part ways on whether to leave
+// an owner (an 8-router fleet agreed on three picks in four). They share
+// their units through gossip, the Raft leader commits the mean weighted
+// by their requests (node/cost.go), and every router applies the agreed
+// unit from the same epoch on (SetRecomputeUnit); its own figures then
+// only feed what it publishes.
 type recomputeCost struct {
+	// agreed is the cluster's agreed work unit in bytes; 0: none, the
+	// router's own is used.
+	agreed atomic.Int64
+	// counted is the number of bodies counted into meanBody.
+	counted atomic.Uint64
 	// meanBody is the running mean request body size in bytes.
 	meanBody atomic.Int64
 	// prompt and cached are running means of the prompt and cached tokens
@@ -70,11 +85,15 @@ const (
 func (c *recomputeCost) units(body int64, count bool) int64 {
 	mean := c.meanBody.Load()
 	if count {
+		c.counted.Add(1)
 		if mean == 0 {
 			c.meanBody.Store(body)
 		} else {
 			c.meanBody.Store(mean + (body-mean)/costWindow)
 		}
+	}
+	if u := c.agreed.Load(); u > 0 {
+		return max(1, (body+u/2)/u)
 	}
 	if mean <= 0 {
 		return 1
@@ -85,6 +104,17 @@ func (c *recomputeCost) units(body int64, count bool) int64 {
 	num := body * 1000
 	den := mean * (1000 - h)
 	return max(1, (num+den/2)/den)
+}
+
+// localUnit returns the router's own work unit in bytes (0 before its
+// first request) and whether h in it came from answers' usage reports.
+func (c *recomputeCost) localUnit() (int64, bool) {
+	mean := c.meanBody.Load()
+	if mean <= 0 {
+		return 0, false
+	}
+	h := c.ownerHitPermille()
+	return max(1, (mean*(1000-h)+500)/1000), c.prompt.Load() > 0
 }
 
 // ownerHitPermille returns h in thousandths: the owners' running cached
@@ -136,4 +166,38 @@ func (c *recomputeCost) observe(k kind, r usageReport) {
 	}
 	c.prompt.Store(mp + (prompt*costScale-mp)/costWindow)
 	c.cached.Store(mk + (cached*costScale-mk)/costWindow)
+}
+
+// MaxRecomputeUnit bounds a work unit, agreed or published: a request
+// body's size (bodies are bounded far below).
+const MaxRecomputeUnit = 1 << 31
+
+// RecomputeFigures are what a router's own traffic says of the work unit
+// (see recomputeCost), for the cluster's agreement.
+type RecomputeFigures struct {
+	// Unit is the router's own work unit in bytes; 0 before its first
+	// request.
+	Unit int64
+	// FromAnswers says h in it came from answers' usage reports (not
+	// from the engines' scraped hit rates or the default).
+	FromAnswers bool
+	// Requests counts the requests it has weighed since the start.
+	Requests uint64
+	// Agreed is the agreed unit in use; 0: none.
+	Agreed int64
+}
+
+// RecomputeFigures returns the router's own work unit and request count.
+func (p *Proxy) RecomputeFigures() RecomputeFigures {
+	u, answers := p.cost.localUnit()
+	return RecomputeFigures{Unit: u, FromAnswers: answers, Requests: p.cost.counted.Load(), Agreed: p.cost.agreed.Load()}
+}
+
+// SetRecomputeUnit installs the cluster's agreed work unit in bytes; 0
+// (or a value out of 0..MaxRecomputeUnit) goes back to the router's own.
+func (p *Proxy) SetRecomputeUnit(unit int64) {
+	if unit < 0 || unit > MaxRecomputeUnit {
+		unit = 0
+	}
+	p.cost.agreed.Store(unit)
 }

@@ -149,3 +149,50 @@ func TestScrapeTeachesEngineHitRate(t *testing.T) {
 		t.Fatalf("h %d permille after a scrape without a rate, want 800", h)
 	}
 }
+
+// TestRecomputeUnitAgreed: an agreed work unit replaces the router's own
+// in every weighing, the router's own figures still follow its traffic
+// (for what it publishes), and 0 or a value out of range goes back to the
+// router's own.
+func TestRecomputeUnitAgreed(t *testing.T) {
+	p, err := New(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &p.cost
+	if f := p.RecomputeFigures(); f.Unit != 0 || f.Requests != 0 || f.Agreed != 0 {
+		t.Fatalf("before any request: %+v", f)
+	}
+	c.units(4000, true)
+	for range 10 {
+		c.observe(kindAffinity, usageReport{result: usageOK, prompt: 1000, cached: 750})
+	}
+	// Own unit: 4000 x (1 - 0.75) = 1000 bytes.
+	f := p.RecomputeFigures()
+	if f.Unit != 1000 || !f.FromAnswers || f.Requests != 1 || f.Agreed != 0 {
+		t.Fatalf("own figures %+v, want unit 1000 from answers after 1 request", f)
+	}
+	if got := c.units(8000, false); got != 8 {
+		t.Fatalf("own unit: units(8000) = %d, want 8", got)
+	}
+	p.SetRecomputeUnit(2000)
+	if got := c.units(8000, true); got != 4 {
+		t.Fatalf("agreed unit 2000: units(8000) = %d, want 4", got)
+	}
+	if got := c.units(500, false); got != 1 {
+		t.Fatalf("agreed unit 2000: units(500) = %d, want at least 1", got)
+	}
+	if f := p.RecomputeFigures(); f.Agreed != 2000 || f.Requests != 2 || f.Unit == 2000 {
+		t.Fatalf("figures with an agreed unit %+v: own unit and count follow the traffic", f)
+	}
+	for _, bad := range []int64{-1, MaxRecomputeUnit + 1, 0} {
+		p.SetRecomputeUnit(2000)
+		p.SetRecomputeUnit(bad)
+		if f := p.RecomputeFigures(); f.Agreed != 0 {
+			t.Fatalf("SetRecomputeUnit(%d) left %d agreed", bad, f.Agreed)
+		}
+	}
+	if got := c.units(8000, false); got == 4 {
+		t.Fatal("the agreed unit still weighs after it was cleared")
+	}
+}

@@ -151,6 +151,15 @@ func New(cfg Config) (*Proxy, error) {
 		}, func() float64 {
 			used, _ := p.bodies.held()
 			return float64(used)
+		}), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "warmroute_recompute_unit_bytes",
+			Help: "The work unit the COST overflow rule weighs a move in: the bytes of prompt an average request makes its backend prefill (mean body x (1 - owners' cached share)); the cluster's agreed one when there is one, else this router's own.",
+		}, func() float64 {
+			if u := p.cost.agreed.Load(); u > 0 {
+				return float64(u)
+			}
+			u, _ := p.cost.localUnit()
+			return float64(u)
 		}))
 	}
 	p.states.New = func() any { return new(reqState) }

@@ -47,6 +47,7 @@ func goldenCommands() []Command {
 		SetModels("gpu-2/", []string{"meta-llama/Llama-3.1-8B-Instruct", "sql-lora"}),
 		Revoke([]string{"r2"}, []string{"1f2e3d"}),
 		Unrevoke([]string{"r2"}, []string{"1f2e3d"}),
+		SetRecomputeUnit(1536),
 	}
 }
 

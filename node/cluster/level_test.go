@@ -37,6 +37,7 @@ func TestStrategyLevels(t *testing.T) {
 		{Op: OpRemoveBackend, ID: "a"}: 1,
 		{Op: OpSetSplits}:              2,
 		{Op: OpRevoke}:                 3,
+		{Op: OpSetRecomputeUnit}:       4,
 	} {
 		if got := cmd.level(); got != want {
 			t.Errorf("%s: level %d, want %d", cmd.Op, got, want)

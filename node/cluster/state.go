@@ -110,6 +110,11 @@ type State struct {
 	// to any router (internal/identity.Revocations).
 	RevokedNames   []string `json:"revoked_names,omitempty"`
 	RevokedSerials []string `json:"revoked_serials,omitempty"`
+	// RecomputeUnit is the agreed work unit of the COST overflow rule, in
+	// bytes: what an average request makes its backend prefill (see
+	// proxy.RecomputeFigures); the leader commits the routers' mean
+	// (set_recompute_unit). 0: none, each router uses its own.
+	RecomputeUnit int64 `json:"recompute_unit,omitempty"`
 }
 
 // Revoked reports whether router name is revoked by name.
@@ -193,7 +198,13 @@ const (
 	OpRevoke Op = "revoke"
 	// OpUnrevoke takes them off it.
 	OpUnrevoke Op = "unrevoke"
+	// OpSetRecomputeUnit sets the agreed recompute work unit (Unit, in
+	// bytes; 0 clears it).
+	OpSetRecomputeUnit Op = "set_recompute_unit"
 )
+
+// MaxRecomputeUnit bounds RecomputeUnit (proxy.MaxRecomputeUnit).
+const MaxRecomputeUnit = 1 << 31
 
 // CommandLevel is the newest set of commands this build applies; routers
 // advertise theirs in gossip (gossip.Meta.Ops) and the leader writes a
@@ -210,11 +221,12 @@ const (
 //	   affinity)
 //	3: revoke and unrevoke (the revocation list: a router of level 2
 //	   would neither decode them nor check revocations)
+//	4: set_recompute_unit (the agreed work unit of the COST rule)
 //
 // Routing settings that name a strategy need at least the strategy's
 // level in ring's strategy table (ring.StrategyInfo.Level): a new
 // strategy takes the level of the build that adds it there.
-const CommandLevel uint8 = 3
+const CommandLevel uint8 = 4
 
 // level is the CommandLevel a router needs to apply cmd.
 func (cmd *Command) level() uint8 {
@@ -224,6 +236,8 @@ func (cmd *Command) level() uint8 {
 // opLevel is the level of cmd's op and backends.
 func (cmd *Command) opLevel() uint8 {
 	switch {
+	case cmd.Op == OpSetRecomputeUnit:
+		return 4
 	case cmd.Op == OpRevoke, cmd.Op == OpUnrevoke:
 		return 3
 	case cmd.Op == OpSetSplits, cmd.Op == OpSetMoves, cmd.Op == OpSetModels:
@@ -276,7 +290,13 @@ type Command struct {
 	// and certificate serial numbers.
 	Names   []string `json:"names,omitempty"`
 	Serials []string `json:"serials,omitempty"`
+	// Unit is OpSetRecomputeUnit's work unit in bytes.
+	Unit int64 `json:"unit,omitempty"`
 }
+
+// SetRecomputeUnit returns the command that makes unit (bytes; 0: none)
+// the agreed recompute work unit.
+func SetRecomputeUnit(unit int64) Command { return Command{Op: OpSetRecomputeUnit, Unit: unit} }
 
 // Revoke returns the command that adds router names and certificate
 // serial numbers to the revocation list.
@@ -428,7 +448,7 @@ func (c *Command) normalize() {
 func knownOp(op Op) bool {
 	switch op {
 	case OpSeed, OpUpsertBackend, OpRemoveBackend, OpSetBackendState, OpSetRouting, OpSyncDiscovered, OpSetClusterID, OpSetSplits, OpSetMoves, OpSetModels,
-		OpRevoke, OpUnrevoke:
+		OpRevoke, OpUnrevoke, OpSetRecomputeUnit:
 		return true
 	}
 	return false
@@ -544,6 +564,14 @@ func apply(cur *State, cmd Command) (next State, changed bool, err error) {
 		b.Models = models
 		next.Backends = slices.Clone(next.Backends)
 		next.Backends[i] = b
+	case OpSetRecomputeUnit:
+		if cmd.Unit < 0 || cmd.Unit > MaxRecomputeUnit {
+			return *cur, false, fmt.Errorf("%w: recompute unit %d out of 0..%d", ErrInvalid, cmd.Unit, MaxRecomputeUnit)
+		}
+		if cmd.Unit == cur.RecomputeUnit {
+			return *cur, false, nil
+		}
+		next.RecomputeUnit = cmd.Unit
 	case OpSetMoves:
 		if err := ring.CheckMoves(cmd.Moves); err != nil {
 			return *cur, false, fmt.Errorf("%w: %v", ErrInvalid, err)
@@ -702,6 +730,9 @@ func (s *State) validate() error {
 	}
 	if err := ring.CheckMoves(s.Moves); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if s.RecomputeUnit < 0 || s.RecomputeUnit > MaxRecomputeUnit {
+		return fmt.Errorf("%w: recompute unit %d out of 0..%d", ErrInvalid, s.RecomputeUnit, MaxRecomputeUnit)
 	}
 	for _, m := range s.Moves {
 		if err := CheckBackendID(m.Backend); err != nil {

@@ -208,6 +208,7 @@ func FuzzApply(f *testing.F) {
 		SetClusterID("0123456789abcdef0123456789abcdef"),
 		Revoke([]string{"r2"}, []string{"0A:1b"}),
 		Unrevoke([]string{"r2"}, nil),
+		SetRecomputeUnit(2048),
 	} {
 		b, _ := json.Marshal(cmd) // as written before checksums
 		f.Add(b)
@@ -411,5 +412,38 @@ func TestRevocationList(t *testing.T) {
 		if err := st.validate(); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%+v: %v, want ErrInvalid", st, err)
 		}
+	}
+}
+
+// TestSetRecomputeUnit: the agreed unit is set, a repeat changes nothing,
+// 0 clears it, a unit out of range is refused (and a state holding one is
+// invalid), and the command needs level 4.
+func TestSetRecomputeUnit(t *testing.T) {
+	st := seeded(t)
+	next, changed, err := apply(&st, SetRecomputeUnit(1500))
+	if err != nil || !changed || next.RecomputeUnit != 1500 || st.RecomputeUnit != 0 {
+		t.Fatalf("set: %d (was %d), changed %v, %v", next.RecomputeUnit, st.RecomputeUnit, changed, err)
+	}
+	if _, changed, err := apply(&next, SetRecomputeUnit(1500)); err != nil || changed {
+		t.Fatalf("the same unit: changed %v, %v", changed, err)
+	}
+	if cleared, changed, err := apply(&next, SetRecomputeUnit(0)); err != nil || !changed || cleared.RecomputeUnit != 0 {
+		t.Fatalf("cleared: %d, changed %v, %v", cleared.RecomputeUnit, changed, err)
+	}
+	for _, bad := range []int64{-1, MaxRecomputeUnit + 1} {
+		if _, _, err := apply(&next, SetRecomputeUnit(bad)); !errors.Is(err, ErrInvalid) {
+			t.Errorf("unit %d: %v", bad, err)
+		}
+		s := next.Clone()
+		s.RecomputeUnit = bad
+		if err := s.validate(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("a state with unit %d: %v", bad, err)
+		}
+	}
+	if _, _, err := apply(&State{}, SetRecomputeUnit(5)); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("before the seed: %v", err)
+	}
+	if c := SetRecomputeUnit(5); c.level() != 4 {
+		t.Fatalf("set_recompute_unit at level %d", c.level())
 	}
 }
