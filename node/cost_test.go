@@ -83,17 +83,7 @@ func TestSettledEngine(t *testing.T) {
 // must commit the unit the follower learns and publishes, and every
 // router, the idle ones too, must weigh moves in it.
 func TestRecomputeUnitAgreedAcrossRouters(t *testing.T) {
-	var urls []string
-	for i := 0; i < 3; i++ {
-		urls = append(urls, newHoldEngineMetrics(t, time.Millisecond, "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n").srv.URL)
-	}
-	nodes := startClusterRaft(t, 3, 300*time.Millisecond, func(i int, c *Config) {
-		*c = testConfig(urls)
-		c.Engine.MetricsPath = "/metrics"
-	})
-	for _, n := range nodes {
-		waitAgreed(t, n)
-	}
+	nodes := startSplitCluster(t, false)
 	var follower *Node
 	for _, n := range nodes {
 		if !n.agree.IsLeader() {
