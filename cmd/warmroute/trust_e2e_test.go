@@ -754,6 +754,7 @@ func TestE2EGossipFiguresTiedToSender(t *testing.T) {
 	instance := uint64(time.Now().Add(time.Hour).UnixNano())
 	forged := []gossip.BackendLoad{{Backend: ids[0], InFlight: -50, Failing: true}, {Backend: ids[1], InFlight: 1000, Failing: true}}
 	end := time.Now().Add(4 * time.Second)
+	checked := 0 // status reads that answered: a read that times out on a loaded machine proves nothing either way
 	for seq := uint64(1); time.Now().Before(end); seq++ {
 		for _, origin := range []string{"r0", "r1", "r2"} {
 			unsigned, err := gossiptest.ForgePublish(key, origin, instance, seq, forged)
@@ -775,8 +776,10 @@ func TestE2EGossipFiguresTiedToSender(t *testing.T) {
 		for _, p := range ps {
 			own, remote, err := liveLoads(c, p)
 			if err != nil {
-				t.Fatal(err)
+				t.Logf("%s: status: %v", p.name, err)
+				continue
 			}
+			checked++
 			for id, v := range remote {
 				if v != 0 {
 					t.Fatalf("%s counts %d remote in flight for %s (own %v): forged figures were taken", p.name, v, id, own)
@@ -784,6 +787,9 @@ func TestE2EGossipFiguresTiedToSender(t *testing.T) {
 			}
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	if checked < 3 {
+		t.Fatalf("only %d status reads answered while the forged figures were sent", checked)
 	}
 	for _, p := range ps {
 		for _, id := range ids {

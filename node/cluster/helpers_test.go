@@ -239,7 +239,7 @@ func (tn *testNet) subset(ids ...string) []*tnode {
 func leader(t *testing.T, nodes []*tnode) *tnode {
 	t.Helper()
 	var l *tnode
-	testkit.WaitFor(t, 20*time.Second, "one agreed leader", func() bool {
+	testkit.WaitFor(t, 45*time.Second, "one agreed leader", func() bool {
 		l = nil
 		for _, n := range nodes {
 			if n.c.IsLeader() {
