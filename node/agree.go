@@ -196,22 +196,11 @@ func (n *Node) applyAgreed() {
 
 // followAgreement rebuilds the ring after every applied change until ctx
 // ends. Routing never waits on it: the proxy keeps the last ring.
-func (n *Node) followAgreement(ctx context.Context) { follow(ctx, n.agree.Subscribe, 0, n.applyAgreed) }
-
-// follow calls apply once, then after every notification from subscribe
-// and, when every is positive, every that long, until ctx ends or the
-// notifications stop.
-func follow(ctx context.Context, subscribe func() (<-chan struct{}, func()), every time.Duration, apply func()) {
-	ch, cancel := subscribe()
+func (n *Node) followAgreement(ctx context.Context) {
+	ch, cancel := n.agree.Subscribe()
 	defer cancel()
-	var tick <-chan time.Time
-	if every > 0 {
-		t := time.NewTicker(every)
-		defer t.Stop()
-		tick = t.C
-	}
 	for {
-		apply()
+		n.applyAgreed()
 		select {
 		case <-ctx.Done():
 			return
@@ -219,7 +208,6 @@ func follow(ctx context.Context, subscribe func() (<-chan struct{}, func()), eve
 			if !ok {
 				return
 			}
-		case <-tick:
 		}
 	}
 }
