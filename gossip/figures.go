@@ -59,7 +59,7 @@ func (c *Mesh) PublishHot(total uint64, partitions int, list []HotPrefix) {
 // PublishCost shares what this node's own traffic says of the recompute
 // work unit with the other nodes, once, with the next publish. Call it
 // about once a second; the Raft leader adds every node's up (CostReports)
-// and commits the mean, so every router weighs a move alike.
+// and commits the median, so every router weighs a move alike.
 func (c *Mesh) PublishCost(f CostFigure) {
 	c.pub.setCost(f)
 }

@@ -56,7 +56,7 @@ import (
 // carries the sender's own recompute work unit (the bytes of prompt an
 // average request of its traffic makes a backend prefill, proxy's
 // RecomputeFigures) and its requests in its last period, for the Raft
-// leader, which commits their weighted mean so every router weighs a move
+// leader, which commits their weighted median so every router weighs a move
 // off an owner alike (node/cost.go).
 // A kindBye message is a block without sections:
 // its sender is leaving and its figures must be dropped now.

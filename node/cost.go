@@ -1,7 +1,9 @@
 package node
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"time"
 
 	"github.com/warmroute/warmroute/gossip"
@@ -16,7 +18,7 @@ const (
 	// periods) are not counted.
 	costMaxAge = 3*costPeriod + costPeriod/2
 	// costCommitGap is the least time between two set_recompute_unit
-	// commits, and costChange the relative change of the routers' mean
+	// commits, and costChange the relative change of the routers' unit
 	// that calls for one: the unit follows the traffic's mix within a few
 	// seconds without a commit for every wobble of a running mean.
 	costCommitGap = 5 * time.Second
@@ -24,7 +26,7 @@ const (
 )
 
 // learnCost shares this router's recompute work unit every costPeriod
-// until ctx ends, and on the leader commits the routers' mean when it has
+// until ctx ends, and on the leader commits the routers' median when it has
 // moved. Each router learns the unit (the prompt bytes an average request
 // makes its backend prefill) from its own traffic, and the COST overflow
 // rule weighs a move off an owner in it: routers that learn it apart
@@ -66,7 +68,7 @@ func (n *Node) learnCost(ctx context.Context) {
 		if n.gossip != nil {
 			reports = n.gossip.CostReports(reports, costMaxAge)
 		}
-		unit := meanUnit(reports)
+		unit := agreedUnit(reports)
 		if unit == 0 || !unitMoved(st.RecomputeUnit, unit) {
 			continue
 		}
@@ -84,28 +86,47 @@ func (n *Node) learnCost(ctx context.Context) {
 	}
 }
 
-// meanUnit returns the routers' units' mean weighted by their requests,
-// over those whose cached share came from answers' usage reports when
-// any did (the engines' hit rate errs low); 0 when no router has traffic.
-func meanUnit(reports []gossip.CostReport) int64 {
+// agreedUnit returns the unit the leader commits from the routers'
+// figures: their median, each router weighing by its requests but no more
+// than the median router, over those whose cached share came from
+// answers' usage reports when any did (the engines' hit rate errs low); 0
+// when no router has traffic. A median rather than a mean, and capped
+// weights, so that one router (a compromised one, or one whose clients
+// send odd traffic) cannot pull the cluster's unit outside the others'
+// figures when there are three or more.
+func agreedUnit(reports []gossip.CostReport) int64 {
 	answers := false
 	for _, r := range reports {
 		if r.Unit > 0 && r.Requests > 0 && r.FromAnswers {
 			answers = true
 		}
 	}
-	var sum, w float64
+	in := make([]gossip.CostFigure, 0, len(reports))
 	for _, r := range reports {
 		if r.Unit == 0 || r.Requests == 0 || r.Unit > cluster.MaxRecomputeUnit || (answers && !r.FromAnswers) {
 			continue
 		}
-		sum += float64(r.Unit) * float64(r.Requests)
-		w += float64(r.Requests)
+		in = append(in, r.CostFigure)
 	}
-	if w == 0 {
+	if len(in) == 0 {
 		return 0
 	}
-	return max(1, int64(sum/w+0.5))
+	slices.SortFunc(in, func(a, b gossip.CostFigure) int { return cmp.Compare(a.Requests, b.Requests) })
+	limit := in[(len(in)-1)/2].Requests
+	var total uint64
+	for i := range in {
+		in[i].Requests = min(in[i].Requests, limit)
+		total += in[i].Requests
+	}
+	slices.SortFunc(in, func(a, b gossip.CostFigure) int { return cmp.Compare(a.Unit, b.Unit) })
+	var acc uint64
+	for _, f := range in {
+		acc += f.Requests
+		if 2*acc >= total {
+			return int64(f.Unit)
+		}
+	}
+	return int64(in[len(in)-1].Unit)
 }
 
 // unitMoved reports whether next differs from the agreed cur enough for a

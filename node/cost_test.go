@@ -8,34 +8,44 @@ import (
 	"github.com/warmroute/warmroute/internal/testkit"
 )
 
-func TestMeanUnit(t *testing.T) {
+func TestAgreedUnit(t *testing.T) {
+	fig := func(node string, unit, requests uint64, answers bool) gossip.CostReport {
+		return gossip.CostReport{Node: node, CostFigure: gossip.CostFigure{Unit: unit, Requests: requests, FromAnswers: answers}}
+	}
 	for _, tc := range []struct {
 		name    string
 		reports []gossip.CostReport
 		want    int64
 	}{
 		{"none", nil, 0},
-		{"no traffic", []gossip.CostReport{{CostFigure: gossip.CostFigure{Unit: 900}}}, 0},
-		{"weighted by requests", []gossip.CostReport{
-			{CostFigure: gossip.CostFigure{Unit: 1000, Requests: 3}},
-			{Node: "b", CostFigure: gossip.CostFigure{Unit: 2000, Requests: 1}},
-			{Node: "c", CostFigure: gossip.CostFigure{Requests: 50}}, // no unit yet
-		}, 1250},
+		{"no traffic", []gossip.CostReport{fig("", 900, 0, false)}, 0},
+		{"one router", []gossip.CostReport{fig("", 900, 3, false)}, 900},
+		{"the median", []gossip.CostReport{
+			fig("", 1000, 3, false), fig("b", 2000, 3, false), fig("c", 1500, 3, false),
+			fig("d", 0, 50, false), // no unit yet
+		}, 1500},
+		{"weighted, capped at the median router's weight", []gossip.CostReport{
+			fig("", 1000, 1, false), fig("b", 1200, 5, false), fig("c", 1400, 5, false), fig("d", 3000, 5, false),
+		}, 1400},
 		{"answers first", []gossip.CostReport{
-			{CostFigure: gossip.CostFigure{Unit: 1000, Requests: 30}},
-			{Node: "b", CostFigure: gossip.CostFigure{Unit: 400, Requests: 1, FromAnswers: true}},
-			{Node: "c", CostFigure: gossip.CostFigure{Unit: 600, Requests: 1, FromAnswers: true}},
-		}, 500},
+			fig("", 1000, 30, false), fig("b", 400, 1, true), fig("c", 600, 1, true),
+		}, 400},
 		{"answers without traffic count for nothing", []gossip.CostReport{
-			{CostFigure: gossip.CostFigure{Unit: 1000, Requests: 30}},
-			{Node: "b", CostFigure: gossip.CostFigure{Unit: 400, FromAnswers: true}},
+			fig("", 1000, 30, false), fig("b", 400, 0, true),
 		}, 1000},
 		{"out of range", []gossip.CostReport{
-			{CostFigure: gossip.CostFigure{Unit: 1 << 40, Requests: 1 << 40}},
-			{Node: "b", CostFigure: gossip.CostFigure{Unit: 700, Requests: 1}},
+			fig("", 1<<40, 1<<40, false), fig("b", 700, 1, false),
 		}, 700},
+		// One router claiming a huge count and an extreme unit, either
+		// way, moves the unit at most to the nearest of the others'.
+		{"one router pulls low", []gossip.CostReport{
+			fig("", 1000, 10, false), fig("b", 1100, 12, false), fig("c", 1050, 8, false), fig("x", 1, 1<<40, false),
+		}, 1000},
+		{"one router pulls high", []gossip.CostReport{
+			fig("", 1000, 10, false), fig("b", 1100, 12, false), fig("c", 1050, 8, false), fig("x", 1<<31, 1<<40, false),
+		}, 1100},
 	} {
-		if got := meanUnit(tc.reports); got != tc.want {
+		if got := agreedUnit(tc.reports); got != tc.want {
 			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
 		}
 	}

@@ -42,8 +42,8 @@ import "sync/atomic"
 // their own traffic, so the same request would weigh a different number
 // of units on each, and the routers would part ways on whether to leave
 // an owner (an 8-router fleet agreed on three picks in four). They share
-// their units through gossip, the Raft leader commits the mean weighted
-// by their requests (node/cost.go), and every router applies the agreed
+// their units through gossip, the Raft leader commits their median
+// weighted by requests (node/cost.go), and every router applies the agreed
 // unit from the same epoch on (SetRecomputeUnit); its own figures then
 // only feed what it publishes.
 type recomputeCost struct {
