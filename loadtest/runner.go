@@ -429,12 +429,12 @@ func (r *run) send(reqCtx context.Context, target string, req *workload.Request,
 // warmupScrape takes the counters the hit rate starts from once the
 // warm-up is over.
 func (r *run) warmupScrape(ctx context.Context) {
-	select {
-	case <-ctx.Done():
+	if !r.afterWarmup(ctx) {
 		return
-	case <-r.warm.over():
 	}
-	cur, _ := r.scraper.scrape(ctx)
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cur, _ := r.scraper.scrape(sctx)
 	r.kvMu.Lock()
 	defer r.kvMu.Unlock()
 	for k, v := range cur {
@@ -445,12 +445,32 @@ func (r *run) warmupScrape(ctx context.Context) {
 // predictionsFromMeasure takes the routers' prediction counters again at
 // the end of the warm-up, so that the figures cover the measured window.
 func (r *run) predictionsFromMeasure(ctx context.Context) {
-	select {
-	case <-ctx.Done():
+	if !r.afterWarmup(ctx) {
 		return
-	case <-r.warm.over():
 	}
-	r.pred.begin(ctx)
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r.pred.begin(sctx)
+}
+
+// afterWarmup waits until the warm-up is over and reports true, or false
+// when ctx ends first with the warm-up not over. The run ends ctx once
+// every request is answered, which may be the moment the last warm-up
+// request was (a loaded machine): that warm-up is over, and its counters
+// must still be taken, or the engines' figures would count the warm-up
+// as measured.
+func (r *run) afterWarmup(ctx context.Context) bool {
+	select {
+	case <-r.warm.over():
+		return true
+	case <-ctx.Done():
+		select {
+		case <-r.warm.over():
+			return true
+		default:
+			return false
+		}
+	}
 }
 
 // sample scrapes the backends every MetricsInterval for the hit rate over

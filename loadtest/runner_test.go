@@ -266,9 +266,14 @@ func TestModels(t *testing.T) {
 func TestWarmupIsNotMeasured(t *testing.T) {
 	f, gen, cfg := simRun(t, 1, gpusim.FastConfig())
 	cfg.MetricsURLs = metricsURLs(f.URLs())
-	cfg.Rate = 100
+	// Closed loop: at most Concurrency warm-up requests straddle the
+	// warm-up's end, however slow a loaded machine makes each (an open
+	// loop at 100/s queued the whole warm-up there in CI runs, and it was
+	// answered only as the run ended).
+	cfg.Mode = ClosedLoop
+	cfg.Concurrency = 4
 	cfg.Warmup = 500 * time.Millisecond
-	cfg.Duration = 500 * time.Millisecond
+	cfg.Duration = time.Second
 	s := mustRun(t, cfg, gen)
 	if s.WarmupRequests == 0 || s.OK == 0 || s.Sent != s.WarmupRequests+s.OK+s.Failed+s.Canceled {
 		t.Fatalf("sent %d = warm-up %d + ok %d + failed %d + canceled %d?", s.Sent, s.WarmupRequests, s.OK, s.Failed, s.Canceled)
