@@ -197,10 +197,32 @@ func (n *Node) applyAgreed() {
 // followAgreement rebuilds the ring after every applied change until ctx
 // ends. Routing never waits on it: the proxy keeps the last ring.
 func (n *Node) followAgreement(ctx context.Context) {
-	ch, cancel := n.agree.Subscribe()
-	defer cancel()
-	for {
+	follow(ctx, n.agree.Subscribe, 0, func(time.Time) time.Time {
 		n.applyAgreed()
+		return time.Time{}
+	})
+}
+
+// follow calls apply once, then again after every notification from
+// subscribe, every that long when every is positive, and at the time
+// apply last returned when it is not zero, until ctx ends or the
+// notifications stop. apply gets the time it is called at.
+func follow(ctx context.Context, subscribe func() (<-chan struct{}, func()), every time.Duration, apply func(now time.Time) time.Time) {
+	ch, cancel := subscribe()
+	defer cancel()
+	var tick <-chan time.Time
+	if every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		tick = t.C
+	}
+	wake := time.NewTimer(time.Hour)
+	defer wake.Stop()
+	for {
+		now := time.Now()
+		if at := apply(now); !at.IsZero() {
+			wake.Reset(at.Sub(now))
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -208,6 +230,8 @@ func (n *Node) followAgreement(ctx context.Context) {
 			if !ok {
 				return
 			}
+		case <-tick:
+		case <-wake.C:
 		}
 	}
 }

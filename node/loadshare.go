@@ -196,29 +196,11 @@ func (n *Node) followGossip(ctx context.Context) {
 		fed  verdictFeed
 		held = map[string]gossip.EngineStats{}
 	)
-	ch, cancel := n.gossip.Subscribe()
-	defer cancel()
-	tick := time.NewTicker(verdictRefresh)
-	defer tick.Stop()
-	settle := time.NewTimer(time.Hour)
-	defer settle.Stop()
-	for {
-		now := time.Now()
-		if due := n.applyView(held, now); !due.IsZero() {
-			settle.Reset(due.Sub(now))
-		}
+	follow(ctx, n.gossip.Subscribe, verdictRefresh, func(now time.Time) time.Time {
+		due := n.applyView(held, now)
 		n.feedVerdicts(&fed, now)
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-ch:
-			if !ok {
-				return
-			}
-		case <-tick.C:
-		case <-settle.C:
-		}
-	}
+		return due
+	})
 }
 
 // engineSettle is how old an engine scrape must be before this router

@@ -45,12 +45,15 @@ type Plan struct {
 	// output).
 	OnResult func(stats.Summary)
 	// Agreement, with more than one router, asks every router where the
-	// workload's first AgreementRequests requests (default 16) would go,
-	// all at once every second from the end of the warm-up to the end of the run (loadtest/agree),
-	// and puts the counts in the run's Summary.
-	Agreement         bool
-	AgreementRequests int
+	// workload's first agreementRequests requests would go, all at once
+	// every second from the end of the warm-up to the end of the run
+	// (loadtest/agree), and puts the counts in the run's Summary.
+	Agreement bool
 }
+
+// agreementRequests is how many of a workload's first requests the
+// agreement probe asks about.
+const agreementRequests = 16
 
 // Validate reports the first problem with p.
 func (p Plan) Validate() error {
@@ -193,11 +196,7 @@ func (p *Plan) startAgreement(ctx context.Context, routers []fleet.Router, newGe
 	if err != nil {
 		return nil, err
 	}
-	n := p.AgreementRequests
-	if n <= 0 {
-		n = 16
-	}
-	cfg := agree.Config{Requests: make([]agree.Request, n)}
+	cfg := agree.Config{Requests: make([]agree.Request, agreementRequests)}
 	for i := range cfg.Requests {
 		var r workload.Request
 		gen.Next(&r)
