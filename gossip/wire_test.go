@@ -185,6 +185,10 @@ func FuzzDecode(f *testing.F) {
 	for _, pkt := range pp.next(now.Add(time.Second)) {
 		f.Add(append([]byte(nil), pkt...))
 	}
+	pp.setCost(CostFigure{Unit: 1500, Requests: 40, FromAnswers: true})
+	for _, pkt := range pp.next(now.Add(2 * time.Second)) {
+		f.Add(append([]byte(nil), pkt...))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s := newState("self", time.Minute, time.Minute)
 		s.join("node-a")
@@ -203,6 +207,11 @@ func FuzzDecode(f *testing.F) {
 				if h.Depth >= MaxHotDepth || h.Count > r.Total || uint64(h.Part) >= r.Partitions || len(r.Prefixes) > MaxHotCounted {
 					t.Fatalf("hot prefix out of range kept: %+v of %+v", h, r)
 				}
+			}
+		}
+		for _, r := range s.costReports(nil, time.Hour, now) {
+			if r.Unit > MaxCostUnit || r.Requests > MaxCostRequests {
+				t.Fatalf("cost figure out of range kept: %+v", r)
 			}
 		}
 		s.sweep(now.Add(2 * time.Minute))
