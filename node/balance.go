@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/warmroute/warmroute/node/cluster"
 	"github.com/warmroute/warmroute/proxy"
 	"github.com/warmroute/warmroute/ring"
@@ -65,7 +67,9 @@ const (
 // three of the last ten seconds. Until then an uneven share costs no request
 // any time (every engine starts each request at once) while every move
 // costs its keys a recomputed prefix, so a fleet with headroom keeps its
-// caches where they are.
+// caches where they are. And it pays only onto a backend that had room in
+// every one of those samples: moving onto one that queued too shifts a
+// queue and adds the moved keys' prefills to it.
 //
 // Every router publishes its busiest partitions through gossip once a
 // period (gossip.Mesh.PublishPartitions), and the leader adds them to its
@@ -75,6 +79,9 @@ const (
 func (n *Node) balance(ctx context.Context) {
 	t := time.NewTicker(balancePeriod)
 	defer t.Stop()
+	moved := register(n.reg, prometheus.NewCounter(prometheus.CounterOpts{Namespace: "warmroute", Subsystem: "partition",
+		Name: "moves_total",
+		Help: "Partitions the leader's balancer handed to a new owner (each costs its keys a recomputed prefix), counted when committed."}))
 	var (
 		buf    []uint32
 		remote []uint64
@@ -118,8 +125,11 @@ func (n *Node) balance(ctx context.Context) {
 			}
 		}
 		cold.update(st.Moves, buf, now)
-		next := planMoves(r, buf, st.Moves, func(p int) bool { return cold.stale(p, now) },
-			func(b int) bool { return press.pressed(r.Backend(b).ID) })
+		next := planMoves(r, buf, st.Moves, moveGates{
+			stale:   func(p int) bool { return cold.stale(p, now) },
+			pressed: func(b int) bool { return press.pressed(r.Backend(b).ID) },
+			calm:    func(b int) bool { return press.calm(r.Backend(b).ID) },
+		})
 		if slices.Equal(next, st.Moves) || (len(next) == 0 && len(st.Moves) == 0) {
 			continue
 		}
@@ -129,9 +139,23 @@ func (n *Node) balance(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			n.log.Debug("committing partition moves", "moves", len(next), "err", err)
 		} else if err == nil {
-			n.log.Debug("partition moves committed", "moves", len(next), "was", len(st.Moves))
+			fresh := newMoves(st.Moves, next)
+			moved.Add(float64(fresh))
+			n.log.Info("partition moves committed", "moves", len(next), "was", len(st.Moves), "new", fresh)
 		}
 	}
+}
+
+// newMoves counts the moves in next that cur does not hold: partitions
+// given an owner they did not have.
+func newMoves(cur, next []ring.Move) int {
+	n := 0
+	for _, m := range next {
+		if !slices.Contains(cur, m) {
+			n++
+		}
+	}
+	return n
 }
 
 // coldMoves remembers since when each moved partition has carried no
@@ -173,6 +197,8 @@ type pressure struct {
 	window time.Duration
 	need   int
 	at     map[string][]time.Time
+	// first and last are the times of the first and the latest sample.
+	first, last time.Time
 }
 
 func newPressure(window time.Duration, need int) *pressure {
@@ -182,6 +208,10 @@ func newPressure(window time.Duration, need int) *pressure {
 // sample records the backends pressed in st at now, and forgets what is
 // older than the window.
 func (p *pressure) sample(st []proxy.BackendStatus, now time.Time) {
+	if p.first.IsZero() {
+		p.first = now
+	}
+	p.last = now
 	for _, b := range st {
 		if b.Pressed || b.Busy || (b.Limit > 0 && b.InFlight+b.RemoteInFlight >= b.Limit) {
 			p.at[b.ID] = append(p.at[b.ID], now)
@@ -206,18 +236,44 @@ func (p *pressure) pressed(id string) bool {
 	return len(p.at[id]) >= p.need
 }
 
+// calm reports whether backend id was pressed in none of the samples
+// within the window, and the samples span the whole window: it had room
+// all along. (A fleet that has just started, or a router that has just
+// come up, has not watched long enough to call any backend calm: at the
+// start of a run its first seconds' splits are still coming and every
+// backend that has not queued yet would pass.)
+func (p *pressure) calm(id string) bool {
+	return !p.first.IsZero() && p.last.Sub(p.first) >= p.window && len(p.at[id]) == 0
+}
+
+// moveGates say which partitions and backends a balancing round may
+// move, by ring index.
+type moveGates struct {
+	// stale reports the moved partitions that have been cold long enough
+	// to go home.
+	stale func(p int) bool
+	// pressed reports the backends that recently had more work than they
+	// run at once: only those give partitions away.
+	pressed func(b int) bool
+	// calm reports the backends that had room all along lately: only
+	// those take partitions. A backend that queued too, even briefly,
+	// would queue the moved keys' requests besides recomputing their
+	// prefixes: on a fleet where bursts queue every backend now and then
+	// (Mooncake's conversation trace at the load that keeps it busy),
+	// moving onto any of them cost a point of hit rate and bought no
+	// TTFT.
+	calm func(b int) bool
+}
+
 // planMoves returns the moves after one balancing round on ring r (which
 // has cur applied) with per-partition request counts loads, in
-// proxy.PartitionUnit per request. stale reports the moved partitions
-// that have been cold long enough to go home; pressed the backends that
-// recently had more work than they run at once: only those give
-// partitions away.
-func planMoves(r *ring.Ring, loads []uint32, cur []ring.Move, stale func(p int) bool, pressed func(b int) bool) []ring.Move {
+// proxy.PartitionUnit per request, under gates g.
+func planMoves(r *ring.Ring, loads []uint32, cur []ring.Move, g moveGates) []ring.Move {
 	next := make([]ring.Move, 0, len(cur)+balanceMovesPerRound)
 	at := make(map[int]int, len(cur)) // partition -> index in next
 	for _, m := range cur {
 		b, ok := r.Index(m.Backend)
-		if !ok || r.Backend(b).State != ring.Active || m.Partition >= len(loads) || stale(m.Partition) {
+		if !ok || r.Backend(b).State != ring.Active || m.Partition >= len(loads) || g.stale(m.Partition) {
 			continue // gone, drained, or cold for long: let it go home
 		}
 		at[m.Partition] = len(next)
@@ -258,9 +314,12 @@ func planMoves(r *ring.Ring, loads []uint32, cur []ring.Move, stale func(p int) 
 			if hot < 0 || load[b] > load[hot] {
 				hot = b
 			}
-			if cold < 0 || load[b] < load[cold] {
+			if g.calm(b) && (cold < 0 || load[b] < load[cold]) {
 				cold = b
 			}
+		}
+		if cold < 0 {
+			break // every backend queued lately: a move only shifts a queue
 		}
 		// The busiest and the least busy differ by more than the slack
 		// and clearly so (two standard deviations of the difference of two
@@ -269,7 +328,7 @@ func planMoves(r *ring.Ring, loads []uint32, cur []ring.Move, stale func(p int) 
 		if gap := float64(load[hot]) - float64(load[cold]); gap <= max(2*(balanceSlack-1)*mean, noise) {
 			break
 		}
-		if !pressed(hot) {
+		if !g.pressed(hot) {
 			break // the busiest keeps up: moving would only cost prefixes
 		}
 		budget := (load[hot] - load[cold]) / 2

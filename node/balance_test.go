@@ -25,6 +25,13 @@ func balanceRing(t *testing.T, n int) *ring.Ring {
 func never(int) bool  { return false }
 func always(int) bool { return true }
 
+func gates(stale, pressed, calm func(int) bool) moveGates {
+	return moveGates{stale: stale, pressed: pressed, calm: calm}
+}
+
+// open lets every backend give and take partitions.
+var open = gates(never, always, always)
+
 // shares returns each backend's requests under r.
 func shares(r *ring.Ring, loads []uint32) []uint64 {
 	out := make([]uint64, r.Len())
@@ -55,7 +62,7 @@ func TestPlanMovesEvensTraffic(t *testing.T) {
 	var moves []ring.Move
 	cur := r
 	for round := 0; round < 10; round++ {
-		moves = planMoves(cur, loads, moves, never, always)
+		moves = planMoves(cur, loads, moves, open)
 		if err := ring.CheckMoves(moves); err != nil {
 			t.Fatal(err)
 		}
@@ -80,19 +87,36 @@ func TestPlanMovesEvensTraffic(t *testing.T) {
 	t.Logf("shares before %v, after %v with %d moves", shares(r, loads), s, len(moves))
 	// The same traffic on backends that keep up moves nothing: only a
 	// pressed backend gives partitions away.
-	if got := planMoves(r, loads, nil, never, never); len(got) != 0 {
+	if got := planMoves(r, loads, nil, gates(never, never, always)); len(got) != 0 {
 		t.Fatalf("moves off a backend that keeps up: %v", got)
 	}
-	if got := planMoves(r, loads, nil, never, func(b int) bool { return b != 0 }); len(got) != 0 {
+	if got := planMoves(r, loads, nil, gates(never, func(b int) bool { return b != 0 }, func(b int) bool { return b == 0 })); len(got) != 0 {
 		t.Fatalf("moves while only the others are pressed: %v", got)
+	}
+	// The busiest is pressed but so was every other backend lately: a
+	// move would only shift a queue, and cost the keys their prefixes.
+	hot := func(b int) bool { return b == 0 }
+	if got := planMoves(r, loads, nil, gates(never, hot, never)); len(got) != 0 {
+		t.Fatalf("moves onto backends that queued too: %v", got)
+	}
+	// Only backend 2 had room all along: everything moved goes there,
+	// however little the others carry.
+	got := planMoves(r, loads, nil, gates(never, hot, func(b int) bool { return b == 2 }))
+	if len(got) == 0 {
+		t.Fatal("no move onto the one calm backend")
+	}
+	for _, m := range got {
+		if m.Backend != "gpu-2" || r.Order(m.Partition)[0] != 0 {
+			t.Fatalf("move %+v: want partitions of gpu-0 onto gpu-2 (all %v)", m, got)
+		}
 	}
 	// Traffic gone: moves stay until they have been cold for long, then
 	// they are dropped.
 	clear(loads)
-	if got := planMoves(cur, loads, moves, never, always); len(got) != len(moves) {
+	if got := planMoves(cur, loads, moves, open); len(got) != len(moves) {
 		t.Fatalf("moves of partitions cold for a moment dropped: %v, had %v", got, moves)
 	}
-	if got := planMoves(cur, loads, moves, always, always); len(got) != 0 {
+	if got := planMoves(cur, loads, moves, gates(always, always, always)); len(got) != 0 {
 		t.Fatalf("moves of stale partitions kept: %v", got)
 	}
 }
@@ -103,13 +127,13 @@ func TestPlanMovesLeavesBalancedAlone(t *testing.T) {
 	for p := range loads {
 		loads[p] = proxy.PartitionUnit
 	}
-	if got := planMoves(r, loads, nil, never, always); len(got) != 0 {
+	if got := planMoves(r, loads, nil, open); len(got) != 0 {
 		t.Fatalf("balanced traffic moved %v", got)
 	}
 	// Too little traffic to judge (under balanceMinCount requests).
 	small := make([]uint32, r.Partitions())
 	small[0] = 25 * proxy.PartitionUnit
-	if got := planMoves(r, small, nil, never, always); len(got) != 0 {
+	if got := planMoves(r, small, nil, open); len(got) != 0 {
 		t.Fatalf("25 requests moved %v", got)
 	}
 }
@@ -180,5 +204,41 @@ func TestPressure(t *testing.T) {
 	}
 	if _, ok := p.at["full"]; ok || len(p.at["queued"]) != 1 {
 		t.Errorf("samples kept: %v", p.at)
+	}
+}
+
+func TestPressureCalm(t *testing.T) {
+	p := newPressure(balancePressedFor, balancePressedSamples)
+	if p.calm("light") {
+		t.Fatal("calm before any sample")
+	}
+	t0 := time.Unix(1000, 0)
+	st := []proxy.BackendStatus{
+		{ID: "queued", Busy: true, Limit: 8},
+		{ID: "light", InFlight: 1, Limit: 8},
+	}
+	// queued pressed once, in the second sample: not calm for the window
+	// that follows.
+	p.sample(st[1:], t0)
+	for i := 1; i < 10; i++ {
+		if i == 1 {
+			p.sample(st, t0.Add(time.Second))
+		} else {
+			p.sample(st[1:], t0.Add(time.Duration(i)*time.Second))
+		}
+		if p.calm("light") {
+			t.Fatalf("light calm after %d s of samples: the window is not spanned yet", i)
+		}
+	}
+	p.sample(st[1:], t0.Add(balancePressedFor))
+	if !p.calm("light") {
+		t.Error("light not calm after a window with room in every sample")
+	}
+	if p.calm("queued") {
+		t.Error("queued calm though pressed in the window")
+	}
+	p.sample(st[1:], t0.Add(balancePressedFor+2*time.Second))
+	if !p.calm("queued") {
+		t.Error("queued not calm once its one pressed sample left the window")
 	}
 }

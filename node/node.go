@@ -457,3 +457,21 @@ func NewLogger(c Log, w *os.File) *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
 }
+
+// register registers c with reg (nil: none) and returns it, or the
+// collector registered before it under the same name (a loop that a test
+// starts twice on one registry shares its counters).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if reg == nil {
+		return c
+	}
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if old, ok := are.ExistingCollector.(C); ok {
+				return old
+			}
+		}
+	}
+	return c
+}

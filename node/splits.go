@@ -3,7 +3,6 @@ package node
 import (
 	"cmp"
 	"context"
-	"errors"
 	"slices"
 	"time"
 
@@ -75,14 +74,7 @@ func (n *Node) learnSplits(ctx context.Context) {
 		Name: "refused_total",
 		Help: "Prefixes with enough traffic for a split that the leader left whole, by reason (not_pressed: the owner keeps up; not_carried: only routers whose published request counts do not carry them claimed them; budget: over a router's or a commit's new splits; cooldown: a split of it ended within 10 s), counted once per planning round."},
 		[]string{"reason"})
-	if n.reg != nil {
-		if err := n.reg.Register(refused); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if errors.As(err, &are) {
-				refused = are.ExistingCollector.(*prometheus.CounterVec)
-			}
-		}
-	}
+	refused = register(n.reg, refused)
 	for {
 		select {
 		case <-ctx.Done():

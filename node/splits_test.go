@@ -81,9 +81,20 @@ func TestBalanceFromFollowersTraffic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-node test")
 	}
+	// The first engine queues; the others have room (a move goes only to
+	// a backend that had room all along).
 	var urls []string
+	var hot string
 	for i := 0; i < 4; i++ {
-		urls = append(urls, newHoldEngineMetrics(t, time.Millisecond, "vllm:num_requests_running 8\nvllm:num_requests_waiting 2\n").srv.URL)
+		metrics := "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
+		if i == 0 {
+			metrics = "vllm:num_requests_running 8\nvllm:num_requests_waiting 2\n"
+		}
+		e := newHoldEngineMetrics(t, time.Millisecond, metrics)
+		if i == 0 {
+			hot = e.id()
+		}
+		urls = append(urls, e.srv.URL)
 	}
 	nodes := startClusterRaft(t, 3, 300*time.Millisecond, func(i int, c *Config) {
 		*c = testConfig(urls)
@@ -104,10 +115,10 @@ func TestBalanceFromFollowersTraffic(t *testing.T) {
 	if leader == nil || len(followers) != 2 {
 		t.Fatal("no single leader")
 	}
-	// Conversations of which 16 are owned by one backend (hot) and 16
-	// spread over the others: the hot backend gets half the traffic.
+	// Conversations of which 16 are owned by the queueing backend (hot)
+	// and 16 spread over the others: the hot backend gets half the
+	// traffic.
 	var hotPrompts, rest []string
-	var hot string
 	for i := 0; len(hotPrompts) < 16 || len(rest) < 16; i++ {
 		if i > 100000 {
 			t.Fatal("no prompts found")
@@ -117,13 +128,13 @@ func TestBalanceFromFollowersTraffic(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		switch {
-		case hot == "":
-			hot = e.Backend
+		if len(e.Candidates) == 0 {
+			t.Fatalf("no candidates for %q", p)
+		}
+		switch owner := e.Candidates[0].ID; {
+		case owner == hot && len(hotPrompts) < 16:
 			hotPrompts = append(hotPrompts, p)
-		case e.Backend == hot && len(hotPrompts) < 16:
-			hotPrompts = append(hotPrompts, p)
-		case e.Backend != hot && len(rest) < 16:
+		case owner != hot && len(rest) < 16:
 			rest = append(rest, p)
 		}
 	}
