@@ -160,6 +160,9 @@ func TestBalanceFromFollowersTraffic(t *testing.T) {
 	stop()
 	leaderSawNothing(t, leader)
 	st, _ := leader.agree.State()
+	if got := movesCounted(t, leader); got < 1 {
+		t.Errorf("warmroute_partition_moves_total %v on the leader after %d moves", got, len(st.Moves))
+	}
 	for _, m := range st.Moves {
 		if m.Backend == hot {
 			t.Fatalf("a partition moved onto the hot backend %s: %+v", hot, m)
@@ -356,4 +359,20 @@ func TestNoSplitWithoutPressure(t *testing.T) {
 	if len(st.Splits) != 0 {
 		t.Fatalf("agreed splits %v", st.Splits)
 	}
+}
+
+// movesCounted reads warmroute_partition_moves_total from n's registry.
+func movesCounted(t *testing.T, n *Node) float64 {
+	t.Helper()
+	fams, err := n.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == "warmroute_partition_moves_total" && len(f.GetMetric()) == 1 {
+			return f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatal("no warmroute_partition_moves_total")
+	return 0
 }
