@@ -160,8 +160,13 @@ func TestBalanceFromFollowersTraffic(t *testing.T) {
 	stop()
 	leaderSawNothing(t, leader)
 	st, _ := leader.agree.State()
-	if got := movesCounted(t, leader); got < 1 {
-		t.Errorf("warmroute_partition_moves_total %v on the leader after %d moves", got, len(st.Moves))
+	// Whichever router led when they were committed counted them.
+	counted := 0.0
+	for _, n := range nodes {
+		counted += movesCounted(t, n)
+	}
+	if counted < 1 {
+		t.Errorf("warmroute_partition_moves_total %v over the routers after %d moves", counted, len(st.Moves))
 	}
 	for _, m := range st.Moves {
 		if m.Backend == hot {
