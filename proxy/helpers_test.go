@@ -33,9 +33,23 @@ func listen(t testing.TB) net.Listener {
 // are refused.
 func refusedAddr(t testing.TB) string {
 	t.Helper()
-	ln := listen(t)
-	ln.Close()
-	return ln.Addr().String()
+	return refusedAddrs(t, 1)[0]
+}
+
+// refusedAddrs returns n distinct such addresses: all are bound before any
+// is closed (a port closed and bound again at once can come back the same).
+func refusedAddrs(t testing.TB, n int) []string {
+	t.Helper()
+	lns := make([]net.Listener, n)
+	for i := range lns {
+		lns[i] = listen(t)
+	}
+	addrs := make([]string, n)
+	for i, ln := range lns {
+		addrs[i] = ln.Addr().String()
+		ln.Close()
+	}
+	return addrs
 }
 
 // serve runs p.Serve(ln) until the test ends, then shuts p down and waits

@@ -592,8 +592,7 @@ func TestNoBackendAndUnreachable(t *testing.T) {
 
 	// Two backends that refuse connections: 502 after trying both.
 	var bs []ring.Backend
-	for i := 0; i < 2; i++ {
-		addr := refusedAddr(t)
+	for _, addr := range refusedAddrs(t, 2) {
 		bs = append(bs, ring.Backend{ID: addr, Addr: "http://" + addr})
 	}
 	cfg := testProxyConfig()
