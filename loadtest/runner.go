@@ -253,7 +253,7 @@ func (r *run) execute(ctx context.Context) (stats.Summary, error) {
 	s.Partial = interrupted
 	if r.scraper != nil {
 		// a fresh context: the final scrape must run even after Ctrl-C
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
 		last, _ := r.scraper.scrape(sctx)
 		cancel()
 		r.addSample(last, time.Since(r.start))
@@ -264,7 +264,7 @@ func (r *run) execute(ctx context.Context) (stats.Summary, error) {
 		s.KVSeries = r.kvSeries
 	}
 	if r.pred != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
 		s.Predictions = r.pred.end(sctx)
 		cancel()
 	}
@@ -426,13 +426,18 @@ func (r *run) send(reqCtx context.Context, target string, req *workload.Request,
 	r.reqPool.Put(req)
 }
 
+// scrapeTimeout bounds the scrapes a run takes on a context of their own
+// (the warm-up's and the end's counters): they must run even when the run's
+// context has ended, and must not hold it up for long.
+const scrapeTimeout = 5 * time.Second
+
 // warmupScrape takes the counters the hit rate starts from once the
 // warm-up is over.
 func (r *run) warmupScrape(ctx context.Context) {
 	if !r.afterWarmup(ctx) {
 		return
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
 	defer cancel()
 	cur, _ := r.scraper.scrape(sctx)
 	r.kvMu.Lock()
@@ -448,7 +453,7 @@ func (r *run) predictionsFromMeasure(ctx context.Context) {
 	if !r.afterWarmup(ctx) {
 		return
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
 	defer cancel()
 	r.pred.begin(sctx)
 }
