@@ -106,30 +106,39 @@ func Run(ctx context.Context, cfg Config) stats.Agreement {
 	}
 }
 
-// round asks every router about every request, the routers at once.
+// round asks every router about every request: one request at a time,
+// the routers at once, so that their answers to a request are as close
+// in time as the calls allow. (Asking each router about the requests in
+// turn, the routers in parallel, let their answers to the last requests
+// drift apart by the sum of the calls' latencies, tens of milliseconds on
+// a loaded machine, and counted the loads' changes in between as
+// disagreement.)
 func round(ctx context.Context, hc *http.Client, cfg Config) stats.Agreement {
 	n, m := len(cfg.Routers), len(cfg.Requests)
 	answers := make([][]Explanation, n)
 	ok := make([][]bool, n)
-	var wg sync.WaitGroup
 	for i := range cfg.Routers {
 		answers[i], ok[i] = make([]Explanation, m), make([]bool, m)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j, q := range cfg.Requests {
+	}
+	var wg sync.WaitGroup
+	for j, q := range cfg.Requests {
+		for i := range cfg.Routers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
 				e, err := explain(ctx, hc, cfg.Timeout, cfg.Routers[i].AdminURL, q)
 				answers[i][j], ok[i][j] = e, err == nil
-			}
-		}()
+			}()
+		}
+		wg.Wait()
 	}
-	wg.Wait()
 	return tally(cfg.Routers, answers, ok)
 }
 
 // tally counts one round: a request is compared when at least two routers
 // answered it, and agrees when they all named the same backend (owner).
-// The round's epochs agree when every router answered at one epoch.
+// The round's epochs agree when every router answered at one epoch; its
+// requests then also count as the steady state's.
 func tally(routers []Router, answers [][]Explanation, ok [][]bool) stats.Agreement {
 	out := stats.Agreement{Routers: len(routers), Rounds: 1, SameEpoch: 1}
 	epoch, seen := uint64(0), false
@@ -167,6 +176,9 @@ func tally(routers []Router, answers [][]Explanation, ok [][]bool) stats.Agreeme
 		if owners {
 			out.Owners++
 		}
+	}
+	if out.SameEpoch == 1 {
+		out.SteadyCompared, out.SteadyPicks = out.Compared, out.Picks
 	}
 	return out
 }

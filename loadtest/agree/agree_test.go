@@ -121,8 +121,15 @@ func TestTallyEpochs(t *testing.T) {
 	answers := [][]Explanation{{{Epoch: 3, Backend: "x"}}, {{Epoch: 4, Backend: "x"}}}
 	ok := [][]bool{{true}, {true}}
 	got := tally(rs, answers, ok)
-	if got.SameEpoch != 0 || got.Picks != 1 || got.Compared != 1 {
+	if got.SameEpoch != 0 || got.Picks != 1 || got.Compared != 1 || got.SteadyCompared != 0 || got.SteadyPicks != 0 {
 		t.Fatalf("%+v", got)
+	}
+	// At one epoch the round is the steady state's, its disagreements too.
+	answers = [][]Explanation{{{Epoch: 4, Backend: "x"}, {Epoch: 4, Backend: "x"}}, {{Epoch: 4, Backend: "x"}, {Epoch: 4, Backend: "y"}}}
+	ok = [][]bool{{true, true}, {true, true}}
+	got = tally(rs, answers, ok)
+	if got.SameEpoch != 1 || got.Compared != 2 || got.Picks != 1 || got.SteadyCompared != 2 || got.SteadyPicks != 1 {
+		t.Fatalf("one epoch: %+v", got)
 	}
 }
 

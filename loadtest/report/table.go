@@ -438,6 +438,9 @@ func writeAgreement(w io.Writer, runs []stats.Summary) error {
 		}
 		line := fmt.Sprintf("  %s / %s: %d routers, %d rounds: picks agreed on %s, owners on %s; every answer of a round at one epoch in %d of %d rounds",
 			r.Workload, r.Label, a.Routers, a.Rounds, ofCount(a.Picks, a.Compared), ofCount(a.Owners, a.Compared), a.SameEpoch, a.Rounds)
+		if a.SameEpoch < a.Rounds {
+			line += fmt.Sprintf("; picks in those rounds %s", ofCount(a.SteadyPicks, a.SteadyCompared))
+		}
 		if a.Failed > 0 {
 			line += fmt.Sprintf("; %d calls unanswered", a.Failed)
 		}

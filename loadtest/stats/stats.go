@@ -366,16 +366,22 @@ func trafficShares(counts map[string]int64, expected []string) (map[string]float
 // rounds, Compared requests were answered by two routers or more, of
 // which Picks were sent to the same backend by all of them and Owners had
 // the same load-blind owner; SameEpoch rounds had every answer at one
-// epoch. Failed counts explainer calls that got no answer.
+// epoch, and in them SteadyCompared requests were compared, of which
+// SteadyPicks agreed: the steady state, without the rounds that caught
+// the routers applying a new epoch (a split or a move committed a moment
+// before, which routers apply milliseconds apart). Failed counts
+// explainer calls that got no answer.
 type Agreement struct {
-	Routers   int    `json:"routers"`
-	Rounds    int    `json:"rounds"`
-	Compared  int    `json:"compared"`
-	Picks     int    `json:"picks_agreeing"`
-	Owners    int    `json:"owners_agreeing"`
-	SameEpoch int    `json:"same_epoch_rounds"`
-	Failed    int    `json:"failed_calls"`
-	First     string `json:"first_disagreement,omitempty"`
+	Routers        int    `json:"routers"`
+	Rounds         int    `json:"rounds"`
+	Compared       int    `json:"compared"`
+	Picks          int    `json:"picks_agreeing"`
+	Owners         int    `json:"owners_agreeing"`
+	SameEpoch      int    `json:"same_epoch_rounds"`
+	SteadyCompared int    `json:"steady_compared"`
+	SteadyPicks    int    `json:"steady_picks_agreeing"`
+	Failed         int    `json:"failed_calls"`
+	First          string `json:"first_disagreement,omitempty"`
 }
 
 // Add adds round r's counts (Routers and the first disagreement stay).
@@ -388,6 +394,8 @@ func (a *Agreement) Add(r Agreement) {
 	a.Picks += r.Picks
 	a.Owners += r.Owners
 	a.SameEpoch += r.SameEpoch
+	a.SteadyCompared += r.SteadyCompared
+	a.SteadyPicks += r.SteadyPicks
 	a.Failed += r.Failed
 	if a.First == "" {
 		a.First = r.First
