@@ -58,6 +58,7 @@ type Explanation struct {
 		Healthy  bool   `json:"healthy"`
 		InFlight int64  `json:"in_flight"`
 		Queued   int64  `json:"queued"`
+		Busy     bool   `json:"busy"`
 	} `json:"candidates"`
 }
 
@@ -178,17 +179,25 @@ func tally(routers []Router, answers [][]Explanation, ok [][]bool) stats.Agreeme
 		}
 	}
 	if out.SameEpoch == 1 {
-		out.SteadyCompared, out.SteadyPicks = out.Compared, out.Picks
+		out.SteadyCompared, out.SteadyPicks, out.FirstSteady = out.Compared, out.Picks, out.First
 	}
 	return out
 }
 
 // describe names what each router picked for request j, and what it saw
 // of the first candidate (the owner): its in-flight count and queue, and
-// the request's recompute cost, the figures the COST rule weighs.
+// the request's recompute cost, the figures the COST rule weighs; and of
+// the candidates after the owner up to the furthest any router picked,
+// their in-flight counts and queues (b: taken to queue).
 func describe(routers []Router, answers [][]Explanation, ok [][]bool, j int) string {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "request %d:", j)
+	far := 0
+	for i := range routers {
+		if ok[i][j] {
+			far = max(far, answers[i][j].Rank)
+		}
+	}
 	for i, r := range routers {
 		if !ok[i][j] {
 			continue
@@ -202,6 +211,15 @@ func describe(routers []Router, answers [][]Explanation, ok [][]bool, j int) str
 		if len(e.Candidates) > 0 {
 			c := e.Candidates[0]
 			fmt.Fprintf(&b, "; owner in flight %d, queued %d; recompute %d", c.InFlight, c.Queued, e.Recompute)
+		}
+		if far > 0 && len(e.Candidates) > 1 {
+			b.WriteString("; then")
+			for _, c := range e.Candidates[1:min(far+1, len(e.Candidates))] {
+				fmt.Fprintf(&b, " %s %d/%d", c.ID, c.InFlight, c.Queued)
+				if c.Busy {
+					b.WriteString("b")
+				}
+			}
 		}
 		b.WriteByte(')')
 	}

@@ -28,7 +28,7 @@ func explainer(t *testing.T, pick func(body string) (backend, reason string), ca
 		backend, reason := pick(string(b))
 		json.NewEncoder(w).Encode(map[string]any{
 			"epoch": 7, "backend": backend, "reason": reason, "rank": 1, "recompute": 2,
-			"candidates": []map[string]any{{"id": "b0", "state": "active", "healthy": true, "in_flight": 5, "queued": 3}, {"id": "b1", "state": "active", "healthy": true}},
+			"candidates": []map[string]any{{"id": "b0", "state": "active", "healthy": true, "in_flight": 5, "queued": 3}, {"id": "b1", "state": "active", "healthy": true, "in_flight": 2, "busy": true}},
 		})
 	}))
 	t.Cleanup(srv.Close)
@@ -81,8 +81,11 @@ func TestRunCountsAgreement(t *testing.T) {
 	if got.Failed != 2*got.Rounds {
 		t.Errorf("failed %d, want the down router's 2 per round (%d rounds)", got.Failed, got.Rounds)
 	}
-	if !strings.Contains(got.First, "request 1:") || !strings.Contains(got.First, "c->b1 (overflow rank 1; owner in flight 5, queued 3; recompute 2)") || !strings.Contains(got.First, "a->b0 (affinity; owner in flight 5, queued 3; recompute 2)") {
+	if !strings.Contains(got.First, "request 1:") || !strings.Contains(got.First, "c->b1 (overflow rank 1; owner in flight 5, queued 3; recompute 2; then b1 2/0b)") || !strings.Contains(got.First, "a->b0 (affinity; owner in flight 5, queued 3; recompute 2; then b1 2/0b)") {
 		t.Errorf("first disagreement %q", got.First)
+	}
+	if got.SteadyCompared != got.Compared || got.SteadyPicks != got.Picks || got.FirstSteady != got.First {
+		t.Errorf("%+v: every round at one epoch, want the steady counts and first disagreement the same as the run's", got)
 	}
 }
 

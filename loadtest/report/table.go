@@ -450,6 +450,9 @@ func writeAgreement(w io.Writer, runs []stats.Summary) error {
 		if a.First != "" {
 			fmt.Fprintf(w, "    first disagreement: %s\n", a.First)
 		}
+		if a.FirstSteady != "" && a.FirstSteady != a.First {
+			fmt.Fprintf(w, "    first disagreement at one epoch: %s\n", a.FirstSteady)
+		}
 	}
 	return nil
 }

@@ -382,6 +382,8 @@ type Agreement struct {
 	SteadyPicks    int    `json:"steady_picks_agreeing"`
 	Failed         int    `json:"failed_calls"`
 	First          string `json:"first_disagreement,omitempty"`
+	// FirstSteady is the first disagreement of a round at one epoch.
+	FirstSteady string `json:"first_steady_disagreement,omitempty"`
 }
 
 // Add adds round r's counts (Routers and the first disagreement stay).
@@ -399,5 +401,8 @@ func (a *Agreement) Add(r Agreement) {
 	a.Failed += r.Failed
 	if a.First == "" {
 		a.First = r.First
+	}
+	if a.FirstSteady == "" {
+		a.FirstSteady = r.FirstSteady
 	}
 }
