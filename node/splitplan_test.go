@@ -179,3 +179,52 @@ func TestPlanSplitsBoundsOtherRouters(t *testing.T) {
 		t.Fatalf("a report for a ring of another size split %v", got)
 	}
 }
+
+// TestPlanSplitsHomeNeverQueued: the backend a split prefix would return
+// to never queued (it got none of the prefix's traffic), so it learned no
+// capacity: the split weighs its demand against what the other backends
+// learned, not against the home's limit, and holds while the fleet runs
+// more than that; at idle it ends as any split does.
+func TestPlanSplitsHomeNeverQueued(t *testing.T) {
+	f := newPlanFixture(t)
+	p := newSplitPlanner()
+	const key = 0x5eed
+	t0 := time.Unix(1000, 0)
+	rep := f.own(key, 0, 1000)
+	f.pressed[f.owner(key)] = true
+	cur := p.plan(f.input(nil, rep), t0)
+	if len(cur) != 1 {
+		t.Fatalf("splits %v", cur)
+	}
+	clear(f.pressed)
+	for i := range f.status {
+		f.status[i].Limit = 32
+		f.status[i].InFlight = 3 // 12 in the fleet, all of them the prefix's
+		if f.status[i].ID == f.owner(key) {
+			f.status[i].Capacity = 0
+		}
+	}
+	// Against the limit, 12 fits in half of 32; against the others' 8,
+	// it does not.
+	for s := time.Duration(0); s <= splitMinLife+2*splitCalm; s += time.Second {
+		if got := p.plan(f.input(cur, rep), t0.Add(s)); !slices.Equal(got, cur) {
+			t.Fatalf("after %v: %v; 12 in flight fit no backend that runs 8, which the home never showed otherwise", s, got)
+		}
+	}
+	// Idle: the split ends splitCalm later.
+	for i := range f.status {
+		f.status[i].InFlight = 0
+	}
+	t1 := t0.Add(splitMinLife + 3*splitCalm)
+	p.plan(f.input(cur, rep), t1)
+	if got := p.plan(f.input(cur, rep), t1.Add(splitCalm)); len(got) != 0 {
+		t.Fatalf("still split %v after splitCalm at idle", got)
+	}
+	// With no capacity learned anywhere, the limit is all there is.
+	if c := poolCapacity([]proxy.BackendStatus{{Capacity: 0}, {Capacity: 0}}); c != 0 {
+		t.Fatalf("pool capacity %d with none learned", c)
+	}
+	if c := poolCapacity([]proxy.BackendStatus{{Capacity: 3}, {Capacity: 0}, {Capacity: 8}, {Capacity: 5}, {Capacity: 4}}); c != 4 {
+		t.Fatalf("pool capacity %d of 3, 4, 5, 8; want 4 (the lower middle)", c)
+	}
+}

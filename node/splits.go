@@ -344,6 +344,16 @@ func (p *splitPlanner) plan(in splitInput, now time.Time) []ring.Split {
 // in-flight requests is at most half of what the backend runs at once (its
 // learned capacity, or its limit when lower; with neither known, the
 // backend not being pressed is all there is to go by).
+//
+// A backend learns its capacity when its engine queues, and the home of a
+// split prefix gets none of the prefix's traffic, so it may never have
+// queued: its capacity is then taken to be what the other backends
+// learned (their median; the engines of one pool are alike), not its
+// limit. Taking the limit ended the splits of an agent workload's shared
+// system prompt (six blocks, every request) while the fleet ran 10-16
+// requests on engines that queue at 3-8: the prefix returned whole to one
+// engine, queued there, and was split again after the cooldown, its
+// sessions' caches scattered twice (docs/loadtest.md).
 func (p *splitPlanner) fits(in splitInput, key uint64, share float64, fleet int64) bool {
 	r := in.ring
 	if r.Partitions() == 0 {
@@ -359,6 +369,9 @@ func (p *splitPlanner) fits(in splitInput, key uint64, share float64, fleet int6
 	}
 	b := in.status[home]
 	capacity := b.Capacity
+	if capacity <= 0 {
+		capacity = poolCapacity(in.status)
+	}
 	if b.Limit > 0 && b.Limit != ring.NoLimit && (capacity == 0 || b.Limit < capacity) {
 		capacity = b.Limit
 	}
@@ -366,4 +379,20 @@ func (p *splitPlanner) fits(in splitInput, key uint64, share float64, fleet int6
 		return true
 	}
 	return 2*share*float64(fleet) <= float64(capacity)
+}
+
+// poolCapacity returns the median of the capacities the backends of
+// status have learned (the lower of the two middle ones), 0 when none has.
+func poolCapacity(status []proxy.BackendStatus) int64 {
+	var cs []int64
+	for _, b := range status {
+		if b.Capacity > 0 {
+			cs = append(cs, b.Capacity)
+		}
+	}
+	if len(cs) == 0 {
+		return 0
+	}
+	slices.Sort(cs)
+	return cs[(len(cs)-1)/2]
 }
