@@ -80,20 +80,32 @@ func TestPlanSplitsNeedsPressure(t *testing.T) {
 	}
 }
 
-// TestPlanSplitsEndsWithPressure: a split lasts at least splitMinLife, then
-// ends once its demand has fit the backend it returns to for splitCalm,
-// and is not split again within splitCooldown.
-func TestPlanSplitsEndsWithPressure(t *testing.T) {
+// splitOne plans, at t0, the split of prefix splitKey (every request of the
+// leader's) with its owner pressed, and returns the fixture, the planner,
+// the report and the splits.
+func splitOne(t *testing.T, t0 time.Time) (*planFixture, *splitPlanner, gossip.HotReport, []ring.Split) {
+	t.Helper()
 	f := newPlanFixture(t)
 	p := newSplitPlanner()
-	const key = 0x5eed
-	t0 := time.Unix(1000, 0)
-	rep := f.own(key, 0, 1000)
-	f.pressed[f.owner(key)] = true
+	rep := f.own(splitKey, 0, 1000)
+	f.pressed[f.owner(splitKey)] = true
 	cur := p.plan(f.input(nil, rep), t0)
 	if len(cur) != 1 {
 		t.Fatalf("splits %v", cur)
 	}
+	return f, p, rep, cur
+}
+
+// splitKey is the prefix splitOne splits.
+const splitKey = 0x5eed
+
+// TestPlanSplitsEndsWithPressure: a split lasts at least splitMinLife, then
+// ends once its demand has fit the backend it returns to for splitCalm,
+// and is not split again within splitCooldown.
+func TestPlanSplitsEndsWithPressure(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	const key = splitKey
+	f, p, rep, cur := splitOne(t, t0)
 	// Demand: all of the fleet's 40 requests in flight; the home backend
 	// runs 8 at once: it does not fit, whatever the pressure says.
 	for i := range f.status {
@@ -186,16 +198,9 @@ func TestPlanSplitsBoundsOtherRouters(t *testing.T) {
 // learned, not against the home's limit, and holds while the fleet runs
 // more than that; at idle it ends as any split does.
 func TestPlanSplitsHomeNeverQueued(t *testing.T) {
-	f := newPlanFixture(t)
-	p := newSplitPlanner()
-	const key = 0x5eed
 	t0 := time.Unix(1000, 0)
-	rep := f.own(key, 0, 1000)
-	f.pressed[f.owner(key)] = true
-	cur := p.plan(f.input(nil, rep), t0)
-	if len(cur) != 1 {
-		t.Fatalf("splits %v", cur)
-	}
+	const key = splitKey
+	f, p, rep, cur := splitOne(t, t0)
 	clear(f.pressed)
 	for i := range f.status {
 		f.status[i].Limit = 32
