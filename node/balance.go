@@ -149,9 +149,13 @@ func (n *Node) balance(ctx context.Context) {
 // newMoves counts the moves in next that cur does not hold: partitions
 // given an owner they did not have.
 func newMoves(cur, next []ring.Move) int {
+	had := make(map[ring.Move]struct{}, len(cur))
+	for _, m := range cur {
+		had[m] = struct{}{}
+	}
 	n := 0
 	for _, m := range next {
-		if !slices.Contains(cur, m) {
+		if _, ok := had[m]; !ok {
 			n++
 		}
 	}

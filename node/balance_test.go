@@ -242,3 +242,16 @@ func TestPressureCalm(t *testing.T) {
 		t.Error("queued not calm once its one pressed sample left the window")
 	}
 }
+
+// TestNewMoves counts the moves a commit adds: a partition given an owner
+// it did not have, not one kept or dropped.
+func TestNewMoves(t *testing.T) {
+	cur := []ring.Move{{Partition: 1, Backend: "a"}, {Partition: 2, Backend: "b"}}
+	next := []ring.Move{{Partition: 1, Backend: "a"}, {Partition: 2, Backend: "c"}, {Partition: 5, Backend: "a"}}
+	if got := newMoves(cur, next); got != 2 {
+		t.Errorf("newMoves = %d, want 2 (partition 2 to a new owner, partition 5 moved)", got)
+	}
+	if got := newMoves(next, cur[:1]); got != 0 {
+		t.Errorf("newMoves after dropping moves = %d, want 0", got)
+	}
+}

@@ -212,6 +212,7 @@ func (p *splitPlanner) plan(in splitInput, now time.Time) []ring.Split {
 	for _, b := range in.status {
 		fleet += max(0, b.InFlight+b.RemoteInFlight)
 	}
+	pool := poolCapacity(in.status)
 	claims := map[uint64]*splitClaim{}
 	for ri, rep := range in.reports {
 		self := rep.Node == ""
@@ -266,7 +267,7 @@ func (p *splitPlanner) plan(in splitInput, now time.Time) []ring.Split {
 			share = c.share
 		}
 		cold := share*float64(2*active) < 1
-		if p.fits(in, sp.Key, share, fleet) {
+		if p.fits(in, sp.Key, share, fleet, pool) {
 			if _, ok := p.calm[sp.Key]; !ok {
 				p.calm[sp.Key] = now
 			}
@@ -341,20 +342,20 @@ func (p *splitPlanner) plan(in splitInput, now time.Time) []ring.Split {
 // fits reports whether a split prefix with share of the requests would
 // fit the backend it returns to (the owner of its own key's partition):
 // that backend is not pressed, and the prefix's share of the fleet's
-// in-flight requests is at most half of what the backend runs at once (its
-// learned capacity, or its limit when lower; with neither known, the
-// backend not being pressed is all there is to go by).
+// fleet in-flight requests is at most half of what the backend runs at
+// once (its learned capacity, or its limit when lower; with neither
+// known, the backend not being pressed is all there is to go by).
 //
 // A backend learns its capacity when its engine queues, and the home of a
 // split prefix gets none of the prefix's traffic, so it may never have
-// queued: its capacity is then taken to be what the other backends
-// learned (their median; the engines of one pool are alike), not its
-// limit. Taking the limit ended the splits of an agent workload's shared
+// queued: its capacity is then taken to be pool, what the other backends
+// learned (poolCapacity: their median; the engines of one pool are
+// alike), not its limit. Taking the limit ended the splits of an agent workload's shared
 // system prompt (six blocks, every request) while the fleet ran 10-16
 // requests on engines that queue at 3-8: the prefix returned whole to one
 // engine, queued there, and was split again after the cooldown, its
 // sessions' caches scattered twice (docs/loadtest.md).
-func (p *splitPlanner) fits(in splitInput, key uint64, share float64, fleet int64) bool {
+func (p *splitPlanner) fits(in splitInput, key uint64, share float64, fleet, pool int64) bool {
 	r := in.ring
 	if r.Partitions() == 0 {
 		return true
@@ -370,7 +371,7 @@ func (p *splitPlanner) fits(in splitInput, key uint64, share float64, fleet int6
 	b := in.status[home]
 	capacity := b.Capacity
 	if capacity <= 0 {
-		capacity = poolCapacity(in.status)
+		capacity = pool
 	}
 	if b.Limit > 0 && b.Limit != ring.NoLimit && (capacity == 0 || b.Limit < capacity) {
 		capacity = b.Limit

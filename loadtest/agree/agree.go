@@ -188,7 +188,10 @@ func tally(routers []Router, answers [][]Explanation, ok [][]bool) stats.Agreeme
 // of the first candidate (the owner): its in-flight count and queue, and
 // the request's recompute cost, the figures the COST rule weighs; and of
 // the candidates after the owner up to the furthest any router picked,
-// their in-flight counts and queues (b: taken to queue).
+// their in-flight counts and queues (b: taken to queue). What the answers
+// name is cut to describedName bytes, and at most describedAfter
+// candidates after the owner are listed: a description stays a line
+// whatever a router answers.
 func describe(routers []Router, answers [][]Explanation, ok [][]bool, j int) string {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "request %d:", j)
@@ -204,9 +207,9 @@ func describe(routers []Router, answers [][]Explanation, ok [][]bool, j int) str
 		}
 		e := answers[i][j]
 		if e.Reason == "overflow" {
-			fmt.Fprintf(&b, " %s->%s (overflow rank %d", r.Name, e.Backend, e.Rank)
+			fmt.Fprintf(&b, " %s->%s (overflow rank %d", r.Name, cut(e.Backend), e.Rank)
 		} else {
-			fmt.Fprintf(&b, " %s->%s (%s", r.Name, e.Backend, e.Reason)
+			fmt.Fprintf(&b, " %s->%s (%s", r.Name, cut(e.Backend), cut(e.Reason))
 		}
 		if len(e.Candidates) > 0 {
 			c := e.Candidates[0]
@@ -214,8 +217,8 @@ func describe(routers []Router, answers [][]Explanation, ok [][]bool, j int) str
 		}
 		if far > 0 && len(e.Candidates) > 1 {
 			b.WriteString("; then")
-			for _, c := range e.Candidates[1:min(far+1, len(e.Candidates))] {
-				fmt.Fprintf(&b, " %s %d/%d", c.ID, c.InFlight, c.Queued)
+			for _, c := range e.Candidates[1:min(far+1, describedAfter+1, len(e.Candidates))] {
+				fmt.Fprintf(&b, " %s %d/%d", cut(c.ID), c.InFlight, c.Queued)
 				if c.Busy {
 					b.WriteString("b")
 				}
@@ -224,6 +227,20 @@ func describe(routers []Router, answers [][]Explanation, ok [][]bool, j int) str
 		b.WriteByte(')')
 	}
 	return b.String()
+}
+
+// Bounds of a description (describe).
+const (
+	describedName  = 64
+	describedAfter = 8
+)
+
+// cut returns s, or its first describedName bytes and "...".
+func cut(s string) string {
+	if len(s) <= describedName {
+		return s
+	}
+	return s[:describedName] + "..."
 }
 
 // explain asks one router where q would go.

@@ -150,3 +150,29 @@ func TestExplainBoundsAnswer(t *testing.T) {
 		}
 	}
 }
+
+// A hostile explainer's answer (a far rank, many candidates, long names)
+// gives a description of bounded length.
+func TestDescribeBounded(t *testing.T) {
+	long := strings.Repeat("x", 10000)
+	var e Explanation
+	e.Backend, e.Reason, e.Rank = long, long, 1<<40
+	for range 1000 {
+		e.Candidates = append(e.Candidates, struct {
+			ID       string `json:"id"`
+			State    string `json:"state"`
+			Healthy  bool   `json:"healthy"`
+			InFlight int64  `json:"in_flight"`
+			Queued   int64  `json:"queued"`
+			Busy     bool   `json:"busy"`
+		}{ID: long})
+	}
+	rs := []Router{{Name: "a"}, {Name: "b"}}
+	d := describe(rs, [][]Explanation{{e}, {{Backend: "b0", Reason: "affinity"}}}, [][]bool{{true}, {true}}, 0)
+	if len(d) > 2000 {
+		t.Fatalf("description of %d bytes", len(d))
+	}
+	if !strings.Contains(d, "a->"+long[:describedName]+"...") || strings.Count(d, long[:describedName]) != 2+describedAfter {
+		t.Errorf("description %q: want the backend, reason and %d candidates cut to %d bytes", d, describedAfter, describedName)
+	}
+}
