@@ -46,20 +46,23 @@ const maxAnswer = 1 << 20
 // Explanation is the part of a route explainer's answer (POST
 // /debug/route/<path>) the probes read.
 type Explanation struct {
-	Node       string `json:"node"`
-	Epoch      uint64 `json:"epoch"`
-	Backend    string `json:"backend"`
-	Reason     string `json:"reason"`
-	Rank       int    `json:"rank"`
-	Recompute  int64  `json:"recompute"`
-	Candidates []struct {
-		ID       string `json:"id"`
-		State    string `json:"state"`
-		Healthy  bool   `json:"healthy"`
-		InFlight int64  `json:"in_flight"`
-		Queued   int64  `json:"queued"`
-		Busy     bool   `json:"busy"`
-	} `json:"candidates"`
+	Node       string      `json:"node"`
+	Epoch      uint64      `json:"epoch"`
+	Backend    string      `json:"backend"`
+	Reason     string      `json:"reason"`
+	Rank       int         `json:"rank"`
+	Recompute  int64       `json:"recompute"`
+	Candidates []Candidate `json:"candidates"`
+}
+
+// Candidate is one backend of an Explanation, in the partition's order.
+type Candidate struct {
+	ID       string `json:"id"`
+	State    string `json:"state"`
+	Healthy  bool   `json:"healthy"`
+	InFlight int64  `json:"in_flight"`
+	Queued   int64  `json:"queued"`
+	Busy     bool   `json:"busy"`
 }
 
 // Owner is the load-blind choice: the first candidate in the partition's

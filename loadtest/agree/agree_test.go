@@ -158,14 +158,7 @@ func TestDescribeBounded(t *testing.T) {
 	var e Explanation
 	e.Backend, e.Reason, e.Rank = long, long, 1<<40
 	for range 1000 {
-		e.Candidates = append(e.Candidates, struct {
-			ID       string `json:"id"`
-			State    string `json:"state"`
-			Healthy  bool   `json:"healthy"`
-			InFlight int64  `json:"in_flight"`
-			Queued   int64  `json:"queued"`
-			Busy     bool   `json:"busy"`
-		}{ID: long})
+		e.Candidates = append(e.Candidates, Candidate{ID: long})
 	}
 	rs := []Router{{Name: "a"}, {Name: "b"}}
 	d := describe(rs, [][]Explanation{{e}, {{Backend: "b0", Reason: "affinity"}}}, [][]bool{{true}, {true}}, 0)
